@@ -52,7 +52,7 @@ from fedjax_agg import simulation
 TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
                   "batch_size": 16, "learning_rate": 0.01, "momentum": 0.0,
                   "stragglers": 0.0, "eval_every": 1, "eval_clients": True,
-                  "clients_per_step": None}
+                  "clients_per_step": None, "compute_losses": True}
 
 
 def load_config(path: str) -> dict:
@@ -173,6 +173,8 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
   extra = {}
   if train["clients_per_step"]:
     extra["clients_per_step"] = train["clients_per_step"]
+  if not train["compute_losses"]:
+    extra["compute_losses"] = False
   return simulation.run(
       model, data, test, aggregator, num_rounds=train["rounds"],
       num_classes=num_classes, participation=train["participation"],

@@ -13,6 +13,7 @@ chosen ``LocalObjective``) and an ``Aggregator`` through their contracts.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -107,6 +108,7 @@ def make_round_fn(
     local_steps_fn: Optional[LocalStepsFn] = None,
     compute_losses: bool = True,
     mesh: Optional[jax.sharding.Mesh] = None,
+    donate_state: bool = False,
 ) -> Callable[..., tuple[ServerState, RoundOutput]]:
   """Builds one jitted FL round.
 
@@ -118,6 +120,9 @@ def make_round_fn(
       unroll, compute_losses, mesh: see ``engine.make_local_trainer``.
     learning_rate: client learning rate, scalar or [K] per cohort slot.
     local_steps_fn: optional per-round step budgets (stragglers).
+    donate_state: donate the input ``state``'s buffers to the output (no
+      copy of large aggregator states such as FedDRL's replay buffer); the
+      caller must not use the old state after the call.
 
   Returns:
     ``round_fn(state, data, cohort, mask) -> (new_state, RoundOutput)``
@@ -129,7 +134,7 @@ def make_round_fn(
       clients_per_step=clients_per_step, unroll=unroll,
       compute_losses=compute_losses, mesh=mesh)
 
-  @jax.jit
+  @functools.partial(jax.jit, donate_argnums=(0,) if donate_state else ())
   def round_fn(state: ServerState, data: FederatedData, cohort: jax.Array,
                mask: jax.Array):
     key, train_key, agg_key, steps_key = jax.random.split(state.key, 4)
@@ -307,6 +312,7 @@ def run(
     clients_per_step: int = 8,
     unroll: int | bool = 1,
     local_steps_fn: Optional[LocalStepsFn] = None,
+    compute_losses: bool = True,
     mesh: Optional[jax.sharding.Mesh] = None,
     seed: int = 0,
     init_params: Optional[Params] = None,
@@ -327,8 +333,10 @@ def run(
     participation: C, fraction of clients sampled per round
       (m = max(floor(C N), 1), without replacement, seeded).
     local_epochs, batch_size, learning_rate, client_optimizer, objective,
-      clients_per_step, unroll, local_steps_fn, mesh: see
-      ``make_round_fn``.
+      clients_per_step, unroll, local_steps_fn, compute_losses, mesh: see
+      ``make_round_fn`` (``compute_losses=False`` skips the two extra
+      forward passes per client; aggregators that read ``loss_before`` /
+      ``loss_after``, such as FedDRL, then see zeros).
     seed: seeds the model init, the cohorts and the shuffles.
     init_params: start from these params instead of ``model.init``.
     eval_every: evaluate the global model every this many rounds (and after
@@ -349,12 +357,15 @@ def run(
   init_key, run_key = jax.random.split(jax.random.key(seed))
   params = model.init(init_key) if init_params is None else init_params
   state = init_state(params, aggregator)
-  state = state._replace(key=run_key)
+  # Rounds donate their input state; copy it so that the caller's
+  # ``init_params`` (which the state may alias) stay valid.
+  state = jax.tree.map(jnp.copy, state._replace(key=run_key))
   round_fn = make_round_fn(
       model, aggregator, batch_size=batch_size, local_epochs=local_epochs,
       learning_rate=learning_rate, objective=objective,
       client_optimizer=client_optimizer, clients_per_step=clients_per_step,
-      unroll=unroll, local_steps_fn=local_steps_fn, mesh=mesh)
+      unroll=unroll, local_steps_fn=local_steps_fn,
+      compute_losses=compute_losses, mesh=mesh, donate_state=True)
   test_x, test_y = (jnp.asarray(a) for a in test_data)
   sample_keys = jax.random.split(jax.random.fold_in(run_key, 1), max(
       num_rounds, 1))
