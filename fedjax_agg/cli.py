@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from fedjax_agg import partitions
+
 
 
 def _literal(text: str):
@@ -52,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max-train-examples", type=int, default=None,
                  help="keep only the first M training examples")
   p.add_argument("--partition", default="iid",
-                 help="a function of fedjax_agg.partitions (iid, shards, ...)")
+                 choices=partitions.NAMES,
+                 help="a partition recipe of fedjax_agg.partitions")
   p.add_argument("--partition-arg", action="append", default=[])
   p.add_argument("--partition-plot", action="store_true",
                  help="save the partition's label heatmap")

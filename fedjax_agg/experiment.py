@@ -112,10 +112,9 @@ def check_config(config: dict) -> None:
     raise ValueError(f"dataset.name must be one of {data_lib.NAMES}, got "
                      f"{config['dataset']['name']!r}")
   partition = config["partition"]["name"]
-  if partition.startswith("_") or not callable(
-      getattr(partitions, partition, None)):
-    raise ValueError(f"partition.name must name a function of "
-                     f"fedjax_agg.partitions, got {partition!r}")
+  if partition not in partitions.NAMES:
+    raise ValueError(f"partition.name must be one of {partitions.NAMES}, "
+                     f"got {partition!r}")
   if config["model"]["name"] not in models.NAMES:
     raise ValueError(f"model.name must be one of {models.NAMES}, got "
                      f"{config['model']['name']!r}")

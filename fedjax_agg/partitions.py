@@ -16,6 +16,11 @@ import numpy as np
 
 ClientIndices = list[np.ndarray]
 
+# The partition recipes (label array -> per-client indices), by name.
+NAMES = ("iid", "shards", "shards_non_equal", "classes_per_client",
+         "mixed_iid", "dirichlet", "dirichlet_per_client", "unbalanced",
+         "pareto", "clustered_equal", "clustered_non_equal")
+
 
 # ----------------------------------------------------------------- helpers
 
