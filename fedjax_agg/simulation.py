@@ -13,7 +13,6 @@ chosen ``LocalObjective``) and an ``Aggregator`` through their contracts.
 """
 
 import dataclasses
-import functools
 import json
 import os
 import time
@@ -109,6 +108,7 @@ def make_round_fn(
     compute_losses: bool = True,
     mesh: Optional[jax.sharding.Mesh] = None,
     donate_state: bool = False,
+    jit: bool = True,
 ) -> Callable[..., tuple[ServerState, RoundOutput]]:
   """Builds one jitted FL round.
 
@@ -123,6 +123,10 @@ def make_round_fn(
     donate_state: donate the input ``state``'s buffers to the output (no
       copy of large aggregator states such as FedDRL's replay buffer); the
       caller must not use the old state after the call.
+    jit: False gives the same round un-jitted, to be composed under
+      ``jax.vmap`` with hyperparameters that are traced values (the
+      aggregator, objective and learning rate built inside the trace, as
+      ``fedjax_agg.sweep`` does); ``donate_state`` is then unused.
 
   Returns:
     ``round_fn(state, data, cohort, mask) -> (new_state, RoundOutput)``
@@ -134,7 +138,6 @@ def make_round_fn(
       clients_per_step=clients_per_step, unroll=unroll,
       compute_losses=compute_losses, mesh=mesh)
 
-  @functools.partial(jax.jit, donate_argnums=(0,) if donate_state else ())
   def round_fn(state: ServerState, data: FederatedData, cohort: jax.Array,
                mask: jax.Array):
     key, train_key, agg_key, steps_key = jax.random.split(state.key, 4)
@@ -160,7 +163,9 @@ def make_round_fn(
                                   local.loss_after, local.steps_taken,
                                   train_loss, metrics)
 
-  return round_fn
+  if not jit:
+    return round_fn
+  return jax.jit(round_fn, donate_argnums=(0,) if donate_state else ())
 
 
 # ---------------------------------------------------------------------------
@@ -186,6 +191,16 @@ def per_example_losses(model: Model, params: Params, x, y,
   if fn is None:
     fn = _EVAL_FNS.setdefault((model, eval_batch_size),
                               _per_example(model))
+  return map_batches(fn, params, x, y, eval_batch_size)
+
+
+def map_batches(fn, params, x, y, eval_batch_size: int):
+  """``fn(params, x_batch, y_batch) -> (losses, preds)`` over (x, y).
+
+  Runs ``fn`` on batches of ``eval_batch_size`` (the last one padded, so
+  ``fn`` compiles once) and concatenates along the last axis: [..., M]
+  each (a leading axis is kept, e.g. the members of a sweep).
+  """
   total = x.shape[0]
   losses, preds = [], []
   for start in range(0, total, eval_batch_size):
@@ -196,9 +211,9 @@ def per_example_losses(model: Model, params: Params, x, y,
       xb = jnp.concatenate([xb, jnp.zeros((short,) + xb.shape[1:], xb.dtype)])
       yb = jnp.concatenate([yb, jnp.zeros((short,), yb.dtype)])
     loss_b, pred_b = fn(params, xb, yb)
-    losses.append(loss_b[:eval_batch_size - short])
-    preds.append(pred_b[:eval_batch_size - short])
-  return jnp.concatenate(losses), jnp.concatenate(preds)
+    losses.append(loss_b[..., :eval_batch_size - short])
+    preds.append(pred_b[..., :eval_batch_size - short])
+  return jnp.concatenate(losses, -1), jnp.concatenate(preds, -1)
 
 
 def classification_metrics(labels, predictions, num_classes: int
@@ -235,10 +250,15 @@ def client_losses(model: Model, params: Params, data: FederatedData,
   """
   losses, _ = per_example_losses(model, params, data.x, data.y,
                                  eval_batch_size)
-  positions = jnp.arange(data.max_examples)[None]
-  mask = positions < data.num_examples[:, None]
-  per_client = jnp.sum(jnp.where(mask, losses[data.client_indices], 0.0), 1)
-  return per_client / data.num_examples
+  return per_client_mean(losses, data.client_indices, data.num_examples)
+
+
+def per_client_mean(losses, client_indices, num_examples) -> jax.Array:
+  """[M] pooled per-example values -> [N] mean over each client's rows."""
+  positions = jnp.arange(client_indices.shape[1])[None]
+  mask = positions < num_examples[:, None]
+  per_client = jnp.sum(jnp.where(mask, losses[client_indices], 0.0), 1)
+  return per_client / num_examples
 
 
 # ---------------------------------------------------------------------------
@@ -288,6 +308,27 @@ def rounds_to_target(history: History, target: float,
     if value is not None and not np.isnan(value) and value >= target:
       return int(row["round"])
   return None
+
+
+def round_scalars(out: RoundOutput) -> dict[str, float]:
+  """A round's scalar outputs, as ``History.rows`` holds them."""
+  row = {"train_loss": float(out.train_loss),
+         "cohort_loss_before": float(jnp.mean(out.loss_before)),
+         "cohort_loss_after": float(jnp.mean(out.loss_after))}
+  for name, value in out.metrics.items():
+    if jnp.ndim(value) == 0:
+      row[name] = float(value)
+  return row
+
+
+def client_row(round_num: int, out: RoundOutput) -> dict:
+  """A round's per-client outputs, as ``History.client_rows`` holds them."""
+  return {"round": round_num, "client_ids": np.asarray(out.client_ids),
+          "loss_before": np.asarray(out.loss_before),
+          "loss_after": np.asarray(out.loss_after),
+          "steps_taken": np.asarray(out.steps_taken),
+          **{k: np.asarray(v) for k, v in out.metrics.items()
+             if jnp.ndim(v) > 0}}
 
 
 class RunResult(NamedTuple):
@@ -395,20 +436,9 @@ def run(
       row = eval_row(state, r + 1, elapsed)
     else:
       row = {"round": r + 1, "time_s": elapsed}
-    row["train_loss"] = float(out.train_loss)
-    row["cohort_loss_before"] = float(jnp.mean(out.loss_before))
-    row["cohort_loss_after"] = float(jnp.mean(out.loss_after))
-    for name, value in out.metrics.items():
-      if jnp.ndim(value) == 0:
-        row[name] = float(value)
+    row.update(round_scalars(out))
     rows.append(row)
-    client_rows.append(
-        {"round": r + 1, "client_ids": np.asarray(out.client_ids),
-         "loss_before": np.asarray(out.loss_before),
-         "loss_after": np.asarray(out.loss_after),
-         "steps_taken": np.asarray(out.steps_taken),
-         **{k: np.asarray(v) for k, v in out.metrics.items()
-            if jnp.ndim(v) > 0}})
+    client_rows.append(client_row(r + 1, out))
     if "test_accuracy" in row:
       bar.set_postfix(acc=f"{row['test_accuracy']:.4f}")
   base_config = {"num_rounds": num_rounds, "participation": participation,

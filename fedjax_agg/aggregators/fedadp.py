@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators.fedavg import client_weights
 from fedjax_agg.aggregators.fedavg import WEIGHTINGS
@@ -146,11 +147,9 @@ def angle_weighting(global_params: Params, client_params: StackedParams,
 
 def check_hyperparameters(alpha, learning_rate, num_clients, smoothing,
                           weighting) -> None:
-  """Raises ValueError naming the first bad argument."""
-  if not alpha > 0:
-    raise ValueError(f"alpha must be > 0, got {alpha!r}")
-  if not learning_rate > 0:
-    raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
+  """Raises ValueError naming the first bad argument (tracers pass)."""
+  checks.check_range("alpha", alpha, 0, low_open=True)
+  checks.check_range("learning_rate", learning_rate, 0, low_open=True)
   if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
     raise ValueError(
         f"num_clients must be a positive int (the federation size N), got "

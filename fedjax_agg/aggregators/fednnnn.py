@@ -39,6 +39,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators.fedavg import client_weights
 from fedjax_agg.aggregators.fedavg import WEIGHTINGS
@@ -90,8 +91,7 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
   """
   for name, value in (("beta", beta), ("gamma", gamma),
                       ("min_norm", min_norm)):
-    if not value >= 0:
-      raise ValueError(f"{name} must be >= 0, got {value!r}")
+    checks.check_range(name, value, 0)
   if weighting not in WEIGHTINGS:
     raise ValueError(
         f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")

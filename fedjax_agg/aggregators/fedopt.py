@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators.fedavg import fedavg
 from fedjax_agg.types import Aggregator
@@ -132,14 +133,11 @@ def scale_by_reddi(kind: str, b1: float, b2: float, tau: float,
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
   for name, value in (("b1", b1), ("b2", b2)):
-    if not 0 <= value < 1:
-      raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-  if not tau > 0:
-    raise ValueError(f"tau must be > 0, got {tau!r}")
+    checks.check_range(name, value, 0, 1, high_open=True)
+  checks.check_range("tau", tau, 0, low_open=True)
   v_init = tau**2 if initial_accumulator is None else initial_accumulator
-  if not v_init >= 0:
-    raise ValueError(
-        f"initial_accumulator must be >= 0, got {initial_accumulator!r}")
+  if initial_accumulator is not None:
+    checks.check_range("initial_accumulator", initial_accumulator, 0)
 
   def init(params):
     return ScaleByReddiState(
@@ -171,9 +169,8 @@ def scale_by_reddi(kind: str, b1: float, b2: float, tau: float,
 
 def _reddi(kind, server_learning_rate, b1, b2, tau, base,
            initial_accumulator, bias_correction) -> Aggregator:
-  if not server_learning_rate > 0:
-    raise ValueError(
-        f"server_learning_rate must be > 0, got {server_learning_rate!r}")
+  checks.check_range("server_learning_rate", server_learning_rate, 0,
+                     low_open=True)
   preconditioner = scale_by_reddi(kind, b1, b2, tau, initial_accumulator,
                                   bias_correction)
   step = optax.scale_by_learning_rate(server_learning_rate)
@@ -196,12 +193,12 @@ def fedopt(transformation: Optional[optax.GradientTransformation] = None, *,
 def fedavgm(server_learning_rate: float = 1.0, momentum: float = 0.9, *,
             base: Optional[Aggregator] = None) -> Aggregator:
   """FedAvgM: server SGD with heavy-ball momentum (eta, beta)."""
-  if not server_learning_rate > 0:
-    raise ValueError(
-        f"server_learning_rate must be > 0, got {server_learning_rate!r}")
-  if not 0 <= momentum < 1:
-    raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-  return fedopt(optax.sgd(server_learning_rate, momentum=momentum or None),
+  checks.check_range("server_learning_rate", server_learning_rate, 0,
+                     low_open=True)
+  checks.check_range("momentum", momentum, 0, 1, high_open=True)
+  if not checks.is_traced(momentum) and momentum == 0:
+    momentum = None  # plain SGD, no momentum buffer
+  return fedopt(optax.sgd(server_learning_rate, momentum=momentum),
                 base=base)
 
 

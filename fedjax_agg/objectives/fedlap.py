@@ -42,6 +42,7 @@ The server side is plain averaging, 1/|S_t| sum_k W^k (Algorithm 1 line 10):
 import jax
 import jax.numpy as jnp
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.objectives.base import cross_entropy
 from fedjax_agg.objectives.fedprox import trainable
@@ -103,23 +104,25 @@ def fedlap(q: float = 0.5, *, mu: float = 1.0, conv_rows: str = "in_channel",
   Returns:
     A ``LocalObjective`` whose context is the list of per-row lambdas.
   """
-  if not 0.0 <= q <= 1.0:
-    raise ValueError(f"q must be in [0, 1], got {q!r}")
-  if not mu >= 0:
-    raise ValueError(f"mu must be >= 0, got {mu!r}")
+  checks.check_range("q", q, 0, 1)
+  checks.check_range("mu", mu, 0)
   if conv_rows not in tree_math.KERNEL_ROWS:
     raise ValueError(f"conv_rows must be one of {tree_math.KERNEL_ROWS}, "
                      f"got {conv_rows!r}")
   if recompute not in RECOMPUTE:
     raise ValueError(
         f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-  if q == 0.0:
+  if not checks.is_traced(q) and q == 0.0:
     # Exactly FedAvg's local training: the same computation, not a zero
     # penalty added to it (which could round differently once compiled).
     return cross_entropy()
   rows = dict(conv_rows=conv_rows, regularize_bias=regularize_bias)
-  lap_weight = min(2.0 * q, 2.0 - 2.0 * q)
-  prox_weight = max(2.0 * q - 1.0, 0.0) * mu
+  if checks.is_traced(q) or checks.is_traced(mu):  # inside a sweep
+    lap_weight = jnp.minimum(2.0 * q, 2.0 - 2.0 * q)
+    prox_weight = jnp.maximum(2.0 * q - 1.0, 0.0) * mu
+  else:
+    lap_weight = min(2.0 * q, 2.0 - 2.0 * q)
+    prox_weight = max(2.0 * q - 1.0, 0.0) * mu
 
   def prepare(params, global_params):
     if recompute == "step":

@@ -12,6 +12,7 @@ non-trainable ``batch_stats`` collection (BatchNorm statistics) is excluded.
 import jax
 import jax.numpy as jnp
 
+from fedjax_agg import checks
 from fedjax_agg.types import LocalObjective
 
 
@@ -24,8 +25,7 @@ def trainable(params):
 
 def fedprox(mu: float = 0.01) -> LocalObjective:
   """FedProx objective with proximal coefficient ``mu`` (>= 0)."""
-  if not mu >= 0:
-    raise ValueError(f"mu must be >= 0, got {mu!r}")
+  checks.check_range("mu", mu, 0)
 
   def prepare(params, global_params):
     del params, global_params
