@@ -25,6 +25,7 @@ import optax
 import tqdm.auto as tqdm
 
 from fedjax_agg import aggregators
+from fedjax_agg import checkpoint
 from fedjax_agg import engine
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import (Aggregator, ClientInfo, LocalObjective, Model,
@@ -361,6 +362,9 @@ def run(
     eval_clients: bool = True,
     progress: bool = True,
     config: Optional[dict] = None,
+    checkpoint_dir: Optional[str] = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
 ) -> RunResult:
   """Runs ``num_rounds`` rounds of federated training.
 
@@ -386,6 +390,14 @@ def run(
       training data (mean and variance over clients).
     progress: show a tqdm progress bar.
     config: extra key/values recorded in the history.
+    checkpoint_dir: folder of this run's checkpoints (see
+      ``fedjax_agg.checkpoint``); without ``resume`` it must hold none.
+    checkpoint_every: save the whole run every this many rounds and after
+      the last one (0: never).
+    resume: continue from the latest checkpoint in ``checkpoint_dir`` (the
+      history and final state equal the uninterrupted run's); with no
+      checkpoint there, start at round 0. A checkpoint of a different run
+      or a damaged one raises ``checkpoint.CheckpointError``.
 
   Returns:
     ``RunResult(history, final_state)``.
@@ -394,6 +406,7 @@ def run(
     raise ValueError(f"num_rounds must be an int >= 0, got {num_rounds!r}")
   if not isinstance(eval_every, int) or eval_every < 1:
     raise ValueError(f"eval_every must be an int >= 1, got {eval_every!r}")
+  checkpoint.check_arguments(checkpoint_dir, checkpoint_every, resume)
   cohort_size = num_sampled(data.num_clients, participation)
   init_key, run_key = jax.random.split(jax.random.key(seed))
   params = model.init(init_key) if init_params is None else init_params
@@ -401,6 +414,26 @@ def run(
   # Rounds donate their input state; copy it so that the caller's
   # ``init_params`` (which the state may alias) stay valid.
   state = jax.tree.map(jnp.copy, state._replace(key=run_key))
+  checkpointer = snapshot = None
+  if checkpoint_dir is not None:
+    # What must match for a checkpoint to continue this run (how rounds
+    # are executed -- devices, chunking, unroll, sampler -- may change).
+    run_config = checkpoint.describe({
+        "num_rounds": num_rounds, "participation": participation,
+        "local_epochs": local_epochs, "batch_size": batch_size,
+        "learning_rate": learning_rate, "seed": seed,
+        "num_classes": num_classes, "eval_every": eval_every,
+        "eval_clients": eval_clients, "compute_losses": compute_losses,
+        "model": model, "aggregator": aggregator, "objective": objective,
+        "client_optimizer": client_optimizer,
+        "local_steps_fn": local_steps_fn, "init_params": init_params,
+        "data": checkpoint.data_fingerprint(data),
+        "test_data": [list(np.shape(a)) for a in test_data],
+        "config": config})
+    checkpointer, snapshot = checkpoint.open_run(
+        checkpoint_dir, checkpoint_every, resume, run_config, state, run_key)
+    if snapshot is not None:
+      state, run_key = snapshot.state, snapshot.run_key
   round_fn = make_round_fn(
       model, aggregator, batch_size=batch_size, local_epochs=local_epochs,
       learning_rate=learning_rate, objective=objective,
@@ -423,9 +456,12 @@ def run(
       row["client_loss_var"] = float(losses.var())
     return row
 
-  rows = [eval_row(state, 0, 0.0)]
-  client_rows = []
-  bar = tqdm.trange(num_rounds, disable=not progress, desc="rounds")
+  if snapshot is None:
+    rows, client_rows = [eval_row(state, 0, 0.0)], []
+  else:
+    rows, client_rows = snapshot.rows, snapshot.client_rows
+  bar = tqdm.trange(len(rows) - 1, num_rounds, disable=not progress,
+                    desc="rounds")
   for r in bar:
     start = time.perf_counter()
     cohort = sample_cohort(sample_keys[r], data.num_clients, cohort_size)
@@ -441,6 +477,11 @@ def run(
     client_rows.append(client_row(r + 1, out))
     if "test_accuracy" in row:
       bar.set_postfix(acc=f"{row['test_accuracy']:.4f}")
+    if checkpointer is not None and checkpointer.should_save(r + 1,
+                                                             num_rounds):
+      checkpointer.save(r + 1, state, run_key, rows, client_rows)
+  if checkpointer is not None:
+    checkpointer.close()
   base_config = {"num_rounds": num_rounds, "participation": participation,
                  "cohort_size": cohort_size, "local_epochs": local_epochs,
                  "batch_size": batch_size, "learning_rate": learning_rate,

@@ -1,0 +1,501 @@
+"""Checkpoint and resume of ``simulation.run`` with orbax.
+
+``simulation.run(..., checkpoint_dir=d, checkpoint_every=n)`` saves the
+whole run every ``n`` rounds (and after the last round);
+``run(..., checkpoint_dir=d, checkpoint_every=n, resume=True)`` continues
+from the latest checkpoint in ``d`` and gives the history and final params
+of the uninterrupted run (every column but the wall-clock ``time_s``).
+
+What a checkpoint holds. One directory per saved round, ``<d>/<round>/``,
+with three orbax items written together:
+
+* ``state``: every array leaf of the run's ``ServerState`` (global params,
+  the aggregator's whole state -- for FedDRL the networks, targets, Adam
+  states, replay buffer and the agent's key --, the round counter, the
+  state's PRNG key) and the run key the per-round cohort keys are split
+  from. Typed PRNG keys (``jax.random.key``) are stored as their
+  ``key_data`` and wrapped back with their implementation on restore.
+* ``history``: the History rows and client rows so far (JSON; arrays keep
+  their dtype, so a restored history equals the original bit for bit).
+* ``meta``: format version, round, the run's config (hyperparameters, a
+  description of the aggregator / objective / optimizer including the
+  scalars their closures hold, a fingerprint of the data) and the spec of
+  every state leaf: tree path, shape, dtype, PRNG implementation, CRC-32.
+
+Atomicity. orbax writes a step to ``<d>/<round>.orbax-checkpoint-tmp``,
+writes ``commit_success.txt`` last and renames the folder to ``<d>/<round>``
+(one ``rename``, atomic on POSIX file systems); a folder without the
+temporary suffix is therefore complete. Temporary folders of a killed run
+are deleted when the run is resumed. Only the latest ``max_to_keep`` (2)
+checkpoints are kept, so a damaged latest one leaves an earlier one.
+
+Errors, never a silent restart. Resuming raises ``CheckpointMismatchError``
+naming every config entry, tree path, shape or dtype that differs from the
+run asked for, and ``CorruptCheckpointError`` when a checkpoint cannot be
+read or a leaf's CRC-32 differs (it names the earlier checkpoints one could
+resume from by deleting the damaged one). Starting a run without
+``resume`` in a folder that already holds checkpoints is an error too.
+``resume=True`` with no checkpoint in the folder starts at round 0 (and
+logs that), so a job script can always pass it.
+
+What may change between the killed and the resumed run: the progress bar,
+``checkpoint_every``, and how the round is executed (``clients_per_step``,
+``unroll``, ``mesh``); the latter change float rounding, so the history is
+then equal to float tolerance rather than bit for bit.
+
+Saves are asynchronous: the state is copied to host memory before
+``save`` returns, and orbax writes it while the next rounds run.
+"""
+
+import dataclasses
+import functools
+import logging
+import os
+import types
+import zlib
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+FORMAT_VERSION = 1
+MAX_TO_KEEP = 2
+ITEMS = ("state", "history", "meta")
+
+_log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+  """A checkpoint cannot be used to resume the run asked for."""
+
+
+class CorruptCheckpointError(CheckpointError):
+  """A checkpoint is unreadable, incomplete or fails its checksums."""
+
+
+class CheckpointMismatchError(CheckpointError):
+  """A checkpoint was written by a different run (config, shapes, rule)."""
+
+
+class Snapshot(NamedTuple):
+  """A restored run.
+
+  Attributes:
+    round: rounds completed.
+    state: the ``ServerState`` (on the template's devices).
+    run_key: the key the per-round cohort keys are split from.
+    rows: History rows (row 0 is the initial model).
+    client_rows: History client rows.
+  """
+  round: int
+  state: Any
+  run_key: jax.Array
+  rows: list
+  client_rows: list
+
+
+def check_arguments(checkpoint_dir: Optional[str], checkpoint_every: int,
+                    resume: bool) -> None:
+  """Raises ValueError naming the bad argument of ``simulation.run``."""
+  if (isinstance(checkpoint_every, bool)
+      or not isinstance(checkpoint_every, (int, np.integer))
+      or checkpoint_every < 0):
+    raise ValueError("checkpoint_every must be an int >= 0 (rounds; 0 = "
+                     f"never), got {checkpoint_every!r}")
+  if not isinstance(resume, bool):
+    raise ValueError(f"resume must be a bool, got {resume!r}")
+  if checkpoint_dir is None:
+    if resume:
+      raise ValueError("resume=True needs checkpoint_dir (the folder of the "
+                       "run to continue)")
+    if checkpoint_every:
+      raise ValueError(f"checkpoint_every={checkpoint_every} needs "
+                       "checkpoint_dir (where to write the checkpoints)")
+  elif not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(
+      checkpoint_dir):
+    raise ValueError("checkpoint_dir must be a non-empty path, got "
+                     f"{checkpoint_dir!r}")
+
+
+# ---------------------------------------------------------------------------
+# Stable descriptions of the run's ingredients (for the mismatch check).
+
+
+def _crc(array: np.ndarray) -> int:
+  return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+
+
+def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
+  """A JSON-able description of ``value`` that is stable across processes.
+
+  Scalars and strings are kept; arrays become shape, dtype and CRC-32;
+  functions become ``module.qualname`` and the description of the values
+  their closures hold (so ``fedadp(alpha=5.0)`` and ``fedadp(alpha=3.0)``
+  differ); ``functools.partial`` its function and arguments; NamedTuples,
+  lists and dicts their described items; anything else its type's name.
+  """
+  seen = set() if _seen is None else _seen
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  if isinstance(value, np.generic):
+    return value.item()
+  if isinstance(value, (np.ndarray, jax.Array)):
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+      value = jax.random.key_data(value)
+    host = np.asarray(value)
+    return {"shape": list(host.shape), "dtype": str(host.dtype),
+            "crc32": _crc(host)}
+  if _depth > 6 or id(value) in seen:
+    return "..."
+  seen = seen | {id(value)}
+  recurse = functools.partial(describe, _depth=_depth + 1, _seen=seen)
+  if isinstance(value, functools.partial):
+    return {"partial": recurse(value.func),
+            "args": [recurse(a) for a in value.args],
+            "kwargs": {k: recurse(v) for k, v in sorted(
+                value.keywords.items())}}
+  if isinstance(value, types.FunctionType):
+    out = {"function": f"{value.__module__}.{value.__qualname__}"}
+    closure = value.__closure__ or ()
+    for name, cell in zip(value.__code__.co_freevars, closure, strict=True):
+      try:
+        out[name] = recurse(cell.cell_contents)
+      except ValueError:  # an empty cell
+        out[name] = "<empty>"
+    return out
+  if isinstance(value, tuple) and hasattr(value, "_fields"):
+    return {"type": type(value).__qualname__,
+            **{f: recurse(getattr(value, f)) for f in value._fields}}
+  if isinstance(value, (list, tuple)):
+    return [recurse(v) for v in value]
+  if isinstance(value, dict):
+    return {str(k): recurse(v) for k, v in value.items()}
+  if callable(value) and hasattr(value, "__qualname__"):
+    return {"function": f"{getattr(value, '__module__', '')}."
+                        f"{value.__qualname__}"}
+  return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
+
+
+def data_fingerprint(data) -> dict:
+  """Cheap fingerprint of a ``FederatedData``: sizes and per-client counts."""
+  return {"num_clients": int(data.num_clients),
+          "x": [list(data.x.shape), str(data.x.dtype)],
+          "num_examples": describe(np.asarray(data.num_examples))}
+
+
+def _flatten_dict(tree, prefix="") -> dict:
+  if isinstance(tree, dict):
+    out = {}
+    for key, value in tree.items():
+      out.update(_flatten_dict(value, f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def _short(value, width: int = 160) -> str:
+  text = repr(value)
+  return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def config_differences(saved: dict, current: dict, limit: int = 12
+                       ) -> list[str]:
+  """'key: checkpoint X, now Y' for every entry that differs."""
+  saved, current = _flatten_dict(saved), _flatten_dict(current)
+  lines = []
+  for key in sorted(set(saved) | set(current)):
+    old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+    if old != new:
+      lines.append(f"{key}: checkpoint {_short(old)}, now {_short(new)}")
+  if len(lines) > limit:
+    lines = lines[:limit] + [f"... and {len(lines) - limit} more"]
+  return lines
+
+
+# ---------------------------------------------------------------------------
+# State <-> flat host arrays.
+
+
+def _is_key(leaf) -> bool:
+  return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(
+      leaf.dtype, jax.dtypes.prng_key)
+
+
+def _leaf_spec(path, leaf) -> dict:
+  is_key = _is_key(leaf)
+  data = jax.random.key_data(leaf) if is_key else leaf
+  return {"path": jax.tree_util.keystr(path, simple=True, separator="/"),
+          "shape": list(np.shape(data)), "dtype": str(jnp.result_type(data)),
+          "key_impl": str(jax.random.key_impl(leaf)) if is_key else None}
+
+
+def _tree_spec(tree) -> list[dict]:
+  return [_leaf_spec(path, leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _leaf_name(index: int) -> str:
+  return f"leaf_{index:05d}"
+
+
+def _to_host(tree) -> tuple[dict, list[dict]]:
+  """-> ({leaf name: host copy}, spec with CRC-32s); zero-size leaves are
+  described in the spec only (orbax does not store them)."""
+  arrays, spec = {}, _tree_spec(tree)
+  for i, (leaf, entry) in enumerate(zip(jax.tree.leaves(tree), spec,
+                                        strict=True)):
+    data = jax.random.key_data(leaf) if entry["key_impl"] else leaf
+    # A copy, never a view: the round donates the state's buffers, and
+    # orbax writes this array after ``save`` returns.
+    host = np.array(data, copy=True)
+    entry["crc32"] = _crc(host)
+    if host.size:
+      arrays[_leaf_name(i)] = host
+  return arrays, spec
+
+
+def _from_host(arrays: dict, spec: list[dict], template, where: str):
+  """Rebuilds ``template``'s tree from restored host arrays (checks CRCs)."""
+  leaves = []
+  for i, (entry, like) in enumerate(zip(spec, jax.tree.leaves(template),
+                                        strict=True)):
+    dtype = jnp.dtype(entry["dtype"])
+    if int(np.prod(entry["shape"])) == 0:
+      host = np.zeros(entry["shape"], dtype)
+    elif _leaf_name(i) not in arrays:
+      raise CorruptCheckpointError(
+          f"{where}: leaf {entry['path']!r} is missing")
+    else:
+      host = np.asarray(arrays[_leaf_name(i)])
+    if (list(host.shape) != entry["shape"] or host.dtype != dtype
+        or _crc(host) != entry["crc32"]):
+      raise CorruptCheckpointError(
+          f"{where}: leaf {entry['path']!r} fails its check (shape "
+          f"{host.shape} {host.dtype}, CRC-32 {_crc(host)}; written "
+          f"{tuple(entry['shape'])} {entry['dtype']}, CRC-32 "
+          f"{entry['crc32']}): the file is damaged")
+    sharding = getattr(like, "sharding", None)
+    if entry["key_impl"]:
+      leaf = jax.random.wrap_key_data(jnp.asarray(host),
+                                      impl=entry["key_impl"])
+      leaves.append(leaf if sharding is None
+                    else jax.device_put(leaf, sharding))
+    else:
+      leaves.append(jax.device_put(host, sharding))
+  return jax.tree.unflatten(jax.tree.structure(template), leaves)
+
+
+def spec_differences(saved: list[dict], current: list[dict],
+                     limit: int = 12) -> list[str]:
+  """Tree paths, shapes, dtypes and key types that differ."""
+  old = {e["path"]: e for e in saved}
+  new = {e["path"]: e for e in current}
+  lines = [f"{p}: only in the checkpoint" for p in old if p not in new]
+  lines += [f"{p}: not in the checkpoint" for p in new if p not in old]
+  for path in (p for p in new if p in old):
+    a, b = old[path], new[path]
+    for field in ("shape", "dtype", "key_impl"):
+      if a[field] != b[field]:
+        lines.append(f"{path}: {field} {a[field]} in the checkpoint, "
+                     f"{b[field]} now")
+  if not lines and [e["path"] for e in saved] != [e["path"] for e in current]:
+    lines.append("the leaves are in a different order")
+  if len(lines) > limit:
+    lines = lines[:limit] + [f"... and {len(lines) - limit} more"]
+  return lines
+
+
+# ---------------------------------------------------------------------------
+# History <-> JSON (arrays keep their dtype).
+
+
+def _encode(value):
+  if isinstance(value, (np.ndarray, jax.Array, np.generic)):
+    host = np.asarray(value)
+    return {"__ndarray__": host.tolist(), "dtype": str(host.dtype),
+            "shape": list(host.shape)}
+  if isinstance(value, dict):
+    return {k: _encode(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_encode(v) for v in value]
+  return value
+
+
+def _decode(value):
+  if isinstance(value, dict) and "__ndarray__" in value:
+    array = np.array(value["__ndarray__"], dtype=jnp.dtype(value["dtype"]))
+    array = array.reshape(value["shape"])
+    return array[()] if not value["shape"] else array
+  if isinstance(value, dict):
+    return {k: _decode(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_decode(v) for v in value]
+  return value
+
+
+# ---------------------------------------------------------------------------
+# The checkpoints of one run.
+
+
+@dataclasses.dataclass
+class RunCheckpointer:
+  """Saves and restores the checkpoints of one run in ``directory``.
+
+  Attributes:
+    directory: the run's checkpoint folder (created if absent).
+    every: save after every this many rounds and after the last (0: only
+      ``restore``).
+    config: the run's JSON-able config; a checkpoint of another config is
+      refused on restore.
+    max_to_keep: checkpoints kept (the latest ones).
+    async_save: write in a background thread while the next rounds run.
+  """
+  directory: str
+  every: int
+  config: dict
+  max_to_keep: int = MAX_TO_KEEP
+  async_save: bool = True
+
+  def __post_init__(self):
+    self.directory = os.path.abspath(os.fspath(self.directory))
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=ocp.checkpoint_managers.LatestN(
+            self.max_to_keep),
+        enable_async_checkpointing=self.async_save,
+        cleanup_tmp_directories=True, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, item_names=ITEMS,
+                                          options=options)
+
+  def latest_round(self) -> Optional[int]:
+    """The latest complete checkpoint's round (None if there is none)."""
+    return self._manager.latest_step()
+
+  def all_rounds(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def should_save(self, round_num: int, num_rounds: int) -> bool:
+    return self.every > 0 and (round_num % self.every == 0
+                               or round_num == num_rounds)
+
+  def save(self, round_num: int, state, run_key, rows: list,
+           client_rows: list) -> None:
+    """Saves the run after ``round_num`` rounds (returns once the arrays
+    are on the host; the files are written in the background)."""
+    arrays, spec = _to_host({"server": state, "run_key": run_key})
+    meta = {"format_version": FORMAT_VERSION, "round": int(round_num),
+            "config": self.config, "spec": spec}
+    history = {"rows": _encode(rows), "client_rows": _encode(client_rows)}
+    self._manager.save(int(round_num), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(arrays),
+        history=ocp.args.JsonSave(history),
+        meta=ocp.args.JsonSave(meta)))
+
+  def restore(self, template_state, template_run_key,
+              round_num: Optional[int] = None) -> Snapshot:
+    """Restores the checkpoint of ``round_num`` (default the latest).
+
+    Args:
+      template_state: a ``ServerState`` of the run asked for (fresh init):
+        gives the tree, shapes, dtypes and devices.
+      template_run_key: the run key of the run asked for.
+      round_num: which checkpoint.
+
+    Raises:
+      CheckpointMismatchError: the checkpoint is of another run.
+      CorruptCheckpointError: it cannot be read or fails its checksums.
+    """
+    rounds = self.all_rounds()
+    if round_num is None:
+      if not rounds:
+        raise CheckpointError(f"no checkpoint in {self.directory}")
+      round_num = rounds[-1]
+    where = f"checkpoint of round {round_num} in {self.directory}"
+    hint = self._earlier_hint(round_num, rounds)
+    try:
+      meta = self._manager.restore(round_num, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore())).meta
+    except Exception as e:  # pylint: disable=broad-except
+      raise CorruptCheckpointError(
+          f"{where}: its metadata cannot be read ({type(e).__name__}: "
+          f"{e}).{hint}") from e
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version != FORMAT_VERSION:
+      raise CheckpointMismatchError(
+          f"{where}: format version {version!r}, this library reads "
+          f"{FORMAT_VERSION}")
+    template = {"server": template_state, "run_key": template_run_key}
+    differences = (config_differences(meta["config"], self.config)
+                   + spec_differences(meta["spec"], _tree_spec(template)))
+    if differences:
+      raise CheckpointMismatchError(
+          f"{where} was written by a different run:\n  "
+          + "\n  ".join(differences)
+          + "\nResume with the same settings, or start this run in an "
+          "empty checkpoint_dir.")
+    try:
+      items = self._manager.restore(round_num, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(),
+          history=ocp.args.JsonRestore()))
+      arrays, history = items.state, items.history
+    except Exception as e:  # pylint: disable=broad-except
+      raise CorruptCheckpointError(
+          f"{where} cannot be read ({type(e).__name__}: {e}).{hint}") from e
+    try:
+      restored = _from_host(arrays or {}, meta["spec"], template, where)
+    except CorruptCheckpointError as e:
+      raise CorruptCheckpointError(f"{e}.{hint}") from e
+    rows = _decode(history["rows"])
+    if len(rows) != round_num + 1:
+      raise CorruptCheckpointError(
+          f"{where}: holds {len(rows)} history rows, expected "
+          f"{round_num + 1}.{hint}")
+    return Snapshot(round_num, restored["server"], restored["run_key"], rows,
+                    _decode(history["client_rows"]))
+
+  def _earlier_hint(self, round_num: int, rounds: list[int]) -> str:
+    earlier = [r for r in rounds if r < round_num]
+    if not earlier:
+      return (" No earlier checkpoint is left: delete the folder to start "
+              "afresh.")
+    return (f" Earlier checkpoints: rounds {earlier}; delete "
+            f"{os.path.join(self.directory, str(round_num))} to resume from "
+            f"round {earlier[-1]}.")
+
+  def close(self) -> None:
+    """Waits for pending writes and releases the manager."""
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def open_run(checkpoint_dir: str, every: int, resume: bool, config: dict,
+             template_state, template_run_key
+             ) -> tuple[RunCheckpointer, Optional[Snapshot]]:
+  """Opens a run's checkpoint folder: -> (checkpointer, snapshot or None).
+
+  With ``resume``, the snapshot is the latest checkpoint (None, and a log
+  message, when the folder holds none: the run starts at round 0).
+  Without it, a folder that already holds checkpoints is refused, so two
+  runs never mix their checkpoints.
+  """
+  checkpointer = RunCheckpointer(checkpoint_dir, every, config)
+  latest = checkpointer.latest_round()
+  if latest is None:
+    if resume:
+      _log.warning("resume: no checkpoint in %s; starting at round 0",
+                   checkpointer.directory)
+    return checkpointer, None
+  if not resume:
+    checkpointer.close()
+    raise CheckpointError(
+        f"checkpoint_dir {checkpointer.directory} already holds checkpoints "
+        f"(rounds {checkpointer.all_rounds()}): pass resume=True to continue "
+        "that run, or use an empty folder")
+  try:
+    snapshot = checkpointer.restore(template_state, template_run_key)
+  except CheckpointError:
+    checkpointer.close()
+    raise
+  _log.info("resume: round %d from %s", snapshot.round,
+            checkpointer.directory)
+  return checkpointer, snapshot
