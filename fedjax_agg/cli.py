@@ -8,7 +8,10 @@ Writes ``history.csv``, ``history.json`` and ``accuracy.png`` (test
 accuracy per round) to ``--out``; ``--partition-plot`` also saves the
 partition's label heatmap. Algorithm hyperparameters go through repeated
 ``--agg-arg name=value`` / ``--objective-arg`` / ``--partition-arg`` flags
-(values are Python literals, e.g. ``alpha=5.0``).
+(values are Python literals, e.g. ``alpha=5.0``). ``--checkpoint-every n``
+saves the whole run every n rounds (to ``<out>/checkpoint`` unless
+``--checkpoint-dir`` says where); the same command with ``--resume``
+continues a killed run where its last checkpoint left it.
 """
 
 import argparse
@@ -86,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
                  help="skip the global model's loss on every client")
   p.add_argument("--out", default="results/run")
   p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--checkpoint-dir", default=None,
+                 help="checkpoint folder (default <out>/checkpoint when "
+                 "--checkpoint-every or --resume is given)")
+  p.add_argument("--checkpoint-every", type=int, default=0,
+                 help="save the whole run every this many rounds (0: never)")
+  p.add_argument("--resume", action="store_true",
+                 help="continue from the latest checkpoint (starts at "
+                 "round 0 if there is none)")
   return p
 
 
@@ -128,8 +139,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.partition_plot:
     experiment.plot_partition(prepared,
                               os.path.join(args.out, "partition.png"))
-  result = experiment.run_algorithm(config, args.aggregator, args.seed,
-                                    prepared, progress=not args.no_progress)
+  checkpoint_dir = args.checkpoint_dir
+  if checkpoint_dir is None and (args.checkpoint_every or args.resume):
+    checkpoint_dir = os.path.join(args.out, "checkpoint")
+  from fedjax_agg import checkpoint  # pylint: disable=g-import-not-at-top
+  try:
+    result = experiment.run_algorithm(
+        config, args.aggregator, args.seed, prepared,
+        progress=not args.no_progress, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=args.checkpoint_every, resume=args.resume)
+  except checkpoint.CheckpointError as e:
+    raise SystemExit(f"error: {e}") from e
   paths = result.history.save(args.out)
   plot_path = os.path.join(args.out, "accuracy.png")
   plotting.plot_history({args.aggregator: result.history}, plot_path)

@@ -135,12 +135,14 @@ def check_config(config: dict) -> None:
 
 def run_algorithm(config: dict, algorithm: str, seed: int,
                   prepared=None, progress: bool = False,
-                  aggregator=None):
+                  aggregator=None, checkpoint_dir: Optional[str] = None,
+                  checkpoint_every: int = 0, resume: bool = False):
   """Runs one algorithm of ``config`` with one seed. -> RunResult.
 
   ``aggregator``, when given, replaces the one the algorithm's spec names
   (e.g. a rule built from a pre-trained state); everything else still
-  comes from ``config``.
+  comes from ``config``. ``checkpoint_dir``, ``checkpoint_every`` and
+  ``resume``: see ``simulation.run``.
   """
   spec = config["algorithms"][algorithm]
   train = {**TRAIN_DEFAULTS, **config.get("train", {}),
@@ -183,7 +185,9 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
       eval_every=train["eval_every"], eval_clients=train["eval_clients"],
       progress=progress,
       config={"experiment": config.get("name"), "algorithm": algorithm,
-              **{f"train.{k}": v for k, v in train.items()}}, **extra)
+              **{f"train.{k}": v for k, v in train.items()}},
+      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+      resume=resume, **extra)
 
 
 def _parameters(factory) -> set[str]:
@@ -223,9 +227,15 @@ def summarize(histories: dict[str, list], target: Optional[float],
 
 
 def run_config(config: dict, out_dir: str, progress: bool = True,
-               algorithms: Optional[list[str]] = None) -> dict:
+               algorithms: Optional[list[str]] = None,
+               checkpoint_every: int = 0, resume: bool = False) -> dict:
   """Runs every algorithm × seed of ``config``; writes results to
-  ``out_dir``; returns the summary dict."""
+  ``out_dir``; returns the summary dict.
+
+  ``checkpoint_every`` > 0 checkpoints each run every this many rounds in
+  ``<out_dir>/checkpoints/<algorithm>/seed<k>``; ``resume`` continues the
+  runs found there (a finished run is read back, not re-run).
+  """
   check_config(config)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -237,7 +247,14 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
     if seed == config.get("seeds", [0])[0]:
       plot_partition(prepared, os.path.join(out_dir, "partition.png"))
     for name in names:
-      result = run_algorithm(config, name, seed, prepared, progress)
+      checkpoint_dir = None
+      if checkpoint_every or resume:
+        checkpoint_dir = os.path.join(out_dir, "checkpoints", name,
+                                      f"seed{seed}")
+      result = run_algorithm(config, name, seed, prepared, progress,
+                             checkpoint_dir=checkpoint_dir,
+                             checkpoint_every=checkpoint_every,
+                             resume=resume)
       result.history.save(os.path.join(out_dir, name), f"seed{seed}")
       histories[name].append(result.history)
       if progress:
