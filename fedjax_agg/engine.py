@@ -16,12 +16,22 @@ same global params and, written for one client and ``jax.vmap``-ed here:
   it alone would.
 
 Clients are trained ``clients_per_step`` side by side (vmap); the cohort is
-cut into chunks of that width, mapped inside the same jitted call, so memory
-is bounded by the chunk, not by K.
+cut into chunks of that width, looped over inside the same jitted call, so
+the training's memory is bounded by the chunk, not by K.
+
+Two forms share that per-client program:
+
+* ``make_local_trainer`` returns the trained models of the whole cohort,
+  stacked [K, ...] (what a rule that needs every client model at once, such
+  as the coordinate-wise median, must receive);
+* ``make_local_reducer`` returns only a sum over the cohort of a per-client
+  statistic (an ``Aggregator``'s ``StreamingForm``), accumulated chunk by
+  chunk: no more than a chunk of client models ever exists, so a cohort of
+  10,000 clients needs the memory of ``clients_per_step`` of them.
 """
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +39,10 @@ import numpy as np
 import optax
 
 from fedjax_agg import objectives as objectives_lib
+from fedjax_agg import tree_math
 from fedjax_agg.federated import FederatedData
-from fedjax_agg.types import LocalObjective, Model, Params, PRNGKey
+from fedjax_agg.types import ClientInfo, LocalObjective, Model, Params
+from fedjax_agg.types import PRNGKey
 
 OptimizerFactory = Callable[..., optax.GradientTransformation]
 
@@ -93,11 +105,206 @@ def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
 
 
 class _ClientArgs(NamedTuple):
-  indices: jax.Array  # [L]
-  num_examples: jax.Array  # []
+  client_id: jax.Array  # []
   learning_rate: jax.Array  # []
   num_steps: jax.Array  # []
-  key: PRNGKey
+
+
+class _Row(NamedTuple):
+  """One cohort row as the chunk loop sees it (padding rows appended)."""
+  args: _ClientArgs
+  num_examples: jax.Array  # [] as the aggregator sees it (ClientInfo)
+  mask: jax.Array  # [] 0 for the rows that pad the last chunk
+
+
+def _check_options(batch_size, num_epochs, clients_per_step, eval_batch_size,
+                   chunk_loop, mesh, client_axis) -> int:
+  """Validates the trainer options; returns the resolved clients_per_step."""
+  if clients_per_step is None:
+    clients_per_step = default_clients_per_step(mesh, client_axis)
+  for name, value in (("batch_size", batch_size), ("num_epochs", num_epochs),
+                      ("clients_per_step", clients_per_step),
+                      ("eval_batch_size", eval_batch_size)):
+    if not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f"{name} must be a positive int, got {value!r}")
+  if chunk_loop not in ("map", "unroll"):
+    raise ValueError(
+        f"chunk_loop must be 'map' or 'unroll', got {chunk_loop!r}")
+  if mesh is not None:
+    if client_axis not in mesh.shape:
+      raise ValueError(f"client_axis {client_axis!r} is not an axis of mesh "
+                       f"{dict(mesh.shape)}")
+    if clients_per_step % mesh.shape[client_axis]:
+      raise ValueError(
+          f"clients_per_step={clients_per_step} must be a multiple of the "
+          f"{mesh.shape[client_axis]} devices of mesh axis {client_axis!r}")
+  return int(clients_per_step)
+
+
+def _client_trainer(model: Model, *, batch_size, num_epochs, objective,
+                    client_optimizer, unroll, compute_losses,
+                    eval_batch_size):
+  """``train_one(global_params, data, key, args)`` for ONE client.
+
+  Returns ``(params, loss_before, loss_after, steps_taken, train_loss)``.
+  """
+  objective = objective or objectives_lib.cross_entropy()
+  loss_fn = objectives_lib.local_loss(model, objective)
+  make_optimizer = optax.inject_hyperparams(client_optimizer)
+
+  def train_one(global_params, data: FederatedData, key,
+                args: _ClientArgs):
+    x_all, y_all = data.x, data.y
+    indices = data.client_indices[args.client_id]
+    num_examples = data.num_examples[args.client_id]
+    client_key = jax.random.fold_in(key, args.client_id)
+    width = indices.shape[0]
+    epoch_steps = -(-width // batch_size)
+    client_steps = steps_per_epoch(num_examples, batch_size)
+    optimizer = make_optimizer(learning_rate=args.learning_rate)
+    padded = jnp.pad(indices, (0, epoch_steps * batch_size - width))
+
+    def epoch(carry, epoch_index):
+      params, opt_state, steps_done, loss_sum = carry
+      context = jax.lax.stop_gradient(
+          objective.prepare(params, global_params))
+      order = epoch_order(jax.random.fold_in(client_key, epoch_index),
+                          num_examples, width)
+      order = jnp.pad(order, (0, epoch_steps * batch_size - width),
+                      constant_values=width)
+
+      def step(carry, step_index):
+        params, opt_state, steps_done, loss_sum = carry
+        pos = jax.lax.dynamic_slice_in_dim(order, step_index * batch_size,
+                                           batch_size)
+        mask = (pos < num_examples).astype(jnp.float32)
+        idx = padded[jnp.minimum(pos, width - 1)]
+        batch = {"x": x_all[idx], "y": y_all[idx], "mask": mask}
+        (loss, new_params), grads = jax.value_and_grad(
+            loss_fn, has_aux=True)(params, batch, global_params, context)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(
+            jax.lax.stop_gradient(new_params), updates)
+        active = (step_index < client_steps) & (steps_done < args.num_steps)
+        keep = lambda new, old: jax.tree.map(
+            lambda a, b: jnp.where(active, a, b), new, old)
+        return (keep(new_params, params), keep(new_opt_state, opt_state),
+                steps_done + active.astype(jnp.int32),
+                loss_sum + jnp.where(active, loss, 0.0)), None
+
+      carry, _ = jax.lax.scan(step, (params, opt_state, steps_done, loss_sum),
+                              jnp.arange(epoch_steps), unroll=unroll)
+      return carry, None
+
+    init = (global_params, optimizer.init(global_params),
+            jnp.zeros((), jnp.int32), jnp.zeros(()))
+    (params, _, steps_done, loss_sum), _ = jax.lax.scan(
+        epoch, init, jnp.arange(num_epochs))
+    if compute_losses:
+      losses = functools.partial(mean_client_loss, model, x_all=x_all,
+                                 y_all=y_all, indices=indices,
+                                 num_examples=num_examples,
+                                 batch_size=eval_batch_size)
+      loss_before = losses(global_params)
+      loss_after = losses(params)
+    else:
+      loss_before = loss_after = jnp.zeros(())
+    train_loss = loss_sum / jnp.maximum(steps_done, 1)
+    return params, loss_before, loss_after, steps_done, train_loss
+
+  return train_one
+
+
+def _chunk_trainer(model, *, clients_per_step, chunk_loop, mesh,
+                   client_axis, **options):
+  """Checks the options; -> (clients_per_step, the vmapped trainer of a
+  chunk: ``train_chunk(global_params, data, key, args [W])``)."""
+  clients_per_step = _check_options(
+      options["batch_size"], options["num_epochs"], clients_per_step,
+      options["eval_batch_size"], chunk_loop, mesh, client_axis)
+  return clients_per_step, jax.vmap(_client_trainer(model, **options),
+                                    in_axes=(None, None, None, 0))
+
+
+class _Layout(NamedTuple):
+  """How a cohort of K rows is cut into chunks of ``width`` rows."""
+  num_clients: int  # K
+  width: int  # W, rows per chunk (a multiple of ``devices``)
+  num_chunks: int
+  devices: int  # D, devices of the client axis (1 without a mesh)
+
+  @property
+  def pad(self) -> int:
+    return self.num_chunks * self.width - self.num_clients
+
+  def to_chunks(self, tree):
+    """[K, ...] -> [chunks, W, ...], padded with zeros (client id 0, 0
+    steps, mask 0).
+
+    Device-major: device d trains the contiguous block of rows
+    [d*K'/D, (d+1)*K'/D) (K' = padded K), a slice of width W/D of every
+    chunk, so that the [K', ...] outputs come back split by blocks, with no
+    resharding copy of the client params.
+    """
+    def leaf(a):
+      a = jnp.pad(a, [(0, self.pad)] + [(0, 0)] * (a.ndim - 1))
+      shape = a.shape[1:]
+      return a.reshape((self.devices, self.num_chunks,
+                        self.width // self.devices) + shape).swapaxes(
+                            0, 1).reshape((self.num_chunks, self.width)
+                                          + shape)
+    return jax.tree.map(leaf, tree)
+
+  def from_chunks(self, tree):
+    """[chunks, W, ...] -> [K, ...] (the inverse of ``to_chunks``)."""
+    def leaf(a):
+      shape = a.shape[2:]
+      a = a.reshape((self.num_chunks, self.devices,
+                     self.width // self.devices) + shape).swapaxes(0, 1)
+      return a.reshape((self.num_chunks * self.width,) + shape)[
+          :self.num_clients]
+    return jax.tree.map(leaf, tree)
+
+
+def _layout(num_clients: int, clients_per_step: int, mesh,
+            client_axis: str) -> _Layout:
+  # Balanced chunks (K=10, W=8: two chunks of 5, not 8 + 8 with 6 padding
+  # rows that would cost as much as real clients); with a mesh the width is
+  # rounded up to a multiple of the devices so that it splits evenly.
+  width = -(-num_clients // -(-num_clients // clients_per_step))
+  devices = 1 if mesh is None else mesh.shape[client_axis]
+  width = -(-width // devices) * devices
+  return _Layout(num_clients, width, -(-num_clients // width), devices)
+
+
+def _cohort_rows(layout: _Layout, client_ids, learning_rates, num_steps,
+                 num_examples, mask) -> _Row:
+  """The cohort's rows cut into chunks. Padding rows take 0 steps (they
+  cost compute but change nothing) and carry mask 0."""
+  num_clients = layout.num_clients
+  return layout.to_chunks(_Row(
+      _ClientArgs(
+          client_id=client_ids,
+          learning_rate=jnp.broadcast_to(learning_rates, (num_clients,)
+                                         ).astype(jnp.float32),
+          num_steps=jnp.broadcast_to(num_steps, (num_clients,)
+                                     ).astype(jnp.int32)),
+      num_examples=jnp.broadcast_to(num_examples, (num_clients,)
+                                    ).astype(jnp.float32),
+      mask=jnp.broadcast_to(mask, (num_clients,)).astype(jnp.float32)))
+
+
+def _loop_chunks(body, carry, chunks, chunk_loop: str):
+  """``lax.scan(body, carry, chunks)``, or a Python loop ("unroll", or a
+  single chunk)."""
+  count = jax.tree.leaves(chunks)[0].shape[0]
+  if count > 1 and chunk_loop == "map":
+    return jax.lax.scan(body, carry, chunks)
+  outputs = []
+  for c in range(count):
+    carry, out = body(carry, jax.tree.map(lambda a, c=c: a[c], chunks))
+    outputs.append(out)
+  return carry, jax.tree.map(lambda *a: jnp.stack(a), *outputs)
 
 
 def make_local_trainer(
@@ -143,7 +350,7 @@ def make_local_trainer(
       client params come back sharded over the same axis.
     client_axis: name of the mesh axis that carries clients.
     chunk_loop: how the chunks of ``clients_per_step`` clients are looped
-      over inside the jitted call: "map" (``lax.map``, one compiled chunk,
+      over inside the jitted call: "map" (``lax.scan``, one compiled chunk,
       compile time independent of K) or "unroll" (one copy of the chunk
       program per chunk; compile time grows with K/W).
 
@@ -151,162 +358,170 @@ def make_local_trainer(
     ``train(global_params, data, client_ids, learning_rates, num_steps, key)
     -> LocalResult``, jitted: ``client_ids`` [K] int, ``learning_rates`` [K]
     float, ``num_steps`` [K] int (a large value, e.g. ``full_steps(...)``,
-    means "all epochs"), ``key`` a PRNG key.
+    means "all epochs"), ``key`` a PRNG key. The stacked client params of
+    the whole cohort are an output; ``make_local_reducer`` avoids them.
   """
-  if clients_per_step is None:
-    clients_per_step = default_clients_per_step(mesh, client_axis)
-  for name, value in (("batch_size", batch_size), ("num_epochs", num_epochs),
-                      ("clients_per_step", clients_per_step),
-                      ("eval_batch_size", eval_batch_size)):
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f"{name} must be a positive int, got {value!r}")
-  if chunk_loop not in ("map", "unroll"):
-    raise ValueError(
-        f"chunk_loop must be 'map' or 'unroll', got {chunk_loop!r}")
-  if mesh is not None:
-    if client_axis not in mesh.shape:
-      raise ValueError(f"client_axis {client_axis!r} is not an axis of mesh "
-                       f"{dict(mesh.shape)}")
-    if clients_per_step % mesh.shape[client_axis]:
-      raise ValueError(
-          f"clients_per_step={clients_per_step} must be a multiple of the "
-          f"{mesh.shape[client_axis]} devices of mesh axis {client_axis!r}")
-  objective = objective or objectives_lib.cross_entropy()
-  loss_fn = objectives_lib.local_loss(model, objective)
-  make_optimizer = optax.inject_hyperparams(client_optimizer)
-
-  def train_one(global_params, x_all, y_all, args: _ClientArgs):
-    width = args.indices.shape[0]
-    epoch_steps = -(-width // batch_size)
-    client_steps = steps_per_epoch(args.num_examples, batch_size)
-    optimizer = make_optimizer(learning_rate=args.learning_rate)
-    padded = jnp.pad(args.indices, (0, epoch_steps * batch_size - width))
-
-    def epoch(carry, epoch_index):
-      params, opt_state, steps_done, loss_sum = carry
-      context = jax.lax.stop_gradient(
-          objective.prepare(params, global_params))
-      order = epoch_order(jax.random.fold_in(args.key, epoch_index),
-                          args.num_examples, width)
-      order = jnp.pad(order, (0, epoch_steps * batch_size - width),
-                      constant_values=width)
-
-      def step(carry, step_index):
-        params, opt_state, steps_done, loss_sum = carry
-        pos = jax.lax.dynamic_slice_in_dim(order, step_index * batch_size,
-                                           batch_size)
-        mask = (pos < args.num_examples).astype(jnp.float32)
-        idx = padded[jnp.minimum(pos, width - 1)]
-        batch = {"x": x_all[idx], "y": y_all[idx], "mask": mask}
-        (loss, new_params), grads = jax.value_and_grad(
-            loss_fn, has_aux=True)(params, batch, global_params, context)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(
-            jax.lax.stop_gradient(new_params), updates)
-        active = (step_index < client_steps) & (steps_done < args.num_steps)
-        keep = lambda new, old: jax.tree.map(
-            lambda a, b: jnp.where(active, a, b), new, old)
-        return (keep(new_params, params), keep(new_opt_state, opt_state),
-                steps_done + active.astype(jnp.int32),
-                loss_sum + jnp.where(active, loss, 0.0)), None
-
-      carry, _ = jax.lax.scan(step, (params, opt_state, steps_done, loss_sum),
-                              jnp.arange(epoch_steps), unroll=unroll)
-      return carry, None
-
-    init = (global_params, optimizer.init(global_params),
-            jnp.zeros((), jnp.int32), jnp.zeros(()))
-    (params, _, steps_done, loss_sum), _ = jax.lax.scan(
-        epoch, init, jnp.arange(num_epochs))
-    if compute_losses:
-      losses = functools.partial(mean_client_loss, model, x_all=x_all,
-                                 y_all=y_all, indices=args.indices,
-                                 num_examples=args.num_examples,
-                                 batch_size=eval_batch_size)
-      loss_before = losses(global_params)
-      loss_after = losses(params)
-    else:
-      loss_before = loss_after = jnp.zeros(())
-    train_loss = loss_sum / jnp.maximum(steps_done, 1)
-    return params, loss_before, loss_after, steps_done, train_loss
-
-  train_chunk = jax.vmap(train_one, in_axes=(None, None, None, 0))
+  clients_per_step, train_chunk = _chunk_trainer(
+      model, batch_size=batch_size, num_epochs=num_epochs,
+      objective=objective, client_optimizer=client_optimizer,
+      clients_per_step=clients_per_step, unroll=unroll,
+      compute_losses=compute_losses, eval_batch_size=eval_batch_size,
+      mesh=mesh, client_axis=client_axis, chunk_loop=chunk_loop)
 
   @jax.jit
   def train(global_params, data: FederatedData, client_ids, learning_rates,
             num_steps, key) -> LocalResult:
-    num_clients = client_ids.shape[0]
-    # Balanced chunks (K=10, W=8: two chunks of 5, not 8 + 8 with 6 padding
-    # rows that would cost as much as real clients); with a mesh the width
-    # is rounded up to a multiple of the devices so that it splits evenly.
-    width = -(-num_clients // -(-num_clients // clients_per_step))
-    if mesh is not None:
-      devices = mesh.shape[client_axis]
-      width = -(-width // devices) * devices
-    num_chunks = -(-num_clients // width)
-    pad = num_chunks * width - num_clients
-    ids = jnp.pad(client_ids, (0, pad))
-    # Padding rows take 0 steps, so they cost compute but change nothing.
-    args = _ClientArgs(
-        indices=data.client_indices[ids],
-        num_examples=data.num_examples[ids],
-        learning_rate=jnp.pad(
-            jnp.broadcast_to(learning_rates, (num_clients,)), (0, pad)
-        ).astype(jnp.float32),
-        num_steps=jnp.pad(
-            jnp.broadcast_to(num_steps, (num_clients,)), (0, pad)
-        ).astype(jnp.int32),
-        key=jax.vmap(lambda i: jax.random.fold_in(key, i))(ids))
-    if mesh is None:
-      chunked = jax.tree.map(
-          lambda a: a.reshape((num_chunks, width) + a.shape[1:]), args)
-    else:
-      # Device-major: device d trains the contiguous block of rows
-      # [d*K'/D, (d+1)*K'/D) (K' = padded K), a slice of width W/D of every
-      # chunk, so that the [K', ...] outputs come back split by blocks, with
-      # no resharding copy of the client params.
-      devices = mesh.shape[client_axis]
-      chunked = jax.tree.map(
-          lambda a: a.reshape((devices, num_chunks, width // devices)
-                              + a.shape[1:]).swapaxes(0, 1).reshape(
-                                  (num_chunks, width) + a.shape[1:]), args)
+    layout = _layout(client_ids.shape[0], clients_per_step, mesh,
+                     client_axis)
+    rows = _cohort_rows(layout, client_ids, learning_rates, num_steps, 0, 0)
 
-    def run_chunks(global_params, x_all, y_all, chunked):
-      run_chunk = lambda chunk: train_chunk(global_params, x_all, y_all,
-                                            chunk)
-      count = chunked.indices.shape[0]
-      if count == 1 or chunk_loop == "unroll":
-        outputs = [run_chunk(jax.tree.map(lambda a: a[c], chunked))
-                   for c in range(count)]
-        return jax.tree.map(lambda *a: jnp.stack(a), *outputs)
-      return jax.lax.map(run_chunk, chunked)
+    def run_chunks(global_params, data, key, args):
+      def body(carry, chunk_args):
+        return carry, train_chunk(global_params, data, key, chunk_args)
+      return _loop_chunks(body, (), args, chunk_loop)[1]
 
     if mesh is not None:
       # Each device runs the whole chunk loop on its own slice of every
       # chunk (shard_map, no communication): the per-client computation is
       # exactly the unsharded one, whatever the model's batching rules.
       replicated = jax.sharding.PartitionSpec()
-      by_client = jax.sharding.PartitionSpec(None, client_axis)
       run_chunks = _shard_map(
           run_chunks, mesh=mesh,
-          in_specs=(replicated, replicated, replicated, by_client),
-          out_specs=by_client)
-    outputs = run_chunks(global_params, data.x, data.y, chunked)
-    if mesh is not None:
-      outputs = jax.tree.map(
-          lambda a: a.reshape((num_chunks, devices, width // devices)
-                              + a.shape[2:]).swapaxes(0, 1), outputs)
-    lead = 2 if mesh is None else 3  # [chunks, W] or [D, chunks, W/D]
-    outputs = jax.tree.map(
-        lambda a: a.reshape((num_chunks * width,) + a.shape[lead:])[
-            :num_clients], outputs)
-    if mesh is not None and num_clients % mesh.shape[client_axis] == 0:
+          in_specs=(replicated,) * 3 + (_by_client(client_axis),),
+          out_specs=_by_client(client_axis))
+    outputs = layout.from_chunks(run_chunks(global_params, data, key,
+                                            rows.args))
+    if mesh is not None and layout.num_clients % layout.devices == 0:
       outputs = jax.lax.with_sharding_constraint(
           outputs, jax.sharding.NamedSharding(
               mesh, jax.sharding.PartitionSpec(client_axis)))
     return LocalResult(*outputs)
 
   return train
+
+
+class LocalSums(NamedTuple):
+  """What streaming local training returns for a cohort of K clients.
+
+  Attributes:
+    stats: the sum over the K clients of ``client_stats`` (see
+      ``make_local_reducer``); no per-client model survives the call.
+    loss_before, loss_after, steps_taken, train_loss: [K], as in
+      ``LocalResult``.
+  """
+  stats: Any
+  loss_before: jax.Array
+  loss_after: jax.Array
+  steps_taken: jax.Array
+  train_loss: jax.Array
+
+
+def make_local_reducer(
+    model: Model,
+    client_stats: Callable[[Params, Params, ClientInfo], Any],
+    *,
+    batch_size: int,
+    num_epochs: int,
+    objective: Optional[LocalObjective] = None,
+    client_optimizer: OptimizerFactory = optax.sgd,
+    clients_per_step: Optional[int] = None,
+    unroll: int | bool = 1,
+    compute_losses: bool = True,
+    eval_batch_size: int = 256,
+    mesh: Optional[jax.sharding.Mesh] = None,
+    client_axis: str = "clients",
+    chunk_loop: str = "map",
+) -> Callable[..., LocalSums]:
+  """Local training of a cohort that keeps only a sum over its clients.
+
+  Every client trains exactly as in ``make_local_trainer`` (the same
+  per-client program); right after a chunk of ``clients_per_step`` clients
+  is trained, ``client_stats`` maps each of its models to a fixed-shape
+  pytree and the chunk's sum is added to a running total (the carry of the
+  loop over chunks). Client models therefore exist for one chunk at a time:
+  memory is bounded by the chunk, not by K. With a mesh each device sums
+  the clients of its own slices, then one ``psum`` over ``client_axis``
+  gives the total.
+
+  Args:
+    model: the network.
+    client_stats: ``client_stats(global_params, client_params, info_k) ->
+      stats`` for ONE client (e.g. ``aggregator.stream.client_stats``);
+      ``info_k`` is that client's ``ClientInfo`` row (scalar fields, with
+      its own ``loss_before``/``loss_after``); it must give zeros for rows
+      with mask 0 (the engine pads the last chunk with such rows).
+    batch_size, num_epochs, objective, client_optimizer, clients_per_step,
+      unroll, compute_losses, eval_batch_size, mesh, client_axis,
+      chunk_loop: as in ``make_local_trainer``.
+
+  Returns:
+    ``reduce(global_params, data, client_ids, learning_rates, num_steps,
+    key, info) -> LocalSums``, jitted; the first six arguments as in
+    ``make_local_trainer``'s ``train``; ``info`` is the cohort's
+    ``ClientInfo`` as the aggregator will see it ([K] ``num_examples`` and
+    ``mask``, the round's ``round`` and ``key``); its ``loss_before`` /
+    ``loss_after`` are not read (each client's stats see the losses of its
+    own training).
+  """
+  if not callable(client_stats):
+    raise TypeError(
+        f"client_stats must be callable, got {type(client_stats).__name__}")
+  clients_per_step, train_chunk = _chunk_trainer(
+      model, batch_size=batch_size, num_epochs=num_epochs,
+      objective=objective, client_optimizer=client_optimizer,
+      clients_per_step=clients_per_step, unroll=unroll,
+      compute_losses=compute_losses, eval_batch_size=eval_batch_size,
+      mesh=mesh, client_axis=client_axis, chunk_loop=chunk_loop)
+  # Per-client fields vmapped, the round's scalars shared.
+  info_axes = ClientInfo(0, 0, 0, 0, 0, None, None)
+  chunk_stats = jax.vmap(client_stats, in_axes=(None, 0, info_axes))
+
+  @jax.jit
+  def reduce(global_params, data: FederatedData, client_ids, learning_rates,
+             num_steps, key, info: ClientInfo) -> LocalSums:
+    layout = _layout(client_ids.shape[0], clients_per_step, mesh,
+                     client_axis)
+    rows = _cohort_rows(layout, client_ids, learning_rates, num_steps,
+                        info.num_examples, info.mask)
+
+    def row_info(row: _Row, losses, shared) -> ClientInfo:
+      loss_before, loss_after = losses
+      return ClientInfo(row.args.client_id, row.num_examples, row.mask,
+                        loss_before, loss_after, *shared)
+
+    def run_chunks(global_params, data, key, shared, rows):
+      def body(total, chunk: _Row):
+        params, *per_client = train_chunk(global_params, data, key,
+                                          chunk.args)
+        stats = chunk_stats(global_params, params,
+                            row_info(chunk, per_client[:2], shared))
+        total = jax.tree.map(jnp.add, total,
+                             tree_math.sum_over_clients(stats))
+        return total, tuple(per_client)
+
+      scalar = jax.ShapeDtypeStruct((), jnp.float32)
+      one_row = jax.tree.map(
+          lambda a: jax.ShapeDtypeStruct(a.shape[2:], a.dtype), rows)
+      zeros = jax.tree.map(
+          lambda s: jnp.zeros(s.shape, s.dtype),
+          jax.eval_shape(client_stats, global_params, global_params,
+                         row_info(one_row, (scalar, scalar), shared)))
+      total, per_client = _loop_chunks(body, zeros, rows, chunk_loop)
+      if mesh is not None:
+        total = jax.lax.psum(total, client_axis)
+      return total, per_client
+
+    if mesh is not None:
+      replicated = jax.sharding.PartitionSpec()
+      run_chunks = _shard_map(
+          run_chunks, mesh=mesh,
+          in_specs=(replicated,) * 4 + (_by_client(client_axis),),
+          out_specs=(replicated, _by_client(client_axis)))
+    total, per_client = run_chunks(global_params, data, key,
+                                   (info.round, info.key), rows)
+    return LocalSums(total, *layout.from_chunks(per_client))
+
+  return reduce
 
 
 def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,
@@ -320,6 +535,11 @@ def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,
   if jax.default_backend() == "cpu":
     return max(2, devices)
   return 8 * devices
+
+
+def _by_client(client_axis: str) -> jax.sharding.PartitionSpec:
+  """[chunks, W, ...] arrays split over the devices along W."""
+  return jax.sharding.PartitionSpec(None, client_axis)
 
 
 def _shard_map(fn, *, mesh, in_specs, out_specs):

@@ -110,6 +110,7 @@ def make_round_fn(
     mesh: Optional[jax.sharding.Mesh] = None,
     donate_state: bool = False,
     jit: bool = True,
+    stream: Optional[bool] = None,
 ) -> Callable[..., tuple[ServerState, RoundOutput]]:
   """Builds one jitted FL round.
 
@@ -128,16 +129,31 @@ def make_round_fn(
       ``jax.vmap`` with hyperparameters that are traced values (the
       aggregator, objective and learning rate built inside the trace, as
       ``fedjax_agg.sweep`` does); ``donate_state`` is then unused.
+    stream: aggregate on the fly (``engine.make_local_reducer`` with the
+      aggregator's ``StreamingForm``): client models exist a chunk at a
+      time, so memory does not grow with the cohort. None: whenever
+      ``aggregator.stream`` is not None; False: always stack the [K, ...]
+      client models (``engine.make_local_trainer``). Both give the same
+      round to float rounding.
 
   Returns:
     ``round_fn(state, data, cohort, mask) -> (new_state, RoundOutput)``
     where ``cohort`` is [K] client ids and ``mask`` [K] (1 = participates).
   """
-  trainer = engine.make_local_trainer(
-      model, batch_size=batch_size, num_epochs=local_epochs,
-      objective=objective, client_optimizer=client_optimizer,
-      clients_per_step=clients_per_step, unroll=unroll,
-      compute_losses=compute_losses, mesh=mesh)
+  if stream is None:
+    stream = aggregator.stream is not None
+  elif stream and aggregator.stream is None:
+    raise ValueError("stream=True needs an aggregator with a streaming form "
+                     "(aggregator.stream is None)")
+  trainer_options = dict(
+      batch_size=batch_size, num_epochs=local_epochs, objective=objective,
+      client_optimizer=client_optimizer, clients_per_step=clients_per_step,
+      unroll=unroll, compute_losses=compute_losses, mesh=mesh)
+  if stream:
+    reducer = engine.make_local_reducer(
+        model, aggregator.stream.client_stats, **trainer_options)
+  else:
+    trainer = engine.make_local_trainer(model, **trainer_options)
 
   def round_fn(state: ServerState, data: FederatedData, cohort: jax.Array,
                mask: jax.Array):
@@ -150,13 +166,23 @@ def make_round_fn(
     num_steps = jnp.where(mask > 0, num_steps, 0)
     lrs = jnp.broadcast_to(jnp.asarray(learning_rate, jnp.float32),
                            cohort.shape)
-    local = trainer(state.params, data, cohort, lrs, num_steps, train_key)
     info = ClientInfo(
         client_ids=cohort, num_examples=data.num_examples[cohort].astype(
-            jnp.float32), mask=mask, loss_before=local.loss_before,
-        loss_after=local.loss_after, round=state.round + 1, key=agg_key)
-    new_params, agg_state, metrics = aggregator.aggregate(
-        state.params, local.client_params, info, state.aggregator_state)
+            jnp.float32), mask=mask, loss_before=jnp.zeros_like(mask),
+        loss_after=jnp.zeros_like(mask), round=state.round + 1, key=agg_key)
+    if stream:
+      local = reducer(state.params, data, cohort, lrs, num_steps, train_key,
+                      info)
+    else:
+      local = trainer(state.params, data, cohort, lrs, num_steps, train_key)
+    info = info._replace(loss_before=local.loss_before,
+                         loss_after=local.loss_after)
+    if stream:
+      new_params, agg_state, metrics = aggregator.stream.finalize(
+          state.params, local.stats, info, state.aggregator_state)
+    else:
+      new_params, agg_state, metrics = aggregator.aggregate(
+          state.params, local.client_params, info, state.aggregator_state)
     train_loss = jnp.sum(local.train_loss * mask) / jnp.maximum(
         jnp.sum(mask), 1.0)
     new_state = ServerState(new_params, agg_state, state.round + 1, key)

@@ -482,3 +482,77 @@ def row_cosines(a_rows: jax.Array, b_rows: jax.Array) -> jax.Array:
   return safe_cosine(jnp.sum(a_rows * b_rows, axis=-1),
                      jnp.sum(jnp.square(a_rows), axis=-1),
                      jnp.sum(jnp.square(b_rows), axis=-1))
+
+
+# ---------------------------------------------------------------------------
+# Weighted means as running sums (streaming aggregation, one client at a
+# time): sum_k p_k x_k with p = normalize_weights(raw, mask), from sums that
+# the engine accumulates chunk by chunk.
+
+
+class MaskedSums(NamedTuple):
+  """Sums over clients that give a ``normalize_weights`` mean.
+
+  Attributes:
+    weighted: sum over real clients of raw_k x_k (a tree like x).
+    total: [] sum over real clients of raw_k.
+    uniform: sum_k mask_k x_k, the mean's fallback when ``total`` is 0
+      (None for uniform raw weights, where ``weighted`` already is it).
+    count: [] sum_k mask_k.
+  """
+  weighted: Params
+  total: jax.Array
+  uniform: Optional[Params]
+  count: jax.Array
+
+
+def client_sums(x: Params, mask: jax.Array,
+                raw_weight: Optional[jax.Array] = None) -> MaskedSums:
+  """One client's term of ``MaskedSums`` (zeros for a padding row).
+
+  Args:
+    x: the client's quantity (a tree of arrays).
+    mask: [] 1 for a real participant, 0 for a padding row (whose ``x`` is
+      dropped, NaN or not).
+    raw_weight: [] unnormalised weight (e.g. n_k); None for uniform weights.
+  """
+  real = mask > 0
+  mask = jnp.where(real, mask, 0.0).astype(jnp.float32)
+  raw = (jnp.ones((), jnp.float32) if raw_weight is None else
+         jnp.asarray(raw_weight, jnp.float32))
+  raw = jnp.where(real, raw, 0.0)
+
+  def scaled(weight):
+    return jax.tree.map(
+        lambda a: jnp.where(real, a * weight.astype(a.dtype),
+                            jnp.zeros_like(a)), x)
+  return MaskedSums(scaled(raw), raw,
+                    None if raw_weight is None else scaled(mask), mask)
+
+
+def mean_from_sums(sums: MaskedSums) -> Params:
+  """sum_k p_k x_k, p = ``normalize_weights(raw, mask)``, from summed terms.
+
+  Equals ``weighted_sum(x, normalize_weights(raw, mask))`` (to rounding),
+  including its fallbacks: uniform weights when every real raw weight is 0,
+  zeros for a cohort of padding rows only.
+  """
+  ok = sums.total > 0
+  inverse = jnp.where(ok, 1.0 / jnp.where(ok, sums.total, 1.0), 0.0)
+  mean = jax.tree.map(lambda a: a * inverse.astype(a.dtype), sums.weighted)
+  if sums.uniform is None:
+    return mean
+  inverse_count = 1.0 / jnp.maximum(sums.count, 1.0)
+  return jax.tree.map(
+      lambda a, u: jnp.where(ok, a, u * inverse_count.astype(u.dtype)),
+      mean, sums.uniform)
+
+
+def add_update(params: Params, update: Params) -> Params:
+  """params + update, leaf by leaf, in the dtypes of ``params``."""
+  return jax.tree.map(lambda w, u: (w + u).astype(w.dtype), params, update)
+
+
+def sum_over_clients(stacked: StackedParams) -> Params:
+  """Sum over the leading client axis of every leaf: [K, ...] -> [...]."""
+  return jax.tree.map(lambda a: jnp.sum(a, axis=0), stacked)

@@ -4,7 +4,7 @@ Shapes in docstrings: ``K`` is the number of clients in a cohort (the leading
 axis of stacked pytrees), ``N`` the number of clients in the federation.
 """
 
-from typing import Any, Callable, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol
 
 import jax
 
@@ -48,6 +48,31 @@ class AggregateFn(Protocol):
     ...
 
 
+class StreamingForm(NamedTuple):
+  """A rule that is a sum over clients, in a form that never stacks them.
+
+  The engine trains the cohort a chunk at a time and keeps only the running
+  sum of ``client_stats`` over the clients trained so far, so memory is
+  bounded by the chunk, not by K. For every cohort,
+  ``finalize(g, sum_k client_stats(g, w_k, info_k), info, state)`` equals
+  the rule's ``aggregate(g, w, info, state)`` (to float rounding).
+
+  Attributes:
+    client_stats: ``client_stats(global_params, client_params, info_k) ->
+      stats``, written for ONE client: ``client_params`` is one model and
+      ``info_k`` a ``ClientInfo`` whose per-client fields are scalars (the
+      k-th row; ``round`` and ``key`` are the cohort's). ``stats`` is a
+      pytree of arrays of fixed shape; rows with mask 0 must give zeros
+      (the engine adds such rows when it pads a chunk).
+    finalize: ``finalize(global_params, summed_stats, info, state) ->
+      (new_global_params, new_state, metrics)``; ``summed_stats`` is the
+      sum of ``client_stats`` over the K rows, ``info`` the cohort's
+      ``ClientInfo`` ([K] fields, losses included).
+  """
+  client_stats: Callable[[Params, Params, ClientInfo], Any]
+  finalize: Callable[..., tuple[Params, AggregatorState, Metrics]]
+
+
 class Aggregator(NamedTuple):
   """A server-side aggregation rule as a pair of pure functions.
 
@@ -56,9 +81,14 @@ class Aggregator(NamedTuple):
     aggregate: ``aggregate(global_params, client_params, info, state) ->
       (new_global_params, new_state, metrics)`` where ``client_params`` has a
       leading client axis [K, ...] and ``metrics`` is a dict of arrays.
+    stream: the rule's ``StreamingForm`` when it is a sum over clients
+      (FedAvg, the server optimizers over it, FedNNNN), else None (rules
+      that need all K client models at once: median, trimmed mean, FedAdp,
+      FedLayerWise, FedDRL).
   """
   init: Callable[[Params], AggregatorState]
   aggregate: AggregateFn
+  stream: Optional[StreamingForm] = None
 
 
 class Model(NamedTuple):

@@ -102,3 +102,18 @@ class JittedRule:
 def jitted_rule(name: str, items: tuple = ()) -> JittedRule:
   """Cached ``JittedRule`` (kwargs as a sorted tuple of items)."""
   return JittedRule(name, **dict(items))
+
+
+# Per-client fields of a ClientInfo vmapped, the round's scalars shared.
+INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None)
+
+
+def streamed_aggregate(aggregator, global_params, client_params, info,
+                       state):
+  """A rule's ``StreamingForm`` run on stacked clients: finalize the sum over
+  the K rows of ``client_stats`` (what the engine accumulates by chunks)."""
+  stream = aggregator.stream
+  stats = jax.vmap(stream.client_stats, in_axes=(None, 0, INFO_AXES))(
+      global_params, client_params, info)
+  summed = jax.tree.map(lambda a: jnp.sum(a, axis=0), stats)
+  return stream.finalize(global_params, summed, info, state)

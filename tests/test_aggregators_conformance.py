@@ -5,6 +5,8 @@ rule-specific ones (symmetry, identical clients, padding, scale) run on the
 rules that imply them, listed in ``PROPERTIES``. All calls are jitted.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -205,3 +207,29 @@ def test_eval_params_convention():
   tu.assert_trees_close(
       aggregators.eval_params(wrapped.init(global_params), other),
       global_params)
+
+
+STREAMING = [name for name in ALL if tu.build(name).stream is not None]
+
+
+@pytest.mark.parametrize("name", STREAMING)
+def test_streaming_form_equals_stacked(name):
+  # Padding rows (huge params and counts, mask 0) included: the sum of the
+  # per-client statistics, finalized, is the stacked rule, over two rounds.
+  rule = tu.jitted_rule(name)
+  rng = np.random.default_rng(10)
+  global_params = tu.make_params(rng)
+  clients = tu.make_clients(rng, global_params, K + 2, zero_rows=(1,))
+  clients = jax.tree.map(lambda a: a.at[K:].multiply(1e3), clients)
+  info = tu.make_info(IDS + IDS[:2], NUM_EXAMPLES + [1e6, 1e6],
+                      mask=[1] * K + [0, 0])
+  streamed = jax.jit(functools.partial(tu.streamed_aggregate,
+                                       rule.aggregator))
+  state = rule.init(global_params)
+  params = global_params
+  for round_ in (1, 2):
+    info = info._replace(round=jnp.asarray(round_, jnp.int32))
+    expected = rule.aggregate(params, clients, info, state)
+    got = streamed(params, clients, info, state)
+    tu.assert_trees_close(got, expected, rtol=2e-5, atol=2e-6)
+    params, state, _ = expected

@@ -29,6 +29,10 @@ Interpretations:
   experiments set p_k = 1/m (``weighting="uniform"``).
 * A cohort with no real participant leaves model and state unchanged.
 
+Streaming form: N and E are sums over clients, so a round can stream the
+running sums of n_k dw_k, n_k |dw_k|_l per layer and n_k |dw_k| (plus the
+counts, ``tree_math.MaskedSums``) instead of holding K client models.
+
 NWDA metrics (Sec. 3.1, appendix Eqs. (24)-(25)): N and E of Eqs. (4)-(5)
 and the server update norm |w_{t+1} - w_t| of Eq. (24), for the whole model
 and per layer (``tree_math.layer_structure(params, granularity).names``).
@@ -42,8 +46,9 @@ import jax.numpy as jnp
 from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators.fedavg import client_weights
+from fedjax_agg.aggregators.fedavg import raw_client_weight
 from fedjax_agg.aggregators.fedavg import WEIGHTINGS
-from fedjax_agg.types import Aggregator, Params
+from fedjax_agg.types import Aggregator, Params, StreamingForm
 
 EVALUATES = ("average", "broadcast")
 GRANULARITIES = ("layer", "leaf")
@@ -113,11 +118,32 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     # Eq. (2): dw_k = w^k_{t+1} - w_t, summed with p_k and squared.
     mean_delta, delta_sq = tree_math.stacked_update_moments(
         client_params, global_params, weights)
-    layer_n = tree_math.layer_norms(mean_delta, structure)  # Eq. (4)
     client_layer_norms = jnp.sqrt(tree_math.to_layers(delta_sq, structure))
     layer_e = weights @ client_layer_norms  # Eq. (5)
-    n = jnp.sqrt(jnp.sum(jnp.square(layer_n)))
     e = weights @ jnp.sqrt(jnp.sum(jnp.square(client_layer_norms), axis=1))
+    return server_update(global_params, state, info, weights,
+                         (mean_delta, layer_e, e))
+
+  def client_stats(global_params, client_params, info_k):
+    # One client's dw_k (Eq. (2)) and its norms, summed with raw weights.
+    delta = tree_math.tree_sub(client_params, global_params)
+    layer_norms = tree_math.layer_norms(
+        delta, tree_math.layer_structure(global_params, granularity))
+    norm = jnp.sqrt(jnp.sum(jnp.square(layer_norms)))
+    return tree_math.client_sums((delta, layer_norms, norm), info_k.mask,
+                                 raw_client_weight(info_k, weighting))
+
+  def finalize(global_params, summed_stats, info, state):
+    # sum_k p_k dw_k, and Eq. (5) per layer and for the whole model.
+    moments = tree_math.mean_from_sums(summed_stats)
+    return server_update(global_params, state, info,
+                         client_weights(info, weighting), moments)
+
+  def server_update(global_params, state, info, weights, moments):
+    mean_delta, layer_e, e = moments
+    structure = tree_math.layer_structure(global_params, granularity)
+    layer_n = tree_math.layer_norms(mean_delta, structure)  # Eq. (4)
+    n = jnp.sqrt(jnp.sum(jnp.square(layer_n)))
     if normalize:
       skip = n <= min_norm
       scale = jnp.where(skip, 0.0, beta * e / jnp.where(skip, 1.0, n))
@@ -128,11 +154,9 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
         lambda d, u: (gamma * d + scale * u).astype(d.dtype),
         state.momentum, mean_delta)  # Eq. (12)
     momentum = _where(skip, state.momentum, momentum)
-    new_global = jax.tree.map(lambda w, d: (w + d).astype(w.dtype),
-                              global_params, momentum)  # Eq. (13)
+    new_global = tree_math.add_update(global_params, momentum)  # Eq. (13)
     new_global = _where(skip, global_params, new_global)
-    average = jax.tree.map(lambda w, u: (w + u).astype(w.dtype),
-                           global_params, mean_delta)  # Eq. (3)
+    average = tree_math.add_update(global_params, mean_delta)  # Eq. (3)
     new_state = FedNNNNState(
         momentum, average if evaluate == "average" else new_global)
     new_global, new_state = tree_math.keep_if_no_clients(
@@ -148,7 +172,7 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     }
     return new_global, new_state, metrics
 
-  return Aggregator(init, aggregate)
+  return Aggregator(init, aggregate, StreamingForm(client_stats, finalize))
 
 
 def norm_norm(beta: float = 1.0, **kwargs) -> Aggregator:

@@ -25,6 +25,10 @@ w_{t+1} = w_t + eta m_t.
 
 A cohort with no real participant leaves the model and every state
 unchanged (no step on an empty pseudo-gradient).
+
+Streaming: the server step needs only the wrapped rule's output, so a
+wrapped rule with a streaming form (FedAvg, FedNNNN) keeps it; the round then
+holds a chunk of client models, never K.
 """
 
 from typing import Any, NamedTuple, Optional
@@ -36,7 +40,7 @@ import optax
 from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators.fedavg import fedavg
-from fedjax_agg.types import Aggregator
+from fedjax_agg.types import Aggregator, StreamingForm
 
 KINDS = ("adagrad", "adam", "yogi")
 
@@ -74,7 +78,9 @@ def with_server_optimizer(aggregator: Aggregator,
 
   Returns:
     An ``Aggregator`` with ``ServerOptState``; metrics are the wrapped
-    rule's plus "pseudo_gradient_norm" and "optimizer_update_norm".
+    rule's plus "pseudo_gradient_norm" and "optimizer_update_norm". It has
+    a streaming form when ``aggregator`` has one (the same client
+    statistics; the server step runs on the finalized target).
   """
   if not isinstance(aggregator, Aggregator):
     raise TypeError(
@@ -89,8 +95,15 @@ def with_server_optimizer(aggregator: Aggregator,
                           transformation.init(global_params))
 
   def aggregate(global_params, client_params, info, state):
-    target, base_state, metrics = aggregator.aggregate(
-        global_params, client_params, info, state.base_state)
+    return server_step(global_params, aggregator.aggregate(
+        global_params, client_params, info, state.base_state), info, state)
+
+  def finalize(global_params, summed_stats, info, state):
+    return server_step(global_params, aggregator.stream.finalize(
+        global_params, summed_stats, info, state.base_state), info, state)
+
+  def server_step(global_params, base_output, info, state):
+    target, base_state, metrics = base_output
     pseudo_gradient = tree_math.tree_sub(global_params, target)
     updates, opt_state = transformation.update(
         pseudo_gradient, state.opt_state, global_params)
@@ -103,7 +116,10 @@ def with_server_optimizer(aggregator: Aggregator,
     metrics["optimizer_update_norm"] = optax.tree.norm(updates)
     return new_global, new_state, metrics
 
-  return Aggregator(init, aggregate)
+  stream = None
+  if aggregator.stream is not None:
+    stream = StreamingForm(aggregator.stream.client_stats, finalize)
+  return Aggregator(init, aggregate, stream)
 
 
 class ScaleByReddiState(NamedTuple):
