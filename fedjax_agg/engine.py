@@ -472,9 +472,6 @@ def make_local_reducer(
       clients_per_step=clients_per_step, unroll=unroll,
       compute_losses=compute_losses, eval_batch_size=eval_batch_size,
       mesh=mesh, client_axis=client_axis, chunk_loop=chunk_loop)
-  # Per-client fields vmapped, the round's scalars shared.
-  info_axes = ClientInfo(0, 0, 0, 0, 0, None, None)
-  chunk_stats = jax.vmap(client_stats, in_axes=(None, 0, info_axes))
 
   @jax.jit
   def reduce(global_params, data: FederatedData, client_ids, learning_rates,
@@ -493,10 +490,16 @@ def make_local_reducer(
       def body(total, chunk: _Row):
         params, *per_client = train_chunk(global_params, data, key,
                                           chunk.args)
-        stats = chunk_stats(global_params, params,
-                            row_info(chunk, per_client[:2], shared))
-        total = jax.tree.map(jnp.add, total,
-                             tree_math.sum_over_clients(stats))
+        rows_info = row_info(chunk, per_client[:2], shared)
+
+        def add_client(k, total):
+          client_params = jax.tree.map(lambda a: a[k], params)
+          info_k = ClientInfo(*(a[k] for a in rows_info[:5]),
+                              *rows_info[5:])
+          return jax.tree.map(jnp.add, total, client_stats(
+              global_params, client_params, info_k))
+
+        total = jax.lax.fori_loop(0, chunk.mask.shape[0], add_client, total)
         return total, tuple(per_client)
 
       scalar = jax.ShapeDtypeStruct((), jnp.float32)
