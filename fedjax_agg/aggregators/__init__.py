@@ -18,6 +18,21 @@ Server optimizers. ``with_server_optimizer(aggregator, transformation)``
 feeds any rule's output through an optax transformation on the
 pseudo-gradient w_t - output (``fedopt``).
 
+Memory. Rules that are a sum over clients carry a ``StreamingForm``
+(``Aggregator.stream``): FedAvg, FedNNNN / Norm-Norm / Momentum and every
+server optimizer over one of them (FedOpt, FedAvgM, FedAdam, FedYogi,
+FedAdagrad). ``simulation.make_round_fn`` then aggregates on the fly and a
+round holds ``clients_per_step`` client models, whatever K. The other rules
+need all K trained models at once, so their round holds the stacked
+[K, ...] client params (K x the model size, plus the rule's own
+temporaries of the same order): FedAdp and FedLayerWise (each client's
+angle to the weighted mean update, known only after every client), the
+coordinate-wise median and trimmed mean (a sort over the K clients per
+coordinate) and FedDRL (its agent weights the clients from all their
+post-training losses, so the models wait for the last client).
+Their local training is still chunked, so only the stacked models grow
+with K; bound K by memory / (model size) for them.
+
 Names. ``aggregators.fedadp`` etc. are the factories (as ``optax.adam``);
 they shadow their modules, so import a module's other members by full path:
 ``from fedjax_agg.aggregators.fedadp import FedAdpState``.
