@@ -15,8 +15,10 @@ with three orbax items written together:
   state's PRNG key) and the run key the per-round cohort keys are split
   from. Typed PRNG keys (``jax.random.key``) are stored as their
   ``key_data`` and wrapped back with their implementation on restore.
-* ``history``: the History rows and client rows so far (JSON; arrays keep
-  their dtype, so a restored history equals the original bit for bit).
+* ``history``: the History rows so far (JSON) and the client rows (each
+  per-client field stacked over rounds into one array of ``state``, with
+  its dtype and CRC-32; other values as JSON), so a restored history
+  equals the original bit for bit.
 * ``meta``: format version, round, the run's config (hyperparameters, a
   description of the aggregator / objective / optimizer including the
   scalars their closures hold, a fingerprint of the data) and the spec of
@@ -24,9 +26,10 @@ with three orbax items written together:
 
 Atomicity. orbax writes a step to ``<d>/<round>.orbax-checkpoint-tmp``,
 writes ``commit_success.txt`` last and renames the folder to ``<d>/<round>``
-(one ``rename``, atomic on POSIX file systems); a folder without the
-temporary suffix is therefore complete. Temporary folders of a killed run
-are deleted when the run is resumed. Only the latest ``max_to_keep`` (2)
+(one ``rename``, atomic on POSIX file systems; on GCS orbax marks
+completion with that file instead); a folder without the temporary suffix
+is therefore complete. Temporary folders of a killed run are deleted when
+the run is resumed. Only the latest ``max_to_keep`` (2)
 checkpoints are kept, so a damaged latest one leaves an earlier one.
 
 Errors, never a silent restart. Resuming raises ``CheckpointMismatchError``
@@ -307,7 +310,8 @@ def spec_differences(saved: list[dict], current: list[dict],
 
 
 # ---------------------------------------------------------------------------
-# History <-> JSON (arrays keep their dtype).
+# History: scalar rows as JSON; each per-client field, stacked over rounds,
+# as one binary array (JSON would cost seconds per save with large cohorts).
 
 
 def _encode(value):
@@ -332,6 +336,49 @@ def _decode(value):
   if isinstance(value, list):
     return [_decode(v) for v in value]
   return value
+
+
+def _pack_client_rows(client_rows: list) -> tuple[dict, dict]:
+  """-> ({array name: field stacked over rounds [R, ...]}, JSON layout)."""
+  fields = list(client_rows[0]) if client_rows else []
+  if any(list(row) != fields for row in client_rows):
+    return {}, {"count": len(client_rows), "json": _encode(client_rows)}
+  arrays, entries = {}, []
+  for i, name in enumerate(fields):
+    values = [row[name] for row in client_rows]
+    if all(isinstance(v, np.ndarray) for v in values) and len(
+        {(v.shape, v.dtype) for v in values}) == 1:
+      stacked = np.stack(values)
+      entry = {"name": name, "array": f"client_{i:03d}",
+               "shape": list(stacked.shape), "dtype": str(stacked.dtype),
+               "crc32": _crc(stacked)}
+      if stacked.size:
+        arrays[entry["array"]] = stacked
+    else:
+      entry = {"name": name, "values": _encode(values)}
+    entries.append(entry)
+  return arrays, {"count": len(client_rows), "fields": entries}
+
+
+def _unpack_client_rows(layout: dict, arrays: dict, where: str) -> list:
+  if "json" in layout:
+    return _decode(layout["json"])
+  columns = {}
+  for entry in layout["fields"]:
+    if "values" in entry:
+      columns[entry["name"]] = _decode(entry["values"])
+      continue
+    dtype = jnp.dtype(entry["dtype"])
+    host = (np.asarray(arrays[entry["array"]]) if entry["array"] in arrays
+            else np.zeros(entry["shape"], dtype))
+    if (list(host.shape) != entry["shape"] or host.dtype != dtype
+        or _crc(host) != entry["crc32"]):
+      raise CorruptCheckpointError(
+          f"{where}: client rows {entry['name']!r} fail their check: the "
+          "file is damaged")
+    columns[entry["name"]] = list(host)
+  return [{name: values[i] for name, values in columns.items()}
+          for i in range(layout["count"])]
 
 
 # ---------------------------------------------------------------------------
@@ -385,7 +432,9 @@ class RunCheckpointer:
     arrays, spec = _to_host({"server": state, "run_key": run_key})
     meta = {"format_version": FORMAT_VERSION, "round": int(round_num),
             "config": self.config, "spec": spec}
-    history = {"rows": _encode(rows), "client_rows": _encode(client_rows)}
+    client_arrays, client_layout = _pack_client_rows(client_rows)
+    arrays.update(client_arrays)
+    history = {"rows": _encode(rows), "client_rows": client_layout}
     self._manager.save(int(round_num), args=ocp.args.Composite(
         state=ocp.args.StandardSave(arrays),
         history=ocp.args.JsonSave(history),
@@ -443,15 +492,17 @@ class RunCheckpointer:
           f"{where} cannot be read ({type(e).__name__}: {e}).{hint}") from e
     try:
       restored = _from_host(arrays or {}, meta["spec"], template, where)
+      client_rows = _unpack_client_rows(history["client_rows"],
+                                        arrays or {}, where)
     except CorruptCheckpointError as e:
       raise CorruptCheckpointError(f"{e}.{hint}") from e
     rows = _decode(history["rows"])
-    if len(rows) != round_num + 1:
+    if len(rows) != round_num + 1 or len(client_rows) != round_num:
       raise CorruptCheckpointError(
-          f"{where}: holds {len(rows)} history rows, expected "
-          f"{round_num + 1}.{hint}")
+          f"{where}: holds {len(rows)} history rows and {len(client_rows)} "
+          f"client rows, expected {round_num + 1} and {round_num}.{hint}")
     return Snapshot(round_num, restored["server"], restored["run_key"], rows,
-                    _decode(history["client_rows"]))
+                    client_rows)
 
   def _earlier_hint(self, round_num: int, rounds: list[int]) -> str:
     earlier = [r for r in rounds if r < round_num]

@@ -2,9 +2,11 @@
 
 For each (model, aggregator) of ``--cases``, builds the run's
 ``ServerState`` and a history of ``--rounds`` rows (cohort ``--cohort``),
-then saves it ``--repeats`` times as ``simulation.run`` does:
+then saves it after rounds R - ``--repeats`` .. R as ``simulation.run``
+does (each save holds the history up to its round):
 
-* ``state_mb``: bytes of the state's arrays;
+* ``state_mb``: bytes of the state's arrays (floats made random, as after
+  training: a fresh state is mostly zeros, which compress);
 * ``disk_mb``: size of one checkpoint folder on disk;
 * ``blocking_ms``: time ``save`` takes before the next round can start
   (host copy, checksums, orbax's synchronous part);
@@ -64,8 +66,14 @@ def bench(model_name: str, aggregator_name: str, args) -> dict:
                                **({"num_participants": args.cohort}
                                   if aggregator_name == "feddrl" else {}))
   state = simulation.init_state(model.init(jax.random.key(0)), aggregator)
+  # Random floats everywhere (moments, a full replay buffer): fresh states
+  # are mostly zeros, which orbax's compression would make look small.
+  rng = np.random.default_rng(0)
+  state = jax.tree.map(
+      lambda x: (rng.normal(size=x.shape).astype(x.dtype)
+                 if jax.numpy.issubdtype(x.dtype, np.floating) else x),
+      state)
   run_key = jax.random.key(1)
-  rows, client_rows = fake_history(args.rounds, args.cohort)
   state_bytes = sum(np.asarray(
       jax.random.key_data(x) if checkpoint._is_key(x) else x).nbytes  # pylint: disable=protected-access
                     for x in jax.tree.leaves(state))
@@ -73,16 +81,18 @@ def bench(model_name: str, aggregator_name: str, args) -> dict:
     saver = checkpoint.RunCheckpointer(root, 1, {"case": model_name},
                                        max_to_keep=2)
     blocking, total = [], []
-    for step in range(1, args.repeats + 2):
+    first = args.rounds - args.repeats
+    for step in range(first, args.rounds + 1):
+      rows, client_rows = fake_history(step, args.cohort)
       start = time.perf_counter()
       saver.save(step, state, run_key, rows, client_rows)
       middle = time.perf_counter()
       saver._manager.wait_until_finished()  # pylint: disable=protected-access
       end = time.perf_counter()
-      if step > 1:
+      if step > first:
         blocking.append(middle - start)
         total.append(end - start)
-    disk = folder_bytes(os.path.join(root, str(args.repeats + 1)))
+    disk = folder_bytes(os.path.join(root, str(args.rounds)))
     restores = []
     for _ in range(args.repeats):
       start = time.perf_counter()
@@ -108,6 +118,8 @@ def main():
   parser.add_argument("--cohort", type=int, default=10)
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args()
+  if not 0 < args.repeats < args.rounds:
+    parser.error("--repeats must be in [1, --rounds)")
   for case in args.cases.split(","):
     model_name, aggregator_name = case.split(":")
     print(json.dumps(bench(model_name, aggregator_name, args)), flush=True)
