@@ -12,6 +12,11 @@ partition's label heatmap. Algorithm hyperparameters go through repeated
 saves the whole run every n rounds (to ``<out>/checkpoint`` unless
 ``--checkpoint-dir`` says where); the same command with ``--resume``
 continues a killed run where its last checkpoint left it.
+
+``--seeds 0,1,2`` and ``--sweep alpha=1,5,10`` (repeatable; ``lr`` is the
+client learning rate) run every seed x grid point as ONE vmapped
+computation (``fedjax_agg.sweep``) and write ``<out>/<member>/history.*``,
+e.g. ``<out>/alpha5_seed1/history.csv``.
 """
 
 import argparse
@@ -84,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--clients-per-step", type=int, default=None,
                  help="clients trained side by side (vmap width)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seeds", default=None,
+                 help="comma-separated seeds, run as ONE vmapped sweep "
+                 "(e.g. 0,1,2); replaces --seed")
+  p.add_argument("--sweep", action="append", default=[],
+                 help="name=v1,v2,...: sweep an aggregator/objective "
+                 "argument or lr in the same vmapped call (repeatable; "
+                 "the members are the product with the seeds)")
   p.add_argument("--eval-every", type=int, default=1)
   p.add_argument("--no-client-eval", action="store_true",
                  help="skip the global model's loss on every client")
@@ -135,6 +147,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   config = config_from_args(args)
   experiment.check_config(config)
   os.makedirs(args.out, exist_ok=True)
+  if args.seeds is not None or args.sweep:
+    return sweep_main(args, config)
   prepared = experiment.prepare_data(config, args.seed)
   if args.partition_plot:
     experiment.plot_partition(prepared,
@@ -159,6 +173,57 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  "test_accuracy"),
              "rounds": args.rounds, **paths, "plot": plot_path}
   print(json.dumps(summary))
+  return 0
+
+
+def parse_grid(pairs: Sequence[str]) -> dict[str, list]:
+  """["alpha=1,5", "lr=0.1,0.2"] -> {"alpha": [1, 5], "learning_rate":
+  [0.1, 0.2]} ("lr" is the client learning rate)."""
+  grid = {}
+  for pair in pairs or ():
+    if "=" not in pair:
+      raise SystemExit(f"--sweep expects name=v1,v2,..., got {pair!r}")
+    name, values = pair.split("=", 1)
+    name = name.strip().replace("-", "_")
+    grid["learning_rate" if name == "lr" else name] = [
+        _literal(v.strip()) for v in values.split(",") if v.strip()]
+  return grid
+
+
+def sweep_main(args, config: dict) -> int:
+  """``--seeds`` / ``--sweep``: every member in one vmapped computation;
+  writes ``<out>/<member>/history.csv|json`` and ``accuracy.png``."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
+  if args.checkpoint_every or args.resume or args.checkpoint_dir:
+    raise SystemExit("error: --seeds/--sweep runs do not checkpoint")
+  try:
+    seeds = ([int(s) for s in args.seeds.split(",") if s.strip()]
+             if args.seeds is not None else [args.seed])
+  except ValueError as e:
+    raise SystemExit(f"--seeds expects comma-separated ints, got "
+                     f"{args.seeds!r}") from e
+  config["seeds"] = seeds
+  prepared = [experiment.prepare_data(config, seed) for seed in seeds]
+  if args.partition_plot:
+    experiment.plot_partition(prepared[0],
+                              os.path.join(args.out, "partition.png"))
+  members = experiment.sweep_algorithm(
+      config, args.aggregator, seeds, prepared, parse_grid(args.sweep),
+      progress=not args.no_progress)
+  histories, rows = {}, []
+  for member in members:
+    name = sweep.member_name(member.hparams, member.seed)
+    paths = member.history.save(os.path.join(args.out, name))
+    histories[name] = member.history
+    rows.append({"member": name, "hparams": member.hparams,
+                 "seed": member.seed, "final_test_accuracy":
+                 member.history.rows[-1].get("test_accuracy"), **paths})
+  plot_path = os.path.join(args.out, "accuracy.png")
+  plotting.plot_history(histories, plot_path)
+  print(json.dumps({"members": rows, "rounds": args.rounds,
+                    "plot": plot_path}))
   return 0
 
 

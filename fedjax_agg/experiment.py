@@ -48,6 +48,7 @@ from fedjax_agg import objectives
 from fedjax_agg import partitions
 from fedjax_agg import plotting
 from fedjax_agg import simulation
+from fedjax_agg import sweep
 
 TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
                   "batch_size": 16, "learning_rate": 0.01, "momentum": 0.0,
@@ -144,26 +145,79 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
   comes from ``config``. ``checkpoint_dir``, ``checkpoint_every`` and
   ``resume``: see ``simulation.run``.
   """
+  arguments = run_arguments(config, algorithm,
+                            prepared or prepare_data(config, seed))
+  built, objective = build_rule(config, algorithm,
+                                arguments["data"].num_clients,
+                                aggregator=aggregator)
+  return simulation.run(
+      aggregator=built, objective=objective, seed=seed, progress=progress,
+      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+      resume=resume, **arguments)
+
+
+def _train_config(config: dict, algorithm: str) -> dict:
   spec = config["algorithms"][algorithm]
-  train = {**TRAIN_DEFAULTS, **config.get("train", {}),
-           **spec.get("train", {})}
-  data, test, num_classes, input_shape, _, _ = (
-      prepared or prepare_data(config, seed))
+  return {**TRAIN_DEFAULTS, **config.get("train", {}),
+          **spec.get("train", {})}
+
+
+def build_rule(config: dict, algorithm: str, num_clients: int,
+               hparams: Optional[dict] = None, aggregator=None):
+  """The aggregator and local objective of one algorithm of ``config``.
+
+  Args:
+    config: the experiment config.
+    algorithm: a key of ``config["algorithms"]``.
+    num_clients: N, the federation size.
+    hparams: name -> value replacing the aggregator's or the objective's
+      argument of that name (a sweep's grid point; values may be traced).
+      "learning_rate" is the client learning rate: it also reaches an
+      aggregator that takes one (as the train config's rate does).
+    aggregator: a ready aggregator to use instead of the spec's.
+
+  Returns:
+    ``(aggregator, objective)``.
+  """
+  spec = config["algorithms"][algorithm]
+  train = _train_config(config, algorithm)
+  hparams = dict(hparams or {})
+  cohort = simulation.num_sampled(num_clients, train["participation"])
+  agg_args = dict(spec.get("aggregator_args", {}))
+  factory = aggregators.REGISTRY[spec["aggregator"]]
+  for name, value in (("learning_rate", hparams.pop(
+      "learning_rate", train["learning_rate"])), ("num_participants",
+                                                  cohort)):
+    if name in _parameters(factory) and name not in agg_args:
+      agg_args[name] = value
+  objective_name = spec.get("objective", "cross_entropy")
+  objective_args = dict(spec.get("objective_args", {}))
+  objective_factory = objectives.REGISTRY[objective_name]
+  for name, value in hparams.items():
+    takers = [args for args, fn in ((agg_args, factory),
+                                    (objective_args, objective_factory))
+              if name in _parameters(fn)]
+    if not takers:
+      raise ValueError(
+          f"hyperparameter {name!r} is an argument neither of aggregator "
+          f"{spec['aggregator']!r} nor of objective {objective_name!r}")
+    for args in takers:
+      args[name] = value
+  if aggregator is None:
+    aggregator = aggregators.get(spec["aggregator"], num_clients=num_clients,
+                                 **agg_args)
+  return aggregator, objectives.get(objective_name, **objective_args)
+
+
+def run_arguments(config: dict, algorithm: str, prepared) -> dict:
+  """``simulation.run``'s arguments for one algorithm of ``config`` on
+  ``prepare_data``'s result, all but the aggregator, objective, seed,
+  progress and checkpoints (also ``sweep.run_sweep``'s)."""
+  train = _train_config(config, algorithm)
+  data, test, num_classes, input_shape, _, _ = prepared
   mcfg = config["model"]
   model = models.get(mcfg["name"], num_classes=num_classes,
                      input_shape=input_shape, **mcfg.get("args", {}))
-  cohort = simulation.num_sampled(data.num_clients, train["participation"])
-  agg_args = dict(spec.get("aggregator_args", {}))
-  factory = aggregators.REGISTRY[spec["aggregator"]]
-  for name, value in (("learning_rate", train["learning_rate"]),
-                      ("num_participants", cohort)):
-    if name in _parameters(factory) and name not in agg_args:
-      agg_args[name] = value
-  if aggregator is None:
-    aggregator = aggregators.get(spec["aggregator"],
-                                 num_clients=data.num_clients, **agg_args)
-  objective = objectives.get(spec.get("objective", "cross_entropy"),
-                             **spec.get("objective_args", {}))
   local_steps_fn = None
   if train["stragglers"]:
     from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
@@ -176,18 +230,41 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
     extra["clients_per_step"] = train["clients_per_step"]
   if not train["compute_losses"]:
     extra["compute_losses"] = False
-  return simulation.run(
-      model, data, test, aggregator, num_rounds=train["rounds"],
+  return dict(
+      model=model, data=data, test_data=test, num_rounds=train["rounds"],
       num_classes=num_classes, participation=train["participation"],
       local_epochs=train["local_epochs"], batch_size=train["batch_size"],
       learning_rate=train["learning_rate"], client_optimizer=optimizer,
-      objective=objective, local_steps_fn=local_steps_fn, seed=seed,
-      eval_every=train["eval_every"], eval_clients=train["eval_clients"],
-      progress=progress,
+      local_steps_fn=local_steps_fn, eval_every=train["eval_every"],
+      eval_clients=train["eval_clients"],
       config={"experiment": config.get("name"), "algorithm": algorithm,
-              **{f"train.{k}": v for k, v in train.items()}},
-      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-      resume=resume, **extra)
+              **{f"train.{k}": v for k, v in train.items()}}, **extra)
+
+
+def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
+                    prepared: list, grid: Optional[dict] = None,
+                    progress: bool = False) -> list:
+  """Runs one algorithm of ``config`` for every seed and grid point as ONE
+  vmapped sweep (``sweep.run_sweep``). -> list of ``sweep.SweepMember``.
+
+  Args:
+    config, algorithm: as ``run_algorithm``.
+    seeds: the members' seeds.
+    prepared: ``prepare_data(config, seed)`` for each seed (the partition
+      may depend on the seed).
+    grid: name -> list of values of aggregator/objective arguments or
+      "learning_rate" (see ``build_rule``); None: seeds only.
+    progress: show a progress bar.
+  """
+  if len(prepared) != len(seeds):
+    raise ValueError(f"prepared must hold one prepare_data result per seed "
+                     f"({len(seeds)}), got {len(prepared)}")
+  arguments = run_arguments(config, algorithm, prepared[0])
+  num_clients = arguments["data"].num_clients
+  arguments["data"] = [p[0] for p in prepared]
+  return sweep.run_sweep(
+      lambda hparams: build_rule(config, algorithm, num_clients, hparams),
+      grid, seeds=seeds, progress=progress, **arguments)
 
 
 def _parameters(factory) -> set[str]:
@@ -228,21 +305,32 @@ def summarize(histories: dict[str, list], target: Optional[float],
 
 def run_config(config: dict, out_dir: str, progress: bool = True,
                algorithms: Optional[list[str]] = None,
-               checkpoint_every: int = 0, resume: bool = False) -> dict:
+               checkpoint_every: int = 0, resume: bool = False,
+               vmap_seeds: Optional[bool] = None) -> dict:
   """Runs every algorithm × seed of ``config``; writes results to
   ``out_dir``; returns the summary dict.
 
   ``checkpoint_every`` > 0 checkpoints each run every this many rounds in
   ``<out_dir>/checkpoints/<algorithm>/seed<k>``; ``resume`` continues the
   runs found there (a finished run is read back, not re-run).
+
+  ``vmap_seeds`` (default: the config's ``"vmap_seeds"`` entry, else
+  False) runs all seeds of an algorithm as one vmapped sweep
+  (``sweep_algorithm``) instead of one run after the other: the same
+  results to float tolerance, written to the same files.
   """
+  if vmap_seeds is None:
+    vmap_seeds = bool(config.get("vmap_seeds", False))
+  if vmap_seeds and (checkpoint_every or resume):
+    raise ValueError("vmap_seeds runs do not checkpoint: drop "
+                     "checkpoint_every/resume or vmap_seeds")
   check_config(config)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2)
   names = algorithms or list(config["algorithms"])
   histories = {name: [] for name in names}
-  for seed in config.get("seeds", [0]):
+  for seed in [] if vmap_seeds else config.get("seeds", [0]):
     prepared = prepare_data(config, seed)
     if seed == config.get("seeds", [0])[0]:
       plot_partition(prepared, os.path.join(out_dir, "partition.png"))
@@ -260,6 +348,20 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
       if progress:
         print(f"{config.get('name')} {name} seed {seed}: final acc "
               f"{result.history.rows[-1].get('test_accuracy')}", flush=True)
+  if vmap_seeds:
+    seeds = list(config.get("seeds", [0]))
+    prepared = [prepare_data(config, seed) for seed in seeds]
+    plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
+    for name in names:
+      for member in sweep_algorithm(config, name, seeds, prepared,
+                                    progress=progress):
+        member.history.save(os.path.join(out_dir, name),
+                            f"seed{member.seed}")
+        histories[name].append(member.history)
+        if progress:
+          print(f"{config.get('name')} {name} seed {member.seed} (vmapped): "
+                f"final acc {member.history.rows[-1].get('test_accuracy')}",
+                flush=True)
   summary = summarize(histories, config.get("target_accuracy"))
   with open(os.path.join(out_dir, "summary.json"), "w") as f:
     json.dump({"name": config.get("name"), "algorithms": summary}, f,
@@ -279,7 +381,8 @@ def script_parser(description: str) -> argparse.ArgumentParser:
   ``results/<config name>`` beside the script), repeated ``--set key=value``
   overrides (values are Python literals, keys dotted as in ``override``),
   ``--full`` (run ``<name>_full.json``, the paper's scale) and
-  ``--algorithms`` (a comma-separated subset). A script may add its own
+  ``--algorithms`` (a comma-separated subset), ``--vmap-seeds`` (each
+  algorithm's seeds as one vmapped sweep). A script may add its own
   flags before parsing; ``script_config`` turns the parsed flags into
   what to run.
   """
@@ -294,6 +397,8 @@ def script_parser(description: str) -> argparse.ArgumentParser:
                       help="run the paper-scale <name>_full.json")
   parser.add_argument("--algorithms", default=None,
                       help="comma-separated subset of the algorithms")
+  parser.add_argument("--vmap-seeds", action="store_true",
+                      help="run each algorithm's seeds as one vmapped sweep")
   return parser
 
 
@@ -332,6 +437,8 @@ def script_config(args: argparse.Namespace, script_dir: str
   None for all) of flags parsed by ``script_parser``."""
   path = config_path(args.config, args.full, script_dir)
   config = override(load_config(path), parse_sets(args.set))
+  if getattr(args, "vmap_seeds", False):
+    config["vmap_seeds"] = True
   out_dir = args.out or os.path.join(
       script_dir, "results", os.path.splitext(os.path.basename(path))[0])
   names = args.algorithms.split(",") if args.algorithms else None

@@ -1,0 +1,254 @@
+"""Sweeps: S members in one vmapped round equal S separate runs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedjax_agg import aggregators
+from fedjax_agg import checks
+from fedjax_agg import cli
+from fedjax_agg import data as data_lib
+from fedjax_agg import experiment
+from fedjax_agg import federated
+from fedjax_agg import objectives
+from fedjax_agg import simulation
+from fedjax_agg import sweep
+from tests.test_engine import tiny_data
+from tests.test_engine import tiny_model
+
+MODEL = tiny_model()  # one instance: evaluation compiles once per module
+TRAIN = dict(num_rounds=2, num_classes=3, participation=0.6, local_epochs=2,
+             batch_size=3, clients_per_step=2, progress=False)
+
+
+def _assert_same_run(member, solo):
+  """A sweep member's history and state equal ``simulation.run``'s."""
+  assert len(member.history.rows) == len(solo.history.rows)
+  for got, want in zip(member.history.rows, solo.history.rows, strict=True):
+    assert got.keys() == want.keys()
+    for key in want:
+      if key != "time_s":
+        np.testing.assert_allclose(got[key], want[key], rtol=2e-5,
+                                   atol=2e-6, err_msg=key)
+  for got, want in zip(member.history.client_rows, solo.history.client_rows,
+                       strict=True):
+    assert got.keys() == want.keys()
+    np.testing.assert_array_equal(got["client_ids"], want["client_ids"])
+    for key in want:
+      np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=2e-6,
+                                 err_msg=key)
+  for got, want in zip(jax.tree.leaves(member.state),
+                       jax.tree.leaves(solo.state), strict=True):
+    if jnp.issubdtype(got.dtype, jax.dtypes.prng_key):
+      got, want = jax.random.key_data(got), jax.random.key_data(want)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+  config = dict(solo.history.config)
+  assert {k: member.history.config[k] for k in config} == config
+
+
+def _partition(seed, sizes=(7, 13, 4, 10, 1)):
+  """The pooled tiny data split among 5 clients by a seeded permutation."""
+  _, x, y, _ = tiny_data()
+  perm = np.random.default_rng(seed).permutation(len(y))
+  bounds = np.cumsum((0,) + sizes)
+  return federated.from_partition(
+      x, y, [perm[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+def test_seeds_with_their_own_partitions_equal_separate_runs():
+  # Per-seed partitions of different largest client (13 and 15 examples):
+  # the stacked index rows are padded, which must change nothing.
+  _, x, y, _ = tiny_data()
+  seeds = [0, 3]
+  data = [_partition(0), _partition(1, sizes=(15, 5, 4, 10, 1))]
+  members = sweep.run_sweep(
+      lambda hparams: aggregators.fedavg(), seeds=seeds, model=MODEL,
+      data=data, test_data=(x, y), learning_rate=0.2, **TRAIN)
+  assert [m.seed for m in members] == seeds
+  for member, member_data in zip(members, data, strict=True):
+    solo = simulation.run(MODEL, member_data, (x, y),
+                          aggregators.fedavg(), learning_rate=0.2,
+                          seed=member.seed, **TRAIN)
+    _assert_same_run(member, solo)
+  # Different seeds really differ (cohorts and models).
+  assert not np.array_equal(members[0].history.client_rows[0]["client_ids"],
+                            members[1].history.client_rows[0]["client_ids"])
+
+
+def test_grid_of_fedadp_alpha_fedprox_mu_and_client_lr_equals_runs():
+  data, x, y, _ = tiny_data()
+  grid = {"alpha": [1.0, 8.0], "mu": [0.0, 0.5],
+          "learning_rate": [0.1, 0.3]}
+
+  def build(hparams):
+    return (aggregators.fedadp(hparams["alpha"], num_clients=5),
+            objectives.fedprox(hparams["mu"]))
+
+  members = sweep.run_sweep(build, grid, seeds=[0, 1], model=MODEL,
+                            data=data, test_data=(x, y), **TRAIN)
+  assert len(members) == 16
+  assert [m.hparams for m in members[:4]] == [
+      {"alpha": 1.0, "mu": 0.0, "learning_rate": 0.1}] * 2 + [
+          {"alpha": 1.0, "mu": 0.0, "learning_rate": 0.3}] * 2
+  assert [m.seed for m in members[:4]] == [0, 1, 0, 1]
+  # The last member: another value of every hyperparameter than the first
+  # member, and another seed (a solo run compiles its own round: one only).
+  member = members[-1]
+  aggregator, objective = build(member.hparams)
+  solo = simulation.run(
+      MODEL, data, (x, y), aggregator, objective=objective,
+      learning_rate=member.hparams["learning_rate"], seed=member.seed,
+      **TRAIN)
+  _assert_same_run(member, solo)
+  finals = {m.hparams["alpha"]: m.history.rows[-1]["train_loss"]
+            for m in members if m.seed == 0 and m.hparams["mu"] == 0.5
+            and m.hparams["learning_rate"] == 0.3}
+  assert finals[1.0] != finals[8.0]  # alpha reached the rule
+
+
+def test_fednnnn_beta_gamma_server_lr_and_fedlap_q_equal_runs():
+  # One grid over FedNNNN's beta and gamma, the server learning rate of a
+  # FedAvgM wrapped around it, and FedLap's q.
+  data, x, y, _ = tiny_data()
+  grid = {"beta": [0.6, 1.0], "gamma": [0.0, 0.8], "server_lr": [0.5, 1.5],
+          "q": [0.0, 0.5]}
+
+  def build(hparams):
+    rule = aggregators.fedavgm(
+        hparams["server_lr"], 0.5,
+        base=aggregators.fednnnn(hparams["beta"], hparams["gamma"]))
+    return rule, objectives.fedlap(hparams["q"], mu=1.0)
+
+  train = dict(TRAIN, local_epochs=1, eval_clients=False)
+  members = sweep.run_sweep(build, grid, seeds=[2], model=MODEL, data=data,
+                            test_data=(x, y), **train)
+  assert len(members) == 16
+  aggregator, objective = build(members[-1].hparams)
+  solo = simulation.run(MODEL, data, (x, y), aggregator,
+                        objective=objective, seed=2, **train)
+  _assert_same_run(members[-1], solo)
+
+
+def test_bad_grid_values_raise_the_factory_error_before_running():
+  data, x, y, _ = tiny_data()
+  run = lambda build, grid, **kw: sweep.run_sweep(
+      build, grid, model=MODEL, data=data, test_data=(x, y), **kw,
+      **TRAIN)
+  fedadp = lambda h: aggregators.fedadp(h["alpha"], num_clients=5)
+  with pytest.raises(ValueError, match="alpha must be > 0, got -1"):
+    run(fedadp, {"alpha": [5.0, -1]})
+  with pytest.raises(ValueError, match="mu must be >= 0"):
+    run(lambda h: (aggregators.fedavg(), objectives.fedprox(h["mu"])),
+        {"mu": [0.1, -0.5]})
+  with pytest.raises(ValueError, match="q must be in"):
+    run(lambda h: (aggregators.fedavg(), objectives.fedlap(h["q"])),
+        {"q": [1.5]})
+  with pytest.raises(ValueError, match="learning_rate must be > 0"):
+    run(fedadp, {"alpha": [5.0], "learning_rate": [0.1, 0.0]})
+  with pytest.raises(TypeError, match="grid\\['alpha'\\] must be a number"):
+    run(fedadp, {"alpha": ["five"]})
+  with pytest.raises(ValueError, match="non-empty list"):
+    run(fedadp, {"alpha": []})
+  with pytest.raises(ValueError, match="seeds"):
+    run(fedadp, {"alpha": [5.0]}, seeds=[])
+  with pytest.raises(TypeError, match="build"):
+    run(lambda h: "fedavg", None)
+  with pytest.raises(ValueError, match="one per seed"):
+    sweep.run_sweep(lambda h: aggregators.fedavg(), seeds=[0, 1],
+                    model=MODEL, data=[data], test_data=(x, y),
+                    **TRAIN)
+  # A hyperparameter that sets a state shape cannot be swept in one call.
+  with pytest.raises(ValueError, match="differs in shape"):
+    run(lambda h: aggregators.fedadp(num_clients=int(h["n"])),
+        {"n": [5, 6]})
+
+
+def test_check_range_messages_and_traced_values():
+  checks.check_range("alpha", 5.0, 0, low_open=True)
+  checks.check_range("b1", np.array([0.0, 0.5]), 0, 1, high_open=True)
+  for value, low, high, kw, message in [
+      (0.0, 0, None, dict(low_open=True), "alpha must be > 0, got 0.0"),
+      (-1, 0, None, {}, "alpha must be >= 0, got -1"),
+      (1.0, 0, 1, dict(high_open=True), r"alpha must be in \[0, 1\), got"),
+      (2.0, None, 1, {}, "alpha must be <= 1"),
+      (float("nan"), 0, None, {}, "alpha must be >= 0, got nan")]:
+    with pytest.raises(ValueError, match=message):
+      checks.check_range("alpha", value, low, high, **kw)
+  for value in ("x", True, None):
+    with pytest.raises(TypeError, match="alpha must be a number"):
+      checks.check_range("alpha", value, 0)
+
+  @jax.jit
+  def traced(alpha):
+    assert checks.is_traced(alpha)
+    checks.check_range("alpha", alpha, 0, low_open=True)  # skipped
+    return aggregators.fedadp(alpha, num_clients=2) is not None
+
+  assert traced(-1.0)
+  assert not checks.is_traced(1.0)
+
+
+CONFIG = {
+    "name": "tiny_sweep",
+    "dataset": {"name": "fashion_mnist", "source": "files",
+                "max_train_examples": 600, "max_test_examples": 200},
+    "partition": {"name": "shards", "num_clients": 6},
+    "model": {"name": "mlp2", "args": {"hidden": 16}},
+    "train": {"rounds": 2, "participation": 0.5, "batch_size": 20,
+              "learning_rate": 0.1, "eval_clients": False},
+    "algorithms": {"FedProx": {"aggregator": "fedavg",
+                               "objective": "fedprox",
+                               "objective_args": {"mu": 0.1}}},
+    "seeds": [0, 1],
+}
+
+
+def test_run_config_vmap_seeds_writes_the_runs_of_each_seed(tmp_path):
+  try:
+    data_lib.load("fashion_mnist", source="files")
+  except data_lib.DatasetNotFoundError as e:
+    pytest.skip(f"Fashion-MNIST files not installed: {e}")
+  summary = experiment.run_config(CONFIG, str(tmp_path), progress=False,
+                                  vmap_seeds=True)
+  assert summary["FedProx"]["seeds"] == 2
+  # Seed 1 has its own partition (shards are drawn from the seed).
+  solo = experiment.run_algorithm(CONFIG, "FedProx", 1)
+  saved = pd.read_csv(tmp_path / "FedProx" / "seed1.csv")
+  want = solo.history.to_dataframe()
+  for column in ("test_accuracy", "test_loss", "train_loss"):
+    np.testing.assert_allclose(saved[column], want[column], rtol=2e-5,
+                               atol=2e-6, err_msg=column)
+  assert (tmp_path / "FedProx" / "seed0.csv").exists()
+  with pytest.raises(ValueError, match="do not checkpoint"):
+    experiment.run_config(CONFIG, str(tmp_path), vmap_seeds=True,
+                          checkpoint_every=1)
+
+
+def test_experiment_grid_names_reach_the_aggregator_or_the_objective():
+  config = experiment.override(CONFIG, {"algorithms.FedProx.aggregator":
+                                        "fedadp"})
+  aggregator, objective = experiment.build_rule(
+      config, "FedProx", 6, {"alpha": 2.0, "mu": 0.0,
+                             "learning_rate": 0.5})
+  assert aggregator is not None and objective is not None
+  with pytest.raises(ValueError, match="alpha must be > 0"):
+    experiment.build_rule(config, "FedProx", 6, {"alpha": -2.0})
+  with pytest.raises(ValueError, match="'gamma' is an argument neither"):
+    experiment.build_rule(config, "FedProx", 6, {"gamma": 0.5})
+
+
+def test_cli_and_script_flags():
+  assert cli.parse_grid(["alpha=1,5.5", "lr=0.1"]) == {
+      "alpha": [1, 5.5], "learning_rate": [0.1]}
+  with pytest.raises(SystemExit):
+    cli.parse_grid(["alpha"])
+  args = cli.build_parser().parse_args(["--seeds", "0,1", "--sweep",
+                                        "alpha=1,5"])
+  assert args.seeds == "0,1" and args.sweep == ["alpha=1,5"]
+  parser = experiment.script_parser("x")
+  args = parser.parse_args(["--config", "c.json", "--vmap-seeds"])
+  assert args.vmap_seeds
+  assert sweep.member_name({"alpha": 5.0, "mu": 0.25}, 3) == (
+      "alpha5_mu0.25_seed3")
