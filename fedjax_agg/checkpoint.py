@@ -461,18 +461,7 @@ class RunCheckpointer:
       round_num = rounds[-1]
     where = f"checkpoint of round {round_num} in {self.directory}"
     hint = self._earlier_hint(round_num, rounds)
-    try:
-      meta = self._manager.restore(round_num, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore())).meta
-    except Exception as e:  # pylint: disable=broad-except
-      raise CorruptCheckpointError(
-          f"{where}: its metadata cannot be read ({type(e).__name__}: "
-          f"{e}).{hint}") from e
-    version = meta.get("format_version") if isinstance(meta, dict) else None
-    if version != FORMAT_VERSION:
-      raise CheckpointMismatchError(
-          f"{where}: format version {version!r}, this library reads "
-          f"{FORMAT_VERSION}")
+    meta = self.read_meta(round_num)
     template = {"server": template_state, "run_key": template_run_key}
     differences = (config_differences(meta["config"], self.config)
                    + spec_differences(meta["spec"], _tree_spec(template)))
@@ -503,6 +492,25 @@ class RunCheckpointer:
           f"client rows, expected {round_num + 1} and {round_num}.{hint}")
     return Snapshot(round_num, restored["server"], restored["run_key"], rows,
                     client_rows)
+
+  def read_meta(self, round_num: int) -> dict:
+    """The ``meta`` item of a checkpoint: format version, round, the run's
+    config and the spec of every state leaf."""
+    where = f"checkpoint of round {round_num} in {self.directory}"
+    try:
+      meta = self._manager.restore(round_num, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore())).meta
+    except Exception as e:  # pylint: disable=broad-except
+      hint = self._earlier_hint(round_num, self.all_rounds())
+      raise CorruptCheckpointError(
+          f"{where}: its metadata cannot be read ({type(e).__name__}: "
+          f"{e}).{hint}") from e
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version != FORMAT_VERSION:
+      raise CheckpointMismatchError(
+          f"{where}: format version {version!r}, this library reads "
+          f"{FORMAT_VERSION}")
+    return meta
 
   def _earlier_hint(self, round_num: int, rounds: list[int]) -> str:
     earlier = [r for r in rounds if r < round_num]

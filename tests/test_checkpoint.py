@@ -168,9 +168,9 @@ def test_feddrl_state_round_trips_exactly(tmp_path, uninterrupted, caplog):
   checkpointer = checkpoint.RunCheckpointer(directory, 0, {})
   assert checkpointer.all_rounds() == [4, ROUNDS]  # every 4 and the last
   # Read back with the stored config (only the state is compared here).
-  checkpointer.config = checkpointer._manager.restore(  # pylint: disable=protected-access
-      ROUNDS, args=checkpoint.ocp.args.Composite(
-          meta=checkpoint.ocp.args.JsonRestore())).meta["config"]
+  checkpointer.config = checkpointer.read_meta(ROUNDS)["config"]
+  assert checkpointer.config["aggregator"]["aggregate"]["num_participants"] \
+      == 3
   snapshot = checkpointer.restore(template, jax.random.key(0))
   checkpointer.close()
   assert snapshot.round == ROUNDS
