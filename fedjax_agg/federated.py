@@ -110,3 +110,62 @@ def client_labels(data: FederatedData, client: int) -> np.ndarray:
   """The labels of client ``client`` (host numpy), for summaries and tests."""
   n = int(data.num_examples[client])
   return np.asarray(data.y)[np.asarray(data.client_indices[client, :n])]
+
+
+def from_assignment(x, y, client_of_example, num_clients: int,
+                    device=None) -> FederatedData:
+  """Builds a ``FederatedData`` from the owner of every pooled example.
+
+  Vectorised (a stable argsort and a bincount, no Python loop and no object
+  per client), so populations of millions of clients build in seconds.
+  Client ``i`` holds the examples ``j`` with ``client_of_example[j] == i``
+  in increasing order of ``j``.
+
+  Args:
+    x: [M, ...] pooled inputs (numpy or jax).
+    y: [M] integer labels.
+    client_of_example: [M] int, the client owning each example, in
+      ``[0, num_clients)``, or -1 for an example no client holds.
+    num_clients: N; every client must hold at least 1 example.
+    device: optional device or sharding to place the arrays on.
+
+  Returns:
+    The ``FederatedData`` with arrays on device; ``client_indices`` is
+    [N, L] with L the largest client's size.
+  """
+  x = np.asarray(x)
+  y = np.asarray(y)
+  owner = np.asarray(client_of_example)
+  if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+    raise ValueError(f"num_clients must be a positive int, got "
+                     f"{num_clients!r}")
+  if x.shape[0] != y.shape[0] or y.ndim != 1:
+    raise ValueError(
+        f"x [M, ...] and y [M] must have the same number of examples, got "
+        f"shapes {x.shape} and {y.shape}")
+  if owner.shape != y.shape or not np.issubdtype(owner.dtype, np.integer):
+    raise ValueError(
+        f"client_of_example must be an integer array of shape {y.shape}, got "
+        f"{owner.dtype} {owner.shape}")
+  if owner.size and (owner.min() < -1 or owner.max() >= num_clients):
+    raise ValueError(
+        f"client_of_example must lie in [0, {num_clients}) or be -1, got "
+        f"values in [{owner.min()}, {owner.max()}]")
+  held = np.flatnonzero(owner >= 0)
+  owners = owner[held]
+  counts = np.bincount(owners, minlength=num_clients).astype(np.int32)
+  if counts.min() < 1:
+    empty = np.flatnonzero(counts == 0)
+    raise ValueError(
+        f"every client must hold at least one example; {empty.size} clients "
+        f"hold none (first: {empty[:10].tolist()})")
+  order = np.argsort(owners, kind="stable")
+  sorted_owners = owners[order]
+  starts = np.cumsum(counts) - counts
+  position = np.arange(owners.size) - starts[sorted_owners]
+  padded = np.zeros((num_clients, int(counts.max())), np.int32)
+  padded[sorted_owners, position] = held[order]
+  put = (lambda a: jax.device_put(a, device)) if device else jnp.asarray
+  return FederatedData(
+      x=put(x), y=put(y.astype(np.int32)), client_indices=put(padded),
+      num_examples=put(counts))

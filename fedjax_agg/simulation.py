@@ -26,7 +26,9 @@ import tqdm.auto as tqdm
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg import distributed
 from fedjax_agg import engine
+from fedjax_agg import sampling
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import (Aggregator, ClientInfo, LocalObjective, Model,
                               Params, PRNGKey)
@@ -80,11 +82,15 @@ def num_sampled(num_clients: int, participation: float) -> int:
   return max(int(participation * num_clients), 1)
 
 
-def sample_cohort(key: PRNGKey, num_clients: int, cohort_size: int
-                  ) -> jax.Array:
-  """Draws ``cohort_size`` distinct client ids uniformly. -> [K] int32."""
-  return jax.random.choice(key, num_clients, (cohort_size,),
-                           replace=False).astype(jnp.int32)
+def sample_cohort(key: PRNGKey, num_clients: int, cohort_size: int,
+                  method: str = "auto") -> jax.Array:
+  """Draws ``cohort_size`` distinct client ids uniformly. -> [K] int32.
+
+  ``method``: see ``fedjax_agg.sampling`` ("auto": a permutation of all N
+  ids up to 65,536 clients, O(K log K) rejection sampling beyond).
+  """
+  return sampling.sample_without_replacement(key, num_clients, cohort_size,
+                                             method)
 
 
 def init_state(params: Params, aggregator: Aggregator, seed: int = 0
@@ -377,11 +383,12 @@ def run(
     learning_rate: float = 0.01,
     client_optimizer: engine.OptimizerFactory = optax.sgd,
     objective: Optional[LocalObjective] = None,
-    clients_per_step: int = 8,
+    clients_per_step: Optional[int] = None,
     unroll: int | bool = 1,
     local_steps_fn: Optional[LocalStepsFn] = None,
     compute_losses: bool = True,
-    mesh: Optional[jax.sharding.Mesh] = None,
+    devices: distributed.Devices = None,
+    sampler: str = "auto",
     seed: int = 0,
     init_params: Optional[Params] = None,
     eval_every: int = 1,
@@ -404,10 +411,19 @@ def run(
     participation: C, fraction of clients sampled per round
       (m = max(floor(C N), 1), without replacement, seeded).
     local_epochs, batch_size, learning_rate, client_optimizer, objective,
-      clients_per_step, unroll, local_steps_fn, compute_losses, mesh: see
+      clients_per_step, unroll, local_steps_fn, compute_losses: see
       ``make_round_fn`` (``compute_losses=False`` skips the two extra
       forward passes per client; aggregators that read ``loss_before`` /
-      ``loss_after``, such as FedDRL, then see zeros).
+      ``loss_after``, such as FedDRL, then see zeros). ``clients_per_step``
+      None: ``engine.default_clients_per_step`` for the devices (a valid
+      multiple of their number); a given value must be such a multiple.
+    devices: where rounds run (``distributed.client_mesh``): None = every
+      device of the job (the local ones, or all hosts' after
+      ``jax.distributed.initialize()``), an int count, a list of devices or
+      a ``Mesh`` with a "clients" axis. With several devices each round's
+      clients are sharded over them, params and data replicated; with one
+      the round runs unsharded on it.
+    sampler: cohort sampler, see ``sample_cohort``.
     seed: seeds the model init, the cohorts and the shuffles.
     init_params: start from these params instead of ``model.init``.
     eval_every: evaluate the global model every this many rounds (and after
@@ -460,6 +476,14 @@ def run(
         checkpoint_dir, checkpoint_every, resume, run_config, state, run_key)
     if snapshot is not None:
       state, run_key = snapshot.state, snapshot.run_key
+  mesh, device = distributed.round_mesh(devices)
+  place = ((lambda tree: distributed.replicate(tree, mesh)) if mesh
+           else (lambda tree: jax.device_put(tree, device)))
+  # Data and state live on the devices once, up front (replicated like the
+  # round's outputs, so round 2 reuses round 1's compilation); evaluation
+  # runs on one device, from a local copy.
+  state, data = place(state), place(data)
+  eval_data = data if mesh is None else distributed.local_copy(data, device)
   round_fn = make_round_fn(
       model, aggregator, batch_size=batch_size, local_epochs=local_epochs,
       learning_rate=learning_rate, objective=objective,
@@ -469,15 +493,16 @@ def run(
   test_x, test_y = (jnp.asarray(a) for a in test_data)
   sample_keys = jax.random.split(jax.random.fold_in(run_key, 1), max(
       num_rounds, 1))
-  mask = jnp.ones((cohort_size,), jnp.float32)
+  mask = place(jnp.ones((cohort_size,), jnp.float32))
 
   def eval_row(state, round_num, elapsed):
     row = {"round": round_num, "time_s": elapsed}
     params = aggregators.eval_params(state.aggregator_state, state.params)
+    params = distributed.local_copy(params, device)
     test = evaluate(model, params, test_x, test_y, num_classes)
     row.update({f"test_{k}": v for k, v in test.items()})
     if eval_clients:
-      losses = np.asarray(client_losses(model, params, data))
+      losses = np.asarray(client_losses(model, params, eval_data))
       row["client_loss_mean"] = float(losses.mean())
       row["client_loss_var"] = float(losses.var())
     return row
@@ -486,13 +511,22 @@ def run(
     rows, client_rows = [eval_row(state, 0, 0.0)], []
   else:
     rows, client_rows = snapshot.rows, snapshot.client_rows
-  bar = tqdm.trange(len(rows) - 1, num_rounds, disable=not progress,
+  first_round = len(rows) - 1
+  bar = tqdm.trange(first_round, num_rounds, disable=not progress,
                     desc="rounds")
   for r in bar:
     start = time.perf_counter()
-    cohort = sample_cohort(sample_keys[r], data.num_clients, cohort_size)
+    cohort = place(sample_cohort(sample_keys[r], data.num_clients,
+                                 cohort_size, sampler))
+    if r == first_round:  # hosts start their first round together
+      distributed.compile_together(round_fn, state, data, cohort, mask)
     state, out = round_fn(state, data, cohort, mask)
+    if mesh is not None:
+      # Leaves whose sharding XLA chose otherwise (per-client state) are
+      # replicated again, so that the next round reuses this compilation.
+      state = place(state)
     jax.block_until_ready(state.params)
+    out = distributed.to_numpy(out)  # gathered from the other hosts
     elapsed = time.perf_counter() - start
     if (r + 1) % eval_every == 0 or r + 1 == num_rounds:
       row = eval_row(state, r + 1, elapsed)
@@ -511,6 +545,7 @@ def run(
   base_config = {"num_rounds": num_rounds, "participation": participation,
                  "cohort_size": cohort_size, "local_epochs": local_epochs,
                  "batch_size": batch_size, "learning_rate": learning_rate,
-                 "seed": seed, "num_clients": data.num_clients}
+                 "seed": seed, "num_clients": data.num_clients,
+                 "num_devices": 1 if mesh is None else mesh.size}
   base_config.update(config or {})
   return RunResult(History(rows, client_rows, base_config), state)

@@ -1,24 +1,108 @@
-"""The client axis shards over devices (8 host CPU devices, in a subprocess
-because the device count is fixed when jax starts)."""
+"""The client axis shards over devices and hosts.
+
+Host CPU devices are fixed when jax starts, so each check runs in
+subprocesses: one with 8 host devices (every registered aggregator, whole
+rounds through ``simulation.run``), and two processes of 4 devices each
+joined by ``jax.distributed.initialize`` on localhost (multi-host).
+"""
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 
-SCRIPT = textwrap.dedent("""
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Shared by both scripts: runs of every rule sharded vs on one device.
+COMMON = textwrap.dedent("""
+    import inspect
     import jax, jax.numpy as jnp, numpy as np
+    from fedjax_agg import aggregators, distributed, simulation
+    from fedjax_agg.types import Aggregator
+    from tests.test_engine import tiny_data, tiny_model
+
+    SIZES = (7, 13, 4, 10, 1, 5, 9, 3, 6, 8)
+    data, x, y, _ = tiny_data(sizes=SIZES)
+    model = tiny_model()
+
+    def build(name, cohort):
+      kwargs = {}
+      if "num_participants" in inspect.signature(
+          aggregators.REGISTRY[name]).parameters:
+        kwargs["num_participants"] = cohort
+      if name == "feddrl":  # a small replay buffer: it is replicated
+        kwargs["buffer_capacity"] = 256
+      return aggregators.get(name, num_clients=data.num_clients, **kwargs)
+
+    ALL_RULES = ("fedavg",) + tuple(sorted(set(aggregators.REGISTRY)
+                                           - {"fedavg"}))
+
+    def side_by_side(names, cohort):
+      # The rules ``names`` on the same client params; the broadcast model
+      # is the first rule's, each rule's own output is kept in the state.
+      rules = {name: build(name, cohort) for name in names}
+
+      def init(params):
+        return {name: (params, rule.init(params))
+                for name, rule in rules.items()}
+
+      def aggregate(global_params, client_params, info, state):
+        new_state, metrics = {}, {}
+        for name, rule in rules.items():
+          params, rule_state, rule_metrics = rule.aggregate(
+              global_params, client_params, info, state[name][1])
+          new_state[name] = (params, rule_state)
+          metrics.update({f"{name}/{k}": v for k, v in rule_metrics.items()})
+        return new_state[names[0]][0], new_state, metrics
+
+      return Aggregator(init, aggregate)
+
+    def run(name, devices, rounds=2, participation=0.8):
+      cohort = simulation.num_sampled(data.num_clients, participation)
+      several = isinstance(name, tuple)
+      rule = side_by_side(name, cohort) if several else build(name, cohort)
+      return simulation.run(
+          model, data, (x, y), rule, num_rounds=rounds, num_classes=3,
+          participation=participation, batch_size=3, learning_rate=0.2,
+          seed=3, compute_losses=several, progress=False, devices=devices)
+
+    def host(tree):
+      tree = jax.tree.map(lambda a: jax.random.key_data(a) if jnp.issubdtype(
+          a.dtype, jax.dtypes.prng_key) else a, tree)
+      return distributed.to_numpy(tree)
+
+    def assert_same_run(sharded, plain, name):
+      a, b = host(sharded.state), host(plain.state)
+      assert jax.tree.structure(a) == jax.tree.structure(b), name
+      for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(u, v, rtol=2e-5, atol=2e-6, err_msg=name)
+      strip = lambda row: {k: v for k, v in row.items() if k != "time_s"}
+      for u, v in zip(sharded.history.rows, plain.history.rows, strict=True):
+        u, v = strip(u), strip(v)
+        assert u.keys() == v.keys(), name
+        np.testing.assert_allclose(list(u.values()), list(v.values()),
+                                   rtol=2e-5, atol=2e-6, err_msg=name)
+      for u, v in zip(sharded.history.client_rows, plain.history.client_rows,
+                      strict=True):
+        assert u.keys() == v.keys(), name
+        for key in u:
+          np.testing.assert_allclose(u[key], v[key], rtol=2e-5, atol=2e-6,
+                                     err_msg=f"{name} {key}")
+""")
+
+EIGHT_DEVICES = COMMON + textwrap.dedent("""
     from jax.sharding import Mesh
     from fedjax_agg import engine
-    from tests.test_engine import tiny_data, tiny_model
     assert jax.device_count() == 8, jax.devices()
-    data, *_ = tiny_data(sizes=(7, 13, 4, 10, 1, 5, 9, 3))
-    model = tiny_model()
-    params = model.init(jax.random.key(1))
+
+    # Local training alone: sharded == unsharded, outputs split by device.
     ids = jnp.array([3, 0, 4, 1, 2, 7, 6, 5])
     steps = engine.full_steps(data, ids, 3, 2)
+    params = model.init(jax.random.key(1))
     args = (params, data, ids, jnp.full(8, 0.1), steps, jax.random.key(2))
-    mesh = Mesh(np.array(jax.devices()), ("clients",))
+    mesh = distributed.client_mesh()
+    assert mesh.axis_names == ("clients",) and mesh.size == 8
     sharded = engine.make_local_trainer(
         model, batch_size=3, num_epochs=2, clients_per_step=8, mesh=mesh)(
             *args)
@@ -29,23 +113,113 @@ SCRIPT = textwrap.dedent("""
     leaf = jax.tree.leaves(sharded.client_params)[0]
     assert len(leaf.sharding.device_set) == 8, leaf.sharding
     assert leaf.addressable_shards[0].data.shape[0] == 1
+
+    # Every registered rule: two whole rounds (training + aggregation) over
+    # 8 devices equal the same rounds on one device. The rules run side by
+    # side in one round (one compilation per device count instead of one
+    # per rule), each on the same sharded client params.
+    sharded = run(ALL_RULES, devices=None)
+    assert sharded.history.config["num_devices"] == 8
+    leaf = jax.tree.leaves(sharded.state.params)[0]
+    assert len(leaf.sharding.device_set) == 8, leaf.sharding
+    assert leaf.sharding.is_fully_replicated, leaf.sharding
+    plain = run(ALL_RULES, devices=1)
+    assert plain.history.config["num_devices"] == 1
+    assert_same_run(sharded, plain, "all rules")
+    assert set(plain.state.aggregator_state) == set(aggregators.REGISTRY)
+    # Every rule moved its model (the comparison is not vacuous).
+    init = model.init(jax.random.split(jax.random.key(3))[0])
+    for name, (rule_params, _) in plain.state.aggregator_state.items():
+      moved = max(np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(
+          jax.tree.leaves(rule_params), jax.tree.leaves(init)))
+      assert moved > 1e-4, name
+
+    # A cohort that does not divide over the devices (K = 5 on 4), and a
+    # device list that does not start at device 0.
+    odd = run("fedavg", devices=jax.devices()[4:], rounds=1,
+              participation=0.5)
+    assert odd.history.config["num_devices"] == 4
+    assert_same_run(odd, run("fedavg", devices=[jax.devices()[5]], rounds=1,
+                             participation=0.5), "odd cohort")
+
+    # The devices argument.
+    assert distributed.client_mesh(4).devices.tolist() == jax.devices()[:4]
+    assert distributed.client_mesh(mesh) is mesh
+    assert distributed.round_mesh(1) == (None, jax.devices()[0])
+    for bad, error in ((0, ValueError), (9, ValueError), ("gpu", TypeError),
+                       ([], TypeError), (Mesh(np.array(jax.devices()), ("x",)),
+                                          ValueError)):
+      try:
+        distributed.client_mesh(bad)
+      except error as e:
+        assert "devices" in str(e), e
+      else:
+        raise AssertionError(f"expected {error.__name__} for {bad!r}")
     try:
-      engine.make_local_trainer(model, batch_size=3, num_epochs=1,
-                                clients_per_step=4, mesh=mesh)
+      simulation.run(model, data, (x, y), aggregators.fedavg(), num_rounds=1,
+                     num_classes=3, clients_per_step=4, progress=False)
     except ValueError as e:
       assert "clients_per_step" in str(e)
     else:
-      raise AssertionError("expected a ValueError")
+      raise AssertionError("expected a ValueError for clients_per_step=4")
     print("OK")
 """)
 
+# Run by two processes of 4 host devices each; argv: process id, port.
+TWO_PROCESSES = textwrap.dedent("""
+    import sys
+    import jax
+    jax.distributed.initialize(coordinator_address=f"localhost:{sys.argv[2]}",
+                               num_processes=2, process_id=int(sys.argv[1]))
+""") + COMMON + textwrap.dedent("""
+    assert jax.process_count() == 2 and jax.device_count() == 8
+    assert jax.local_device_count() == 4
+    assert distributed.client_mesh().size == 8  # the devices of both hosts
+    assert len(distributed.client_mesh(4).local_devices) == 2
+    rules = ("fedavg", "fedmedian", "fedadp", "fedadam")
+    sharded = run(rules, devices=None)
+    assert sharded.history.config["num_devices"] == 8
+    # The reference: the same run on one local device of this process.
+    plain = run(rules, devices=[jax.local_devices()[0]])
+    assert_same_run(sharded, plain, "rules")
+    print("OK", jax.process_index())
+""")
 
-def test_client_axis_shards_over_eight_devices():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ,
-             XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=root)
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env,
-                        capture_output=True, text=True, timeout=600)
+
+def _env(devices):
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+
+
+def test_rounds_of_every_aggregator_shard_over_eight_devices():
+  proc = subprocess.run([sys.executable, "-c", EIGHT_DEVICES], cwd=ROOT,
+                        env=_env(8), capture_output=True, text=True,
+                        timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip().endswith("OK")
+
+
+def _free_port() -> int:
+  with socket.socket() as sock:
+    sock.bind(("localhost", 0))
+    return sock.getsockname()[1]
+
+
+def test_two_processes_on_localhost_equal_one_device():
+  port = str(_free_port())
+  procs = [subprocess.Popen([sys.executable, "-c", TWO_PROCESSES, str(i),
+                             port], cwd=ROOT, env=_env(4),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for i in range(2)]
+  outputs = []
+  try:
+    for proc in procs:
+      outputs.append(proc.communicate(timeout=300))
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+  for i, (proc, (out, err)) in enumerate(zip(procs, outputs, strict=True)):
+    assert proc.returncode == 0, f"process {i}:\n{err[-3000:]}"
+    assert out.strip().endswith(f"OK {i}"), out

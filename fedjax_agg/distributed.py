@@ -1,0 +1,197 @@
+"""Devices, meshes and data placement for sharded and multi-host rounds.
+
+The client axis of a round is sharded over a 1-D ``jax.sharding.Mesh`` whose
+axis is named ``"clients"`` (``CLIENT_AXIS``): each device trains its slice
+of every chunk of clients (``engine.make_local_trainer`` with ``mesh``), the
+global params and the pooled data are replicated on every device, and the
+aggregator, jitted in the same round, reduces the stacked client params,
+which arrive sharded over the axis, with the collectives XLA inserts.
+
+Selecting devices is one argument, ``devices`` (see ``client_mesh``):
+
+* ``None``: every device of the job, ``jax.devices()``. In a single process
+  these are the local devices; after ``jax.distributed.initialize()`` (one
+  process per host) they are the devices of all hosts.
+* an int ``D``: the first ``D`` devices (with several processes, the first
+  ``D / P`` devices of each of the ``P`` processes).
+* a sequence of devices, or a ready ``Mesh`` with a ``"clients"`` axis.
+
+Multi-host. Every process runs the same program on the same inputs: it
+loads the same pooled arrays and draws the same cohorts from the same seed.
+``replicate`` turns such process-local values into global arrays (each
+process supplies its own copy, ``jax.make_array_from_process_local_data``);
+``local_copy`` and ``to_numpy`` bring global results back to one process
+for evaluation and logging.
+"""
+
+from typing import Any, Optional, Sequence, Union
+
+import jax
+import numpy as np
+
+CLIENT_AXIS = "clients"
+
+Devices = Union[None, int, Sequence[jax.Device], jax.sharding.Mesh]
+
+
+def _global_devices(count: Optional[int]) -> list:
+  """The first ``count`` devices (all when None), the same number from
+  each process when there are several."""
+  devices = jax.devices()
+  if count is None:
+    return devices
+  processes = jax.process_count()
+  if count < 1 or count > len(devices) or count % processes:
+    raise ValueError(
+        f"devices must be an int in [1, {len(devices)}]"
+        + (f" and a multiple of the {processes} processes" if processes > 1
+           else "") + f", got {count}")
+  per_process = count // processes
+  by_process = {}
+  for device in devices:
+    by_process.setdefault(device.process_index, []).append(device)
+  return [device for index in sorted(by_process)
+          for device in by_process[index][:per_process]]
+
+
+def client_mesh(devices: Devices = None,
+                axis_name: str = CLIENT_AXIS) -> jax.sharding.Mesh:
+  """The 1-D mesh whose ``axis_name`` axis carries the clients of a round.
+
+  Args:
+    devices: None (all devices of the job, ``jax.devices()``: the local
+      ones in a single process, every host's after
+      ``jax.distributed.initialize()``), an int count (the first ones; with
+      several processes the same number from each), a non-empty sequence
+      of ``jax.Device``, or a ``Mesh`` (returned as is; it must have an
+      ``axis_name`` axis).
+    axis_name: name of the client axis.
+
+  Returns:
+    The mesh (possibly of a single device).
+  """
+  if isinstance(devices, jax.sharding.Mesh):
+    if axis_name not in devices.shape:
+      raise ValueError(f"devices: the mesh has axes {dict(devices.shape)}, "
+                       f"expected one named {axis_name!r}")
+    return devices
+  if devices is None or isinstance(devices, (int, np.integer)):
+    if isinstance(devices, bool):
+      raise TypeError("devices must be None, an int, a sequence of devices "
+                      f"or a Mesh, got {devices!r}")
+    chosen = _global_devices(None if devices is None else int(devices))
+  else:
+    try:
+      chosen = list(devices)
+    except TypeError:
+      raise TypeError("devices must be None, an int, a sequence of devices "
+                      f"or a Mesh, got {devices!r}") from None
+    if not chosen or not all(isinstance(d, jax.Device) for d in chosen):
+      raise TypeError("devices must be a non-empty sequence of jax.Device, "
+                      f"got {devices!r}")
+    if len(set(chosen)) != len(chosen):
+      raise ValueError(f"devices lists a device twice: {chosen}")
+  return jax.sharding.Mesh(np.array(chosen), (axis_name,))
+
+
+def round_mesh(devices: Devices = None, axis_name: str = CLIENT_AXIS
+               ) -> tuple[Optional[jax.sharding.Mesh], jax.Device]:
+  """``(mesh, device)`` for a round: the mesh of ``devices``, or None when
+  it holds a single device (the plain, unsharded path), and that device
+  (otherwise the mesh's first device that belongs to this process, where
+  evaluation runs)."""
+  mesh = client_mesh(devices, axis_name)
+  local = [d for d in mesh.devices.flat
+           if d.process_index == jax.process_index()]
+  if not local:
+    raise ValueError(f"devices: none of {mesh.devices.tolist()} belongs to "
+                     f"process {jax.process_index()}")
+  return (mesh if mesh.size > 1 else None), local[0]
+
+
+def _is_key(leaf) -> bool:
+  return isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(
+      leaf.dtype, jax.dtypes.prng_key)
+
+
+def replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
+  """Every leaf of ``tree`` replicated on every device of ``mesh``.
+
+  The leaves (numpy or jax arrays, PRNG key arrays included) must hold the
+  same value in every process; with several processes each supplies its
+  own copy (``jax.make_array_from_process_local_data``), nothing is sent
+  between hosts.
+  """
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def put(leaf):
+    if _is_key(leaf):
+      return jax.random.wrap_key_data(put(jax.random.key_data(leaf)),
+                                      impl=jax.random.key_impl(leaf))
+    if isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(
+        sharding, leaf.ndim):
+      return leaf
+    if jax.process_count() == 1 or (isinstance(leaf, jax.Array)
+                                    and not leaf.is_fully_addressable):
+      return jax.device_put(leaf, sharding)  # a reshard of a global array
+    return jax.make_array_from_process_local_data(sharding, np.asarray(leaf))
+
+  return jax.tree.map(put, tree)
+
+
+def to_numpy(tree: Any) -> Any:
+  """Every array leaf of ``tree`` as a numpy array holding its global value
+  (gathered from the other processes where this one lacks shards)."""
+  def fetch(leaf):
+    if not isinstance(leaf, jax.Array):
+      return leaf
+    if _is_key(leaf):
+      raise TypeError("to_numpy: PRNG key arrays have no numpy value; use "
+                      "jax.random.key_data first")
+    if leaf.is_fully_addressable or leaf.is_fully_replicated:
+      return np.asarray(leaf)
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+  return jax.tree.map(fetch, tree)
+
+
+def local_copy(tree: Any, device: Optional[jax.Device] = None) -> Any:
+  """``tree`` with every leaf spread over several devices brought to one
+  device of this process (``device``, else the first local one).
+
+  Used to evaluate a replicated global model on one device instead of
+  redundantly on all of them. Replicated leaves cost a device-local copy at
+  most; sharded ones are gathered. Single-device leaves are kept.
+  """
+  device = device or jax.local_devices()[0]
+
+  def bring(leaf):
+    if not isinstance(leaf, jax.Array) or len(leaf.sharding.device_set) == 1:
+      return leaf
+    if _is_key(leaf):
+      return jax.random.wrap_key_data(bring(jax.random.key_data(leaf)),
+                                      impl=jax.random.key_impl(leaf))
+    if leaf.is_fully_replicated:
+      for shard in leaf.addressable_shards:
+        if shard.device == device:
+          return shard.data
+      return jax.device_put(leaf.addressable_shards[0].data, device)
+    return jax.device_put(to_numpy(leaf), device)
+
+  return jax.tree.map(bring, tree)
+
+
+def compile_together(jitted, *args) -> None:
+  """With several processes: compiles ``jitted`` for ``args`` now, then
+  waits for every process to get there.
+
+  Hosts compile at different speeds, and the CPU collectives (gloo) give up
+  on a peer that is 30 s late; started together, the first call of
+  ``jitted`` (which reuses this compilation) meets no such wait. A no-op in
+  a single process.
+  """
+  if jax.process_count() == 1:
+    return
+  jitted.lower(*args).compile()
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils.sync_global_devices("fedjax_agg.compile_together")
