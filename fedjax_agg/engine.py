@@ -39,7 +39,6 @@ import numpy as np
 import optax
 
 from fedjax_agg import objectives as objectives_lib
-from fedjax_agg import tree_math
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import ClientInfo, LocalObjective, Model, Params
 from fedjax_agg.types import PRNGKey
