@@ -88,6 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
                  help="fraction of each cohort that straggles")
   p.add_argument("--clients-per-step", type=int, default=None,
                  help="clients trained side by side (vmap width)")
+  p.add_argument("--devices", type=int, default=None,
+                 help="shard each round's clients over this many devices "
+                 "(default: all devices of the job; 1: unsharded)")
+  p.add_argument("--distributed", action="store_true",
+                 help="multi-host: call jax.distributed.initialize() first "
+                 "(one process per host; coordinator, process count and id "
+                 "from the flags below, else detected: SLURM, Open MPI, "
+                 "Kubernetes, Cloud TPU, JAX_COORDINATOR_ADDRESS)")
+  p.add_argument("--coordinator-address", default=None,
+                 help="with --distributed: host:port of process 0")
+  p.add_argument("--num-processes", type=int, default=None,
+                 help="with --distributed: number of processes (hosts)")
+  p.add_argument("--process-id", type=int, default=None,
+                 help="with --distributed: this process' index")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--seeds", default=None,
                  help="comma-separated seeds, run as ONE vmapped sweep "
@@ -128,7 +142,8 @@ def config_from_args(args) -> dict:
                 "learning_rate": args.lr, "momentum": args.momentum,
                 "stragglers": args.stragglers, "eval_every": args.eval_every,
                 "eval_clients": not args.no_client_eval,
-                "clients_per_step": args.clients_per_step},
+                "clients_per_step": args.clients_per_step,
+                "devices": args.devices},
       "algorithms": {args.aggregator: {
           "aggregator": args.aggregator,
           "aggregator_args": parse_kv(args.agg_arg, "--agg-arg"),
@@ -140,6 +155,11 @@ def config_from_args(args) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = build_parser().parse_args(argv)
+  if args.distributed:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize(coordinator_address=args.coordinator_address,
+                               num_processes=args.num_processes,
+                               process_id=args.process_id)
   # Imported here so that --help is instant.
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
@@ -148,6 +168,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   experiment.check_config(config)
   os.makedirs(args.out, exist_ok=True)
   if args.seeds is not None or args.sweep:
+    if args.devices is not None or args.distributed:
+      raise SystemExit("error: --seeds/--sweep runs use one device; drop "
+                       "--devices/--distributed")
     return sweep_main(args, config)
   prepared = experiment.prepare_data(config, args.seed)
   if args.partition_plot:
@@ -164,6 +187,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         checkpoint_every=args.checkpoint_every, resume=args.resume)
   except checkpoint.CheckpointError as e:
     raise SystemExit(f"error: {e}") from e
+  if args.distributed and jax.process_index() > 0:
+    return 0  # every process holds the same history; process 0 writes it
   paths = result.history.save(args.out)
   plot_path = os.path.join(args.out, "accuracy.png")
   plotting.plot_history({args.aggregator: result.history}, plot_path)

@@ -27,6 +27,10 @@ Any "train" key can be overridden per algorithm (e.g. a different learning
 rate). ``run_config`` writes ``<out>/<algorithm>/seed<k>.csv|json``,
 ``<out>/summary.json`` (per algorithm: final and best accuracy, rounds to
 target, mean ± std over seeds) and ``<out>/curves.png``.
+
+"train.devices" picks the devices a run shards its clients over
+(``simulation.run``'s ``devices``): null = every device of the job, an int
+= that many; vmapped sweeps (``sweep_algorithm``) run on one device.
 """
 
 import argparse
@@ -53,7 +57,8 @@ from fedjax_agg import sweep
 TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
                   "batch_size": 16, "learning_rate": 0.01, "momentum": 0.0,
                   "stragglers": 0.0, "eval_every": 1, "eval_clients": True,
-                  "clients_per_step": None, "compute_losses": True}
+                  "clients_per_step": None, "compute_losses": True,
+                  "devices": None}
 
 
 def load_config(path: str) -> dict:
@@ -153,7 +158,8 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
   return simulation.run(
       aggregator=built, objective=objective, seed=seed, progress=progress,
       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-      resume=resume, **arguments)
+      resume=resume, devices=_train_config(config, algorithm)["devices"],
+      **arguments)
 
 
 def _train_config(config: dict, algorithm: str) -> dict:
