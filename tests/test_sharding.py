@@ -134,6 +134,11 @@ EIGHT_DEVICES = COMMON + textwrap.dedent("""
           jax.tree.leaves(rule_params), jax.tree.leaves(init)))
       assert moved > 1e-4, name
 
+    # A rule that streams (each device sums its clients' models on the fly).
+    assert build("fedadam", 8).stream is not None
+    assert_same_run(run("fedadam", devices=None), run("fedadam", devices=1),
+                    "fedadam, streamed")
+
     # A cohort that does not divide over the devices (K = 5 on 4), and a
     # device list that does not start at device 0.
     odd = run("fedavg", devices=jax.devices()[4:], rounds=1,
