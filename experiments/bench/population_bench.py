@@ -32,9 +32,9 @@ from fedjax_agg import federated
 from fedjax_agg import simulation
 
 
-def _seconds(fn):
+def _seconds(fn, *args):
   start = time.perf_counter()
-  out = jax.block_until_ready(fn())
+  out = jax.block_until_ready(fn(*args))
   return time.perf_counter() - start, out
 
 
@@ -54,14 +54,13 @@ def main(argv=None):
     rng.shuffle(owner)
     x = rng.random((owner.size, args.features), dtype=np.float32)
     y = rng.integers(0, 10, size=owner.size)
-    assign_s, data = _seconds(
-        lambda: federated.from_assignment(x, y, owner, num_clients))
+    assign_s, data = _seconds(federated.from_assignment, x, y, owner,
+                              num_clients)
     partition_s = None
     if not args.skip_partition:
       order = np.argsort(owner, kind="stable")
       parts = np.split(order, np.cumsum(sizes)[:-1])
-      partition_s, _ = _seconds(
-          lambda: federated.from_partition(x, y, parts))
+      partition_s, _ = _seconds(federated.from_partition, x, y, parts)
       del parts
     print(f"N={num_clients}: from_assignment {assign_s:.3f}s, "
           f"from_partition {partition_s}", file=sys.stderr, flush=True)
@@ -72,11 +71,11 @@ def main(argv=None):
                                   else round(partition_s, 4))}
       for method in ("permutation", "rejection"):
         keys = jax.random.split(jax.random.key(1), args.repeats + 1)
-        sample = lambda k, m=method: simulation.sample_cohort(
-            k, data.num_clients, cohort, m)
-        first_s, ids = _seconds(lambda: sample(keys[0]))
+        draw = (data.num_clients, cohort, method)
+        first_s, ids = _seconds(simulation.sample_cohort, keys[0], *draw)
         assert len(set(np.asarray(ids).tolist())) == cohort
-        times = [_seconds(lambda k=k: sample(k))[0] for k in keys[1:]]
+        times = [_seconds(simulation.sample_cohort, k, *draw)[0]
+                 for k in keys[1:]]
         row[f"{method}_first_s"] = round(first_s, 4)
         row[f"{method}_s"] = round(statistics.median(times), 5)
       row["peak_rss_mb"] = round(
