@@ -323,7 +323,8 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
   ``vmap_seeds`` (default: the config's ``"vmap_seeds"`` entry, else
   False) runs all seeds of an algorithm as one vmapped sweep
   (``sweep_algorithm``) instead of one run after the other: the same
-  results to float tolerance, written to the same files.
+  results to float tolerance, written to the same files. The sweep runs on
+  one device ("train.devices" is not used).
   """
   if vmap_seeds is None:
     vmap_seeds = bool(config.get("vmap_seeds", False))

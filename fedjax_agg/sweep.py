@@ -196,6 +196,7 @@ def run_sweep(
     unroll: int | bool = 1,
     local_steps_fn: Optional[simulation.LocalStepsFn] = None,
     compute_losses: bool = True,
+    sampler: str = "auto",
     init_params: Optional[Params] = None,
     eval_every: int = 1,
     eval_clients: bool = True,
@@ -220,7 +221,7 @@ def run_sweep(
     test_data: (x, y) test arrays.
     num_rounds, num_classes, participation, local_epochs, batch_size,
       learning_rate, client_optimizer, clients_per_step, unroll,
-      local_steps_fn, compute_losses, init_params, eval_every,
+      local_steps_fn, compute_losses, sampler, init_params, eval_every,
       eval_clients, progress, config: as ``simulation.run``
       (``learning_rate`` is the client rate of members whose grid has no
       "learning_rate").
@@ -302,7 +303,7 @@ def run_sweep(
       donate_argnums=(1,))
   num_clients = member_data.num_clients
   sample = jax.vmap(lambda key: simulation.sample_cohort(
-      key, num_clients, cohort_size))
+      key, num_clients, cohort_size, sampler))
   sample_keys = jax.vmap(lambda key: jax.random.split(
       jax.random.fold_in(key, 1), max(num_rounds, 1)))(jnp.stack(run_keys))
   mask = jnp.ones((cohort_size,), jnp.float32)
