@@ -62,6 +62,14 @@ def test_rejection_sampler_on_a_large_population_and_full_cohort():
   ids = np.asarray(sampling.sample_without_replacement(
       jax.random.key(1), 1_000_000, 5_000, "rejection"))
   assert len(set(ids.tolist())) == 5_000 and ids.max() < 1_000_000
+  # Under vmap (sweeps draw every member's cohort at once) each row is the
+  # draw of its key alone.
+  keys = jax.random.split(jax.random.key(4), 3)
+  batched = jax.vmap(lambda k: sampling.sample_without_replacement(
+      k, 1_000, 400, "rejection"))(keys)
+  for key, row in zip(keys, batched, strict=True):
+    np.testing.assert_array_equal(row, sampling.sample_without_replacement(
+        key, 1_000, 400, "rejection"))
   # k = N (every slot redrawn until the last id turns up).
   ids = np.asarray(sampling.sample_without_replacement(
       jax.random.key(2), 50, 50, "rejection"))
