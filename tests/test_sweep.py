@@ -54,7 +54,7 @@ def _partition(seed, sizes=(7, 13, 4, 10, 1)):
   perm = np.random.default_rng(seed).permutation(len(y))
   bounds = np.cumsum((0,) + sizes)
   return federated.from_partition(
-      x, y, [perm[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+      x, y, [perm[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
 
 
 def test_seeds_with_their_own_partitions_equal_separate_runs():
