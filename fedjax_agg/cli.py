@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                  help="fraction of each cohort that straggles")
   p.add_argument("--clients-per-step", type=int, default=None,
                  help="clients trained side by side (vmap width)")
+  p.add_argument("--cpu-devices", type=int, default=None,
+                 help="split the CPU into this many XLA devices before JAX "
+                 "starts (one per core); rounds then shard the clients over "
+                 "them (2x faster measured on a 2-core CPU)")
   p.add_argument("--devices", type=int, default=None,
                  help="shard each round's clients over this many devices "
                  "(default: all devices of the job; 1: unsharded)")
@@ -155,6 +159,12 @@ def config_from_args(args) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = build_parser().parse_args(argv)
+  if args.cpu_devices is not None:
+    from fedjax_agg import distributed  # pylint: disable=g-import-not-at-top
+    try:
+      distributed.use_cpu_devices(args.cpu_devices)
+    except (ValueError, RuntimeError) as e:
+      raise SystemExit(f"error: --cpu-devices: {e}") from e
   if args.distributed:
     import jax  # pylint: disable=g-import-not-at-top
     jax.distributed.initialize(coordinator_address=args.coordinator_address,

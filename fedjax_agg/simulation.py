@@ -146,6 +146,11 @@ def make_round_fn(
     ``round_fn(state, data, cohort, mask) -> (new_state, RoundOutput)``
     where ``cohort`` is [K] client ids and ``mask`` [K] (1 = participates).
   """
+  if not compute_losses and aggregator.uses_losses:
+    raise ValueError(
+        "compute_losses=False: this aggregator reads info.loss_before / "
+        "info.loss_after (aggregator.uses_losses), which would be zeros; "
+        "keep compute_losses=True")
   if stream is None:
     stream = aggregator.stream is not None
   elif stream and aggregator.stream is None:

@@ -85,10 +85,17 @@ class Aggregator(NamedTuple):
       (FedAvg, the server optimizers over it, FedNNNN), else None (rules
       that need all K client models at once: median, trimmed mean, FedAdp,
       FedLayerWise, FedDRL).
+    uses_losses: True when ``aggregate`` reads ``info.loss_before`` /
+      ``info.loss_after`` (FedDRL's state). Rounds then refuse
+      ``compute_losses=False``, which would hand the rule zeros. The losses
+      cost two forward passes over every participant's data (about 40 % of
+      a round of a small CNN on CPU), so rules that ignore them leave this
+      False and a user who does not need them in the history can skip them.
   """
   init: Callable[[Params], AggregatorState]
   aggregate: AggregateFn
   stream: Optional[StreamingForm] = None
+  uses_losses: bool = False
 
 
 class Model(NamedTuple):

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Shared by both scripts: runs of every rule sharded vs on one device.
@@ -228,3 +230,31 @@ def test_two_processes_on_localhost_equal_one_device():
   for i, (proc, (out, err)) in enumerate(zip(procs, outputs, strict=True)):
     assert proc.returncode == 0, f"process {i}:\n{err[-3000:]}"
     assert out.strip().endswith(f"OK {i}"), out
+
+
+def test_use_cpu_devices_before_and_after_jax_starts(monkeypatch):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = ROOT
+  script = textwrap.dedent("""
+      from fedjax_agg import distributed
+      distributed.use_cpu_devices(3)
+      import jax
+      from fedjax_agg import cli
+      print(jax.device_count(), len(distributed.client_mesh().devices))
+      """)
+  proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ["3", "3"]
+  # In this process JAX has started: the flag cannot apply, so it refuses.
+  import jax  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import distributed  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+  started = len(jax.devices("cpu"))
+  with pytest.raises(RuntimeError, match="already started"):
+    distributed.use_cpu_devices(started + 1)
+  for bad in (0, -2, 1.5, True):
+    with pytest.raises(ValueError, match="count"):
+      distributed.use_cpu_devices(bad)

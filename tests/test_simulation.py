@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fedjax_agg import aggregators
@@ -89,3 +90,18 @@ def test_metrics_and_rounds_to_target():
 def test_bad_participation_is_named():
   with pytest.raises(ValueError, match="participation"):
     simulation.num_sampled(10, 0.0)
+
+
+def test_rules_that_read_losses_refuse_compute_losses_false():
+  model = tiny_model()
+  rule = aggregators.feddrl(4)
+  assert rule.uses_losses and not aggregators.fedavg().uses_losses
+  wrapped = aggregators.with_server_optimizer(rule, optax.sgd(1.0))
+  assert wrapped.uses_losses
+  for agg in (rule, wrapped):
+    with pytest.raises(ValueError, match="compute_losses"):
+      simulation.make_round_fn(model, agg, batch_size=4, local_epochs=1,
+                               compute_losses=False)
+  # Rules that ignore the losses build either way.
+  simulation.make_round_fn(model, aggregators.fedavg(), batch_size=4,
+                           local_epochs=1, compute_losses=False)

@@ -119,7 +119,8 @@ def with_server_optimizer(aggregator: Aggregator,
   stream = None
   if aggregator.stream is not None:
     stream = StreamingForm(aggregator.stream.client_stats, finalize)
-  return Aggregator(init, aggregate, stream)
+  return Aggregator(init, aggregate, stream,
+                    uses_losses=aggregator.uses_losses)
 
 
 class ScaleByReddiState(NamedTuple):

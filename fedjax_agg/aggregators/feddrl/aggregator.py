@@ -189,4 +189,4 @@ def feddrl(num_participants: int = 10, *,
         "sigma": sigma[:num_clients], "reward": reward,
         "buffer_size": buffer.size, **metrics}
 
-  return Aggregator(init, aggregate)
+  return Aggregator(init, aggregate, uses_losses=True)
