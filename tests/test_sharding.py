@@ -241,7 +241,6 @@ def test_use_cpu_devices_before_and_after_jax_starts(monkeypatch):
       from fedjax_agg import distributed
       distributed.use_cpu_devices(3)
       import jax
-      from fedjax_agg import cli
       print(jax.device_count(), len(distributed.client_mesh().devices))
       """)
   proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,

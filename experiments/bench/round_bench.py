@@ -41,39 +41,19 @@ import sys
 import time
 from importlib import metadata
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-def _host_devices_from_argv(argv) -> int:
-  """--host-devices D (default: the number of CPU cores), read before jax
-  is imported: XLA fixes the number of host devices when it starts."""
-  if "loop" in argv or "--mode=loop" in argv:
-    return 1  # the loop baseline runs on one device
-  value = None
-  for i, arg in enumerate(argv):
-    if arg == "--host-devices" and i + 1 < len(argv):
-      value = argv[i + 1]
-    elif arg.startswith("--host-devices="):
-      value = arg.split("=", 1)[1]
-  return int(value) if value is not None else (os.cpu_count() or 1)
-
-
-if __name__ == "__main__" and _host_devices_from_argv(sys.argv) > 1:
-  # Only the CPU platform is split; GPUs/TPUs are unaffected by this flag.
-  os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_"
-      f"count={_host_devices_from_argv(sys.argv)}").strip()
-
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-
-from fedjax_agg import aggregators  # noqa: E402
-from fedjax_agg import engine  # noqa: E402
-from fedjax_agg import federated  # noqa: E402
-from fedjax_agg import models  # noqa: E402
-from fedjax_agg.models import layers  # noqa: E402
-from fedjax_agg.types import ClientInfo, Model  # noqa: E402
+from fedjax_agg import aggregators
+from fedjax_agg import distributed
+from fedjax_agg import engine
+from fedjax_agg import federated
+from fedjax_agg import models
+from fedjax_agg.models import layers
+from fedjax_agg.types import ClientInfo, Model
 
 SAMPLES_PER_CLIENT = 600
 BATCH_SIZE = 16
@@ -246,6 +226,9 @@ def main(argv=None):
                  help="engine: compute loss_before/loss_after (the "
                  "engine's default is on)")
   args = p.parse_args(argv)
+  if args.mode == "engine" and args.host_devices > 1:
+    # Before the first device query; GPUs/TPUs are unaffected by the split.
+    distributed.use_cpu_devices(args.host_devices)
   conv_impl = args.conv_impl or ("auto" if args.mode == "engine" else "xla")
 
   client_data = [make_client_data(args.clients, args.seed)]
