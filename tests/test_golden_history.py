@@ -1,0 +1,87 @@
+"""Golden histories: ``simulation.run`` (and the ADCT driver) for fixed seeds.
+
+The fixture ``golden/histories.json`` was written by the round driver before
+it was restructured; the driver must keep reproducing it (every scalar
+column and every per-client array, to float32 rounding). Regenerate it only
+for an intended change of results: ``python -m tests.test_golden_history``.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_agg import aggregators
+from fedjax_agg import simulation
+from tests.test_engine import SIZES
+from tests.test_engine import tiny_data
+from tests.test_engine import tiny_model
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "histories.json")
+ROUNDS = 3
+RULES = ("fedavg", "fedadp", "fedlayerwise", "fednnnn", "feddrl", "adct")
+
+
+def _aggregator(name, num_clients):
+  if name == "feddrl":
+    return aggregators.get("feddrl", num_participants=3, min_buffer_size=2,
+                           batch_size=2)
+  return aggregators.get("fedavg" if name == "adct" else name,
+                         num_clients=num_clients)
+
+
+def _history(name):
+  """The history of a short run of rule ``name`` as plain lists."""
+  # ADCT holds out a validation split: every client needs 2+ examples.
+  data, x, y, _ = tiny_data((7, 13, 4, 10, 3) if name == "adct" else SIZES)
+  model = tiny_model()
+  aggregator = _aggregator(name, data.num_clients)
+  if name == "adct":
+    from fedjax_agg import client_selection  # pylint: disable=g-import-not-at-top
+    from fedjax_agg.client_selection import rounds  # pylint: disable=g-import-not-at-top
+    tuner = client_selection.adct(model, grid=[(0.05, 1), (0.2, 1), (0.2, 2)],
+                          batch_size=3)
+    history = rounds.run(model, data, (x, y), aggregator, tuner,
+                         num_rounds=ROUNDS, num_classes=3, participation=0.6,
+                         seed=4, progress=False).history
+  else:
+    history = simulation.run(
+        model, data, (x, y), aggregator, num_rounds=ROUNDS, num_classes=3,
+        participation=0.6, local_epochs=2, batch_size=3, learning_rate=0.2,
+        clients_per_step=2, seed=4, progress=False).history
+  rows = [{k: v for k, v in row.items() if k != "time_s"}
+          for row in history.rows]
+  clients = [{k: np.asarray(v).tolist() for k, v in row.items()}
+             for row in history.client_rows]
+  return {"rows": rows, "clients": clients}
+
+
+def _assert_close(got, want, where):
+  assert set(got) >= set(want), (where, sorted(set(want) - set(got)))
+  for key, value in want.items():
+    np.testing.assert_allclose(
+        np.asarray(got[key], np.float64), np.asarray(value, np.float64),
+        rtol=2e-6, atol=1e-7, err_msg=f"{where}[{key!r}]")
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_history_equals_golden(name):
+  with open(GOLDEN) as f:
+    want = json.load(f)[name]
+  got = _history(name)
+  assert len(got["rows"]) == len(want["rows"])
+  for r, (g, w) in enumerate(zip(got["rows"], want["rows"], strict=True)):
+    _assert_close(g, w, f"{name} row {r}")
+  for r, (g, w) in enumerate(zip(got["clients"], want["clients"],
+                                 strict=True)):
+    _assert_close(g, w, f"{name} client row {r}")
+
+
+if __name__ == "__main__":
+  jax.config.update("jax_platforms", "cpu")
+  os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
+  with open(GOLDEN, "w") as f:
+    json.dump({name: _history(name) for name in RULES}, f)
+  print("wrote", GOLDEN)
