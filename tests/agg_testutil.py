@@ -9,6 +9,7 @@ import numpy as np
 
 from fedjax_agg import aggregators
 from fedjax_agg.types import ClientInfo
+from fedjax_agg.types import Model
 
 NUM_CLIENTS = 7  # N, the federation size used by the tests.
 COHORT = 4  # K of the conformance cohorts
@@ -74,13 +75,31 @@ def assert_trees_close(actual, expected, rtol=1e-5, atol=1e-6):
                                atol=atol)
 
 
+def _apply(params, x, train):
+  """A model over the ``SHAPES`` tree: x [B, 5] -> logits [B, 3]."""
+  del train
+  conv = jnp.sum(params["conv"]["kernel"]) + jnp.sum(params["conv"]["bias"])
+  logits = x @ params["dense"]["kernel"] + params["dense"]["bias"]
+  return logits + 1e-3 * conv, params
+
+
+# For rules that evaluate client models on server data (FedACS).
+MODEL = Model(init=lambda key: make_params(np.random.default_rng(0)),
+              apply=_apply)
+_EVAL_RNG = np.random.default_rng(123)
+X_EVAL = jnp.asarray(_EVAL_RNG.normal(size=(20, 5)), jnp.float32)
+Y_EVAL = jnp.asarray(_EVAL_RNG.integers(0, 3, size=20), jnp.int32)
+
+
 def build(name: str, **kwargs):
   """``aggregators.get(name, ...)`` with the run context the factory takes:
-  N = NUM_CLIENTS, and a cohort size of COHORT for rules built for one."""
+  N = NUM_CLIENTS, a cohort size of COHORT for rules built for one, and the
+  test ``MODEL`` with server data for rules that evaluate models."""
   params = inspect.signature(aggregators.REGISTRY[name]).parameters
   if "num_participants" in params:
     kwargs.setdefault("num_participants", COHORT)
-  return aggregators.get(name, num_clients=NUM_CLIENTS, **kwargs)
+  return aggregators.get(name, num_clients=NUM_CLIENTS, model=MODEL,
+                         x_eval=X_EVAL, y_eval=Y_EVAL, **kwargs)
 
 
 class JittedRule:

@@ -13,12 +13,12 @@ import pytest
 from fedjax_agg import aggregators
 from fedjax_agg import federated
 from fedjax_agg import objectives
-from fedjax_agg.client_selection.adct import ADCTState
-from fedjax_agg.client_selection.adct import adct
-from fedjax_agg.client_selection.adct import search_mask
-from fedjax_agg.client_selection.adct import select_configs
+from fedjax_agg.client_selection._adct import ADCTState
+from fedjax_agg.client_selection._adct import adct
+from fedjax_agg.client_selection._adct import search_mask
+from fedjax_agg.client_selection._adct import select_configs
 from fedjax_agg.client_selection import rounds
-from fedjax_agg.client_selection import validation
+from fedjax_agg import validation
 from tests.test_engine import reference_client
 from tests.test_engine import tiny_model
 

@@ -21,7 +21,7 @@ from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
 from fedjax_agg import simulation
 from fedjax_agg import stragglers
-from fedjax_agg.aggregators.feddrl import AgentConfig
+from fedjax_agg.aggregators._feddrl import AgentConfig
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 

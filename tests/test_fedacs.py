@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fedjax_agg import aggregators
-from fedjax_agg.client_selection.fedacs import fedacs
-from fedjax_agg.client_selection.fedacs import select_top
+from fedjax_agg.aggregators._fedacs import fedacs
+from fedjax_agg.aggregators._fedacs import select_top
 from fedjax_agg.types import ClientInfo
 from tests.test_engine import tiny_model
 

@@ -9,9 +9,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from fedjax_agg import aggregators
-from fedjax_agg.aggregators.fedadp import FedAdpState
-from fedjax_agg.aggregators.fedadp import gompertz
-from fedjax_agg.aggregators.fedadp import SMOOTHINGS
+from fedjax_agg.aggregators._fedadp import FedAdpState
+from fedjax_agg.aggregators._fedadp import gompertz
+from fedjax_agg.aggregators._fedadp import SMOOTHINGS
 from tests import agg_testutil as tu
 from tests.agg_testutil import EXAMPLES
 

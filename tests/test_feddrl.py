@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fedjax_agg import aggregators
-from fedjax_agg.aggregators.feddrl import AgentConfig, feddrl, make_agent
-from fedjax_agg.aggregators.feddrl import networks, replay
-from fedjax_agg.aggregators.feddrl.aggregator import observation, reward_cost
+from fedjax_agg.aggregators._feddrl import AgentConfig, feddrl, make_agent
+from fedjax_agg.aggregators._feddrl import networks, replay
+from fedjax_agg.aggregators._feddrl.aggregator import observation, reward_cost
 from fedjax_agg.types import ClientInfo
 
 K = 4

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_agg.aggregators.feddrl import AgentConfig, feddrl, make_agent
+from fedjax_agg.aggregators._feddrl import AgentConfig, feddrl, make_agent
 from fedjax_agg.types import ClientInfo
 
 K, DIM, NUM_EXAMPLES = 4, 3, 30

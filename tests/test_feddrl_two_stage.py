@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_agg.aggregators.feddrl import AgentConfig, make_agent
-from fedjax_agg.aggregators.feddrl import two_stage as two_stage_lib
+from fedjax_agg.aggregators._feddrl import AgentConfig, make_agent
+from fedjax_agg.aggregators._feddrl import two_stage as two_stage_lib
 from fedjax_agg.types import ClientInfo
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model

@@ -11,8 +11,8 @@ import pytest
 
 from fedjax_agg import engine
 from fedjax_agg import objectives
-from fedjax_agg.objectives.fedlap import row_dissimilarities
-from fedjax_agg.objectives.fedlap import row_distances
+from fedjax_agg.objectives._fedlap import row_dissimilarities
+from fedjax_agg.objectives._fedlap import row_distances
 from tests.test_engine import reference_client
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model

@@ -14,7 +14,7 @@ three differences, since ADCT and FedACS are not plain registry rules:
 * an algorithm may hold ``"adct": {accuracy_threshold, search_step, ...}``
   (ADCT's client side, ``client_selection.adct``, driven by
   ``client_selection.rounds.run``; its ``aggregator`` is the server rule),
-  or name ``"aggregator": "fedacs"`` (``client_selection.fedacs``, whose
+  or name ``"aggregator": "fedacs"`` (``aggregators.fedacs``, whose
   server evaluation set is the union of the clients' held-out parts);
 * ``train.client_optimizer`` is "adam" or "sgd" (the paper's learning rates,
   1e-5 to 1e-3, are Adam's scale);
@@ -53,7 +53,7 @@ from fedjax_agg import models
 from fedjax_agg import plotting
 from fedjax_agg import simulation
 from fedjax_agg.client_selection import rounds
-from fedjax_agg.client_selection import validation
+from fedjax_agg import validation
 # pylint: enable=wrong-import-position
 
 TRAIN_DEFAULTS = {"rounds": 50, "participation": 1.0, "local_epochs": 1,
@@ -100,7 +100,7 @@ def run_one(config: dict, name: str, seed: int, prepared, model):
     pooled = np.concatenate([
         np.asarray(val_data.client_indices[i, :n])
         for i, n in enumerate(np.asarray(val_data.num_examples))])
-    aggregator = client_selection.fedacs(
+    aggregator = aggregators.fedacs(
         model, np.asarray(data.x)[pooled], np.asarray(data.y)[pooled],
         **agg_args)
   else:

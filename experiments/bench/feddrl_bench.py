@@ -46,11 +46,11 @@ from fedjax_agg import engine  # noqa: E402
 from fedjax_agg import federated  # noqa: E402
 from fedjax_agg import models  # noqa: E402
 from fedjax_agg import tree_math  # noqa: E402
-from fedjax_agg.aggregators.feddrl import AgentConfig  # noqa: E402
-from fedjax_agg.aggregators.feddrl import feddrl  # noqa: E402
-from fedjax_agg.aggregators.feddrl import make_agent  # noqa: E402
-from fedjax_agg.aggregators.feddrl import networks  # noqa: E402
-from fedjax_agg.aggregators.feddrl import replay  # noqa: E402
+from fedjax_agg.aggregators._feddrl import AgentConfig  # noqa: E402
+from fedjax_agg.aggregators._feddrl import feddrl  # noqa: E402
+from fedjax_agg.aggregators._feddrl import make_agent  # noqa: E402
+from fedjax_agg.aggregators._feddrl import networks  # noqa: E402
+from fedjax_agg.aggregators._feddrl import replay  # noqa: E402
 from fedjax_agg.types import ClientInfo  # noqa: E402
 
 

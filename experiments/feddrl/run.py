@@ -41,8 +41,8 @@ from fedjax_agg import experiment  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import plotting  # pylint: disable=wrong-import-position
 from fedjax_agg import simulation  # pylint: disable=wrong-import-position
-from fedjax_agg.aggregators.feddrl import agent as agent_lib  # pylint: disable=wrong-import-position
-from fedjax_agg.aggregators.feddrl import two_stage  # pylint: disable=wrong-import-position
+from fedjax_agg.aggregators._feddrl import agent as agent_lib  # pylint: disable=wrong-import-position
+from fedjax_agg.aggregators._feddrl import two_stage  # pylint: disable=wrong-import-position
 
 # Fig. 6 normalises by this algorithm's curves (config key "reference").
 REFERENCE = "FedDRL"

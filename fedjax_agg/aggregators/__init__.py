@@ -33,41 +33,64 @@ post-training losses, so the models wait for the last client).
 Their local training is still chunked, so only the stacked models grow
 with K; bound K by memory / (model size) for them.
 
-Names. ``aggregators.fedadp`` etc. are the factories (as ``optax.adam``);
-they shadow their modules, so import a module's other members by full path:
-``from fedjax_agg.aggregators.fedadp import FedAdpState``.
+Names. Every public name is exported once from this package: the factories
+(``aggregators.fedadp``, as ``optax.adam``), their building blocks
+(``aggregators.scale_by_reddi`` beside ``aggregators.fedadam``) and their
+state types (``aggregators.FedAdpState``). The implementation modules are
+private (``_fedadp.py``), so no factory shadows a module.
 """
 
 import inspect
 
-from fedjax_agg.aggregators.fedadp import fedadp
-from fedjax_agg.aggregators.fedavg import fedavg
-from fedjax_agg.aggregators.feddrl import feddrl
-from fedjax_agg.aggregators.fedlayerwise import fedlayerwise
-from fedjax_agg.aggregators.fedmedian import fedmedian
-from fedjax_agg.aggregators.fednnnn import fednnnn
-from fedjax_agg.aggregators.fednnnn import momentum
-from fedjax_agg.aggregators.fednnnn import norm_norm
-from fedjax_agg.aggregators.fedopt import fedadagrad
-from fedjax_agg.aggregators.fedopt import fedadam
-from fedjax_agg.aggregators.fedopt import fedavgm
-from fedjax_agg.aggregators.fedopt import fedopt
-from fedjax_agg.aggregators.fedopt import fedyogi
-from fedjax_agg.aggregators.fedopt import with_server_optimizer
-from fedjax_agg.aggregators.trimmed_mean import trimmed_mean
+from fedjax_agg.aggregators._fedacs import fedacs
+from fedjax_agg.aggregators._fedacs import FedACSState
+from fedjax_agg.aggregators._fedacs import select_top
+from fedjax_agg.aggregators._fedadp import angle_weighting
+from fedjax_agg.aggregators._fedadp import fedadp
+from fedjax_agg.aggregators._fedadp import FedAdpState
+from fedjax_agg.aggregators._fedadp import gompertz
+from fedjax_agg.aggregators._fedavg import fedavg
+from fedjax_agg.aggregators._fedavg import FedAvgState
+from fedjax_agg.aggregators._feddrl import AgentConfig
+from fedjax_agg.aggregators._feddrl import AgentState
+from fedjax_agg.aggregators._feddrl import feddrl
+from fedjax_agg.aggregators._feddrl import FedDRLState
+from fedjax_agg.aggregators._fedlayerwise import fedlayerwise
+from fedjax_agg.aggregators._fedmedian import fedmedian
+from fedjax_agg.aggregators._fedmedian import FedMedianState
+from fedjax_agg.aggregators._fednnnn import fednnnn
+from fedjax_agg.aggregators._fednnnn import FedNNNNState
+from fedjax_agg.aggregators._fednnnn import momentum
+from fedjax_agg.aggregators._fednnnn import norm_norm
+from fedjax_agg.aggregators._fedopt import fedadagrad
+from fedjax_agg.aggregators._fedopt import fedadam
+from fedjax_agg.aggregators._fedopt import fedavgm
+from fedjax_agg.aggregators._fedopt import fedopt
+from fedjax_agg.aggregators._fedopt import fedyogi
+from fedjax_agg.aggregators._fedopt import scale_by_reddi
+from fedjax_agg.aggregators._fedopt import ScaleByReddiState
+from fedjax_agg.aggregators._fedopt import ServerOptState
+from fedjax_agg.aggregators._fedopt import with_server_optimizer
+from fedjax_agg.aggregators._trimmed_mean import trimmed_mean
+from fedjax_agg.aggregators._trimmed_mean import TrimmedMeanState
+from fedjax_agg.registry import Registry
 
 __all__ = [
-    "REGISTRY", "eval_params", "fedadagrad", "fedadam", "fedadp", "fedavg",
-    "fedavgm", "feddrl", "fedlayerwise", "fedmedian", "fednnnn", "fedopt",
-    "fedyogi", "get", "momentum", "norm_norm", "takes_num_clients",
+    "AgentConfig", "AgentState", "FedACSState", "FedAdpState", "FedAvgState",
+    "FedDRLState", "FedMedianState", "FedNNNNState", "REGISTRY",
+    "ScaleByReddiState", "ServerOptState", "TrimmedMeanState",
+    "angle_weighting", "eval_params", "fedacs", "fedadagrad", "fedadam",
+    "fedadp", "fedavg", "fedavgm", "feddrl", "fedlayerwise", "fedmedian",
+    "fednnnn", "fedopt", "fedyogi", "get", "gompertz", "momentum",
+    "norm_norm", "scale_by_reddi", "select_top", "takes_num_clients",
     "trimmed_mean", "with_server_optimizer",
 ]
 
 # Every aggregator factory, by the name the CLI and the conformance suite use.
-# Factories are called with keyword arguments only; each must have defaults
-# for every argument except ``num_clients`` (see the module docstring), so
-# ``get(name, num_clients=N)`` builds a working rule.
-REGISTRY = {
+# Factories are called with keyword arguments only; each has defaults for
+# every argument except the context ones: ``num_clients`` (rules with
+# per-client state) and FedACS's ``model``, ``x_eval``, ``y_eval``.
+REGISTRY = Registry("aggregator", {
     "fedavg": fedavg,
     "fedadp": fedadp,
     "fedlayerwise": fedlayerwise,
@@ -82,7 +105,8 @@ REGISTRY = {
     "fedmedian": fedmedian,
     "trimmed_mean": trimmed_mean,
     "feddrl": feddrl,
-}
+    "fedacs": fedacs,
+}, context=("num_clients", "model", "x_eval", "y_eval"))
 
 
 def takes_num_clients(factory) -> bool:
@@ -97,19 +121,10 @@ def get(name: str, num_clients=None, **kwargs):
     name: a key of ``REGISTRY``.
     num_clients: N, the federation size; passed only to factories that
       declare it (required by those).
-    **kwargs: the factory's other keyword arguments.
+    **kwargs: the factory's other keyword arguments (and the context ones,
+      ``model``, ``x_eval``, ``y_eval``, passed only where declared).
   """
-  if name not in REGISTRY:
-    raise ValueError(
-        f"aggregator must be one of {sorted(REGISTRY)}, got {name!r}")
-  factory = REGISTRY[name]
-  if takes_num_clients(factory):
-    if num_clients is None:
-      raise ValueError(
-          f"aggregator {name!r} keeps per-client state: pass num_clients "
-          "(the federation size N)")
-    kwargs["num_clients"] = num_clients
-  return factory(**kwargs)
+  return REGISTRY.build(name, num_clients=num_clients, **kwargs)
 
 
 def eval_params(state, new_global_params):

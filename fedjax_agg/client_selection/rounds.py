@@ -16,8 +16,8 @@ import tqdm.auto as tqdm
 
 from fedjax_agg import aggregators
 from fedjax_agg import simulation
-from fedjax_agg.client_selection import validation
-from fedjax_agg.client_selection.adct import ADCT, ADCTState
+from fedjax_agg import validation
+from fedjax_agg.client_selection._adct import ADCT, ADCTState
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Aggregator, ClientInfo, Model, Params
 

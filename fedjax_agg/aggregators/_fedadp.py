@@ -46,8 +46,8 @@ import numpy as np
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.aggregators.fedavg import client_weights
-from fedjax_agg.aggregators.fedavg import WEIGHTINGS
+from fedjax_agg.aggregators._fedavg import client_weights
+from fedjax_agg.aggregators._fedavg import WEIGHTINGS
 from fedjax_agg.types import Aggregator, ClientInfo, Params, StackedParams
 
 SMOOTHINGS = ("participation", "round")

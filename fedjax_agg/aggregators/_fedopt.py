@@ -39,7 +39,7 @@ import optax
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.aggregators.fedavg import fedavg
+from fedjax_agg.aggregators._fedavg import fedavg
 from fedjax_agg.types import Aggregator, StreamingForm
 
 KINDS = ("adagrad", "adam", "yogi")

@@ -13,10 +13,10 @@ __all__ = [
     "observation", "reward_cost",
 ]
 
-from fedjax_agg.aggregators.feddrl.agent import AgentConfig
-from fedjax_agg.aggregators.feddrl.agent import AgentState
-from fedjax_agg.aggregators.feddrl.agent import make_agent
-from fedjax_agg.aggregators.feddrl.aggregator import feddrl
-from fedjax_agg.aggregators.feddrl.aggregator import FedDRLState
-from fedjax_agg.aggregators.feddrl.aggregator import observation
-from fedjax_agg.aggregators.feddrl.aggregator import reward_cost
+from fedjax_agg.aggregators._feddrl.agent import AgentConfig
+from fedjax_agg.aggregators._feddrl.agent import AgentState
+from fedjax_agg.aggregators._feddrl.agent import make_agent
+from fedjax_agg.aggregators._feddrl.aggregator import feddrl
+from fedjax_agg.aggregators._feddrl.aggregator import FedDRLState
+from fedjax_agg.aggregators._feddrl.aggregator import observation
+from fedjax_agg.aggregators._feddrl.aggregator import reward_cost

@@ -46,7 +46,7 @@ import optax
 
 from fedjax_agg import engine
 from fedjax_agg import tree_math
-from fedjax_agg.client_selection.validation import client_accuracies
+from fedjax_agg.validation import client_accuracies
 from fedjax_agg.types import LocalObjective, Model
 
 # Table 1, epochs-major: (learning rate, local epochs).

@@ -46,9 +46,9 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import tree_math
-from fedjax_agg.aggregators.feddrl import agent as agent_lib
-from fedjax_agg.aggregators.feddrl import networks as networks_lib
-from fedjax_agg.aggregators.feddrl import replay
+from fedjax_agg.aggregators._feddrl import agent as agent_lib
+from fedjax_agg.aggregators._feddrl import networks as networks_lib
+from fedjax_agg.aggregators._feddrl import replay
 from fedjax_agg.types import Aggregator, ClientInfo
 
 # Losses are floored here before the log of the state (1e-6 -> -13.8).

@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import simulation
-from fedjax_agg.aggregators.feddrl import agent as agent_lib
-from fedjax_agg.aggregators.feddrl import replay
-from fedjax_agg.aggregators.feddrl.aggregator import feddrl
+from fedjax_agg.aggregators._feddrl import agent as agent_lib
+from fedjax_agg.aggregators._feddrl import replay
+from fedjax_agg.aggregators._feddrl.aggregator import feddrl
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Aggregator, Model
 

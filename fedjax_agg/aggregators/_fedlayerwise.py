@@ -27,9 +27,9 @@ client and per layer, [N, L].
 import jax.numpy as jnp
 
 from fedjax_agg import tree_math
-from fedjax_agg.aggregators.fedadp import angle_weighting
-from fedjax_agg.aggregators.fedadp import check_hyperparameters
-from fedjax_agg.aggregators.fedadp import FedAdpState
+from fedjax_agg.aggregators._fedadp import angle_weighting
+from fedjax_agg.aggregators._fedadp import check_hyperparameters
+from fedjax_agg.aggregators._fedadp import FedAdpState
 from fedjax_agg.types import Aggregator
 
 GRANULARITIES = ("layer", "leaf")

@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_agg.aggregators.feddrl import networks as networks_lib
-from fedjax_agg.aggregators.feddrl import replay
+from fedjax_agg.aggregators._feddrl import networks as networks_lib
+from fedjax_agg.aggregators._feddrl import replay
 
 TD_PRIORITIES = ("paper", "target")
 

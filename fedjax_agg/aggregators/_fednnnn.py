@@ -45,9 +45,9 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.aggregators.fedavg import client_weights
-from fedjax_agg.aggregators.fedavg import raw_client_weight
-from fedjax_agg.aggregators.fedavg import WEIGHTINGS
+from fedjax_agg.aggregators._fedavg import client_weights
+from fedjax_agg.aggregators._fedavg import raw_client_weight
+from fedjax_agg.aggregators._fedavg import WEIGHTINGS
 from fedjax_agg.types import Aggregator, Params, StreamingForm
 
 EVALUATES = ("average", "broadcast")

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import tree_math
-from fedjax_agg.aggregators.fedavg import WEIGHTINGS, client_weights
-from fedjax_agg.client_selection.validation import client_accuracies
+from fedjax_agg.aggregators._fedavg import WEIGHTINGS, client_weights
+from fedjax_agg.validation import client_accuracies
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Aggregator, Model
 

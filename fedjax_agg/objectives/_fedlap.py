@@ -44,8 +44,8 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.objectives.base import cross_entropy
-from fedjax_agg.objectives.fedprox import trainable
+from fedjax_agg.objectives._base import cross_entropy
+from fedjax_agg.objectives._fedprox import trainable
 from fedjax_agg.types import LocalObjective
 
 RECOMPUTE = ("epoch", "step")
