@@ -39,11 +39,16 @@ import numpy as np
 import optax
 
 from fedjax_agg import objectives as objectives_lib
+from fedjax_agg.config import LocalTraining
+from fedjax_agg.config import OptimizerFactory
 from fedjax_agg.federated import FederatedData
-from fedjax_agg.types import ClientInfo, LocalObjective, Model, Params
+from fedjax_agg.types import ClientInfo, Model, Params
 from fedjax_agg.types import PRNGKey
 
-OptimizerFactory = Callable[..., optax.GradientTransformation]
+__all__ = ["LocalResult", "LocalSums", "OptimizerFactory",
+           "default_clients_per_step", "epoch_order", "full_steps",
+           "make_local_reducer", "make_local_trainer", "mean_client_loss",
+           "rows_finite", "steps_per_epoch"]
 
 
 class LocalResult(NamedTuple):
@@ -84,7 +89,7 @@ def epoch_order(key: PRNGKey, num_examples, width: int) -> jax.Array:
 
 def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
                      num_examples, batch_size: int) -> jax.Array:
-  """Mean cross-entropy of ``params`` over one client's examples. -> []."""
+  """Mean task loss of ``params`` over one client's examples. -> []."""
   width = indices.shape[0]
   num_batches = -(-width // batch_size)
   padded = jnp.pad(indices, (0, num_batches * batch_size - width))
@@ -95,8 +100,7 @@ def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
     pos = jax.lax.dynamic_slice_in_dim(positions, b * batch_size, batch_size)
     mask = (pos < num_examples).astype(jnp.float32)
     logits, _ = model.apply(params, x_all[idx], False)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits,
-                                                             y_all[idx])
+    losses = model.loss(logits, y_all[idx])
     return total + jnp.sum(losses * mask), None
 
   total, _ = jax.lax.scan(batch_loss, jnp.zeros(()), jnp.arange(num_batches))
@@ -116,16 +120,15 @@ class _Row(NamedTuple):
   mask: jax.Array  # [] 0 for the rows that pad the last chunk
 
 
-def _check_options(batch_size, num_epochs, clients_per_step, eval_batch_size,
-                   chunk_loop, mesh, client_axis) -> int:
-  """Validates the trainer options; returns the resolved clients_per_step."""
+def _check_options(clients_per_step, chunk_loop, mesh, client_axis) -> int:
+  """Validates the execution options; returns the resolved width."""
   if clients_per_step is None:
     clients_per_step = default_clients_per_step(mesh, client_axis)
-  for name, value in (("batch_size", batch_size), ("num_epochs", num_epochs),
-                      ("clients_per_step", clients_per_step),
-                      ("eval_batch_size", eval_batch_size)):
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f"{name} must be a positive int, got {value!r}")
+  if (isinstance(clients_per_step, bool)
+      or not isinstance(clients_per_step, (int, np.integer))
+      or clients_per_step < 1):
+    raise ValueError(f"clients_per_step must be a positive int, got "
+                     f"{clients_per_step!r}")
   if chunk_loop not in ("map", "unroll"):
     raise ValueError(
         f"chunk_loop must be 'map' or 'unroll', got {chunk_loop!r}")
@@ -140,16 +143,15 @@ def _check_options(batch_size, num_epochs, clients_per_step, eval_batch_size,
   return int(clients_per_step)
 
 
-def _client_trainer(model: Model, *, batch_size, num_epochs, objective,
-                    client_optimizer, unroll, compute_losses,
-                    eval_batch_size):
+def _client_trainer(model: Model, training: LocalTraining):
   """``train_one(global_params, data, key, args)`` for ONE client.
 
   Returns ``(params, loss_before, loss_after, steps_taken, train_loss)``.
   """
-  objective = objective or objectives_lib.cross_entropy()
+  batch_size, num_epochs = training.batch_size, training.epochs
+  objective = training.objective or objectives_lib.cross_entropy()
   loss_fn = objectives_lib.local_loss(model, objective)
-  make_optimizer = optax.inject_hyperparams(client_optimizer)
+  make_optimizer = optax.inject_hyperparams(training.optimizer)
 
   def train_one(global_params, data: FederatedData, key,
                 args: _ClientArgs):
@@ -192,18 +194,19 @@ def _client_trainer(model: Model, *, batch_size, num_epochs, objective,
                 loss_sum + jnp.where(active, loss, 0.0)), None
 
       carry, _ = jax.lax.scan(step, (params, opt_state, steps_done, loss_sum),
-                              jnp.arange(epoch_steps), unroll=unroll)
+                              jnp.arange(epoch_steps),
+                              unroll=training.unroll)
       return carry, None
 
     init = (global_params, optimizer.init(global_params),
             jnp.zeros((), jnp.int32), jnp.zeros(()))
     (params, _, steps_done, loss_sum), _ = jax.lax.scan(
         epoch, init, jnp.arange(num_epochs))
-    if compute_losses:
+    if training.compute_losses is True:
       losses = functools.partial(mean_client_loss, model, x_all=x_all,
                                  y_all=y_all, indices=indices,
                                  num_examples=num_examples,
-                                 batch_size=eval_batch_size)
+                                 batch_size=training.eval_batch_size)
       loss_before = losses(global_params)
       loss_after = losses(params)
     else:
@@ -214,14 +217,16 @@ def _client_trainer(model: Model, *, batch_size, num_epochs, objective,
   return train_one
 
 
-def _chunk_trainer(model, *, clients_per_step, chunk_loop, mesh,
-                   client_axis, **options):
+def _chunk_trainer(model, training, *, clients_per_step, chunk_loop, mesh,
+                   client_axis):
   """Checks the options; -> (clients_per_step, the vmapped trainer of a
   chunk: ``train_chunk(global_params, data, key, args [W])``)."""
-  clients_per_step = _check_options(
-      options["batch_size"], options["num_epochs"], clients_per_step,
-      options["eval_batch_size"], chunk_loop, mesh, client_axis)
-  return clients_per_step, jax.vmap(_client_trainer(model, **options),
+  if not isinstance(training, LocalTraining):
+    raise TypeError(f"training must be a config.LocalTraining, got "
+                    f"{type(training).__name__}")
+  clients_per_step = _check_options(clients_per_step, chunk_loop, mesh,
+                                    client_axis)
+  return clients_per_step, jax.vmap(_client_trainer(model, training),
                                     in_axes=(None, None, None, 0))
 
 
@@ -308,15 +313,9 @@ def _loop_chunks(body, carry, chunks, chunk_loop: str):
 
 def make_local_trainer(
     model: Model,
+    training: LocalTraining,
     *,
-    batch_size: int,
-    num_epochs: int,
-    objective: Optional[LocalObjective] = None,
-    client_optimizer: OptimizerFactory = optax.sgd,
     clients_per_step: Optional[int] = None,
-    unroll: int | bool = 1,
-    compute_losses: bool = True,
-    eval_batch_size: int = 256,
     mesh: Optional[jax.sharding.Mesh] = None,
     client_axis: str = "clients",
     chunk_loop: str = "map",
@@ -325,24 +324,16 @@ def make_local_trainer(
 
   Args:
     model: the network (``fedjax_agg.types.Model``).
-    batch_size: B, minibatch size.
-    num_epochs: E, local epochs (the static maximum; ``num_steps`` can stop
-      a client earlier).
-    objective: local objective (``fedjax_agg.objectives``); plain
-      cross-entropy when None.
-    client_optimizer: optax optimizer factory taking ``learning_rate``
-      (``optax.sgd``, ``functools.partial(optax.sgd, momentum=0.9)``, ...);
-      the learning rate is injected per client, the state is fresh each round.
+    training: what each client does (``config.LocalTraining``: epochs,
+      batch size, optimizer, objective, unroll, per-client losses). The
+      learning rate is an argument of the returned function, per client;
+      ``training.learning_rate`` is not read here, and ``compute_losses``
+      other than True ("auto" is resolved by the round) skips the losses.
     clients_per_step: W, the most clients trained side by side (vmap width);
       a cohort of K is cut into ceil(K / W) chunks of equal width. None:
       ``default_clients_per_step(mesh)`` (8 on accelerators; on CPU one
       client per device and chunk, at least 2: side by side clients gain
       nothing from batching there, and padding a chunk costs full clients).
-    unroll: unroll factor of the loop over local steps (``lax.scan``);
-      ``True`` unrolls fully.
-    compute_losses: compute ``loss_before``/``loss_after`` (one extra
-      forward pass over each client's data with each model).
-    eval_batch_size: batch size of those forward passes.
     mesh: optional device mesh; the clients of each chunk are sharded over
       its ``client_axis`` (``clients_per_step`` must be a multiple of that
       axis' size), params and pooled data are replicated, and the stacked
@@ -361,11 +352,8 @@ def make_local_trainer(
     the whole cohort are an output; ``make_local_reducer`` avoids them.
   """
   clients_per_step, train_chunk = _chunk_trainer(
-      model, batch_size=batch_size, num_epochs=num_epochs,
-      objective=objective, client_optimizer=client_optimizer,
-      clients_per_step=clients_per_step, unroll=unroll,
-      compute_losses=compute_losses, eval_batch_size=eval_batch_size,
-      mesh=mesh, client_axis=client_axis, chunk_loop=chunk_loop)
+      model, training, clients_per_step=clients_per_step, mesh=mesh,
+      client_axis=client_axis, chunk_loop=chunk_loop)
 
   @jax.jit
   def train(global_params, data: FederatedData, client_ids, learning_rates,
@@ -407,26 +395,26 @@ class LocalSums(NamedTuple):
       ``make_local_reducer``); no per-client model survives the call.
     loss_before, loss_after, steps_taken, train_loss: [K], as in
       ``LocalResult``.
+    finite: [K] bool, False for a client whose model (or losses, where
+      they must be finite) held a non-finite value (always True unless
+      ``exclude_nonfinite``).
   """
   stats: Any
   loss_before: jax.Array
   loss_after: jax.Array
   steps_taken: jax.Array
   train_loss: jax.Array
+  finite: jax.Array
 
 
 def make_local_reducer(
     model: Model,
     client_stats: Callable[[Params, Params, ClientInfo], Any],
+    training: LocalTraining,
     *,
-    batch_size: int,
-    num_epochs: int,
-    objective: Optional[LocalObjective] = None,
-    client_optimizer: OptimizerFactory = optax.sgd,
+    exclude_nonfinite: bool = False,
+    losses_must_be_finite: bool = False,
     clients_per_step: Optional[int] = None,
-    unroll: int | bool = 1,
-    compute_losses: bool = True,
-    eval_batch_size: int = 256,
     mesh: Optional[jax.sharding.Mesh] = None,
     client_axis: str = "clients",
     chunk_loop: str = "map",
@@ -449,9 +437,13 @@ def make_local_reducer(
       ``info_k`` is that client's ``ClientInfo`` row (scalar fields, with
       its own ``loss_before``/``loss_after``); it must give zeros for rows
       with mask 0 (the engine pads the last chunk with such rows).
-    batch_size, num_epochs, objective, client_optimizer, clients_per_step,
-      unroll, compute_losses, eval_batch_size, mesh, client_axis,
-      chunk_loop: as in ``make_local_trainer``.
+    training, clients_per_step, mesh, client_axis, chunk_loop: as in
+      ``make_local_trainer``.
+    exclude_nonfinite: a client whose trained model (or, with
+      ``losses_must_be_finite``, whose losses) holds a NaN/Inf enters the
+      sum as a padding row (mask 0, the global model in place of its
+      model); ``LocalSums.finite`` flags it.
+    losses_must_be_finite: see ``exclude_nonfinite``.
 
   Returns:
     ``reduce(global_params, data, client_ids, learning_rates, num_steps,
@@ -466,11 +458,8 @@ def make_local_reducer(
     raise TypeError(
         f"client_stats must be callable, got {type(client_stats).__name__}")
   clients_per_step, train_chunk = _chunk_trainer(
-      model, batch_size=batch_size, num_epochs=num_epochs,
-      objective=objective, client_optimizer=client_optimizer,
-      clients_per_step=clients_per_step, unroll=unroll,
-      compute_losses=compute_losses, eval_batch_size=eval_batch_size,
-      mesh=mesh, client_axis=client_axis, chunk_loop=chunk_loop)
+      model, training, clients_per_step=clients_per_step, mesh=mesh,
+      client_axis=client_axis, chunk_loop=chunk_loop)
 
   @jax.jit
   def reduce(global_params, data: FederatedData, client_ids, learning_rates,
@@ -491,15 +480,33 @@ def make_local_reducer(
                                           chunk.args)
         rows_info = row_info(chunk, per_client[:2], shared)
 
+        finite = jnp.ones(chunk.mask.shape, bool)
+        if exclude_nonfinite:
+          finite = rows_finite(params)
+          if losses_must_be_finite:
+            finite &= jnp.isfinite(per_client[0]) & jnp.isfinite(
+                per_client[1])
+
         def add_client(k, total):
           client_params = jax.tree.map(lambda a: a[k], params)
           info_k = ClientInfo(*(a[k] for a in rows_info[:5]),
                               *rows_info[5:])
+          if exclude_nonfinite:
+            # An excluded client is a padding row: mask 0, and the global
+            # model in place of its model, so no NaN reaches the sum.
+            ok = finite[k]
+            client_params = jax.tree.map(
+                lambda c, g: jnp.where(ok, c, g), client_params,
+                global_params)
+            info_k = info_k._replace(
+                mask=jnp.where(ok, info_k.mask, 0.0),
+                loss_before=jnp.where(ok, info_k.loss_before, 0.0),
+                loss_after=jnp.where(ok, info_k.loss_after, 0.0))
           return jax.tree.map(jnp.add, total, client_stats(
               global_params, client_params, info_k))
 
         total = jax.lax.fori_loop(0, chunk.mask.shape[0], add_client, total)
-        return total, tuple(per_client)
+        return total, tuple(per_client) + (finite,)
 
       scalar = jax.ShapeDtypeStruct((), jnp.float32)
       one_row = jax.tree.map(
@@ -524,6 +531,16 @@ def make_local_reducer(
     return LocalSums(total, *layout.from_chunks(per_client))
 
   return reduce
+
+
+def rows_finite(stacked: Any) -> jax.Array:
+  """[K] True where every entry of row k of every leaf is finite."""
+  def leaf_rows(leaf):
+    if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+      return jnp.ones(leaf.shape[:1], bool)
+    return jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
+  rows = [leaf_rows(leaf) for leaf in jax.tree.leaves(stacked)]
+  return functools.reduce(jnp.logical_and, rows)
 
 
 def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,

@@ -7,7 +7,7 @@ a valid index that is never read as data because it lies beyond the client's
 count) to the size of the largest client.
 """
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,11 +23,27 @@ class FederatedData(NamedTuple):
     client_indices: [N, L] int32, row i holds client i's indices into x/y,
       padded beyond ``num_examples[i]``.
     num_examples: [N] int32 examples per client (>= 1).
+    validation: optional held-out split of every client over the same
+      pooled arrays (a ``FederatedData`` whose own ``validation`` is None),
+      read by local updates that tune on it (ADCT); see
+      ``validation.holdout_split`` and ``with_validation``.
   """
   x: jax.Array
   y: jax.Array
   client_indices: jax.Array
   num_examples: jax.Array
+  validation: Optional["FederatedData"] = None
+
+  def with_validation(self, validation: "FederatedData") -> "FederatedData":
+    """This data with ``validation`` as its held-out split."""
+    if not isinstance(validation, FederatedData):
+      raise TypeError(f"validation must be a FederatedData, got "
+                      f"{type(validation).__name__}")
+    if validation.num_clients != self.num_clients:
+      raise ValueError(
+          f"validation has {validation.num_clients} clients, the data "
+          f"{self.num_clients}")
+    return self._replace(validation=validation._replace(validation=None))
 
   @property
   def num_clients(self) -> int:

@@ -36,22 +36,26 @@ padded width).
 The sweep runs on the default device; the member axis is not sharded.
 """
 
+import dataclasses
 import itertools
-import time
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import tqdm.auto as tqdm
 
 from fedjax_agg import aggregators
 from fedjax_agg import checks
-from fedjax_agg import engine
+from fedjax_agg import evaluation as evaluation_lib
+from fedjax_agg import rounds
 from fedjax_agg import simulation
+from fedjax_agg.config import Evaluation, Execution, LocalTraining, NonFinite
 from fedjax_agg.federated import FederatedData
+from fedjax_agg.history import History
 from fedjax_agg.types import Aggregator, LocalObjective, Model, Params
+
+__all__ = ["CLIENT_LEARNING_RATE", "SweepMember", "grid_points",
+           "member_name", "run_sweep", "stack_data"]
 
 CLIENT_LEARNING_RATE = "learning_rate"
 
@@ -65,13 +69,13 @@ class SweepMember(NamedTuple):
   Attributes:
     hparams: the member's grid point (name -> number).
     seed: its seed.
-    history: the ``simulation.History`` that ``simulation.run`` gives.
-    state: its final ``simulation.ServerState`` (no member axis).
+    history: the ``History`` that ``simulation.run`` gives.
+    state: its final ``rounds.ServerState`` (no member axis).
   """
   hparams: HParams
   seed: int
-  history: simulation.History
-  state: simulation.ServerState
+  history: History
+  state: rounds.ServerState
 
 
 def grid_points(grid: Optional[Mapping[str, Sequence[float]]]
@@ -155,7 +159,7 @@ def _data_axes(stacked: bool) -> FederatedData:
   """vmap ``in_axes`` of the data: pooled arrays shared, indices per member
   when ``stacked``."""
   axis = 0 if stacked else None
-  return FederatedData(None, None, axis, axis)
+  return FederatedData(None, None, axis, axis, None)
 
 
 def _stack(trees):
@@ -164,17 +168,6 @@ def _stack(trees):
 
 def _member(tree, index: int):
   return jax.tree.map(lambda leaf: leaf[index], tree)
-
-
-_STACKED_EVAL_FNS = {}  # model -> jitted per-batch evaluation of S models
-
-
-def _stacked_eval_fn(model: Model):
-  fn = _STACKED_EVAL_FNS.get(model)
-  if fn is None:
-    fn = _STACKED_EVAL_FNS.setdefault(model, jax.jit(jax.vmap(
-        simulation._per_example(model), in_axes=(0, None, None))))  # pylint: disable=protected-access
-  return fn
 
 
 def run_sweep(
@@ -186,22 +179,13 @@ def run_sweep(
     data: FederatedData | Sequence[FederatedData],
     test_data: tuple[Any, Any],
     num_rounds: int,
-    num_classes: int,
     participation: float = 1.0,
-    local_epochs: int = 1,
-    batch_size: int = 16,
-    learning_rate: float = 0.01,
-    client_optimizer: engine.OptimizerFactory = optax.sgd,
-    clients_per_step: Optional[int] = None,
-    unroll: int | bool = 1,
-    local_steps_fn: Optional[simulation.LocalStepsFn] = None,
-    compute_losses: bool = True,
-    sampler: str = "auto",
+    training: LocalTraining = LocalTraining(),
+    execution: Execution = Execution(),
+    evaluation: Evaluation = Evaluation(),
+    nonfinite: NonFinite = NonFinite(),
     init_params: Optional[Params] = None,
-    eval_every: int = 1,
-    eval_clients: bool = True,
-    eval_batch_size: int = 1024,
-    progress: bool = True,
+    callbacks: Optional[Callable[[int], Sequence[Any]]] = None,
     config: Optional[dict] = None,
 ) -> list[SweepMember]:
   """Runs every (grid point, seed) member as one vmapped computation.
@@ -211,6 +195,7 @@ def run_sweep(
       an aggregator), e.g. ``lambda h: (aggregators.fedadp(h["alpha"],
       num_clients=N), None)``; called with concrete values to validate and
       with traced float32 scalars inside the round (module docstring).
+      An objective it returns replaces ``training.objective``.
     grid: name -> list of numbers; the members are the cartesian product
       with ``seeds`` (grid points outer, seeds inner). None: seeds only.
     seeds: one member per seed and grid point; each seeds its model init,
@@ -219,13 +204,13 @@ def run_sweep(
     data: the federated training data shared by every member, or one per
       seed (aligned with ``seeds``, same pooled x and y).
     test_data: (x, y) test arrays.
-    num_rounds, num_classes, participation, local_epochs, batch_size,
-      learning_rate, client_optimizer, clients_per_step, unroll,
-      local_steps_fn, compute_losses, sampler, init_params, eval_every,
-      eval_clients, progress, config: as ``simulation.run``
-      (``learning_rate`` is the client rate of members whose grid has no
-      "learning_rate").
-    eval_batch_size: batch size of the evaluation passes.
+    num_rounds, participation, training, evaluation, nonfinite,
+      init_params, config: as ``simulation.run`` (``training.learning_rate``
+      is the client rate of members whose grid has no "learning_rate").
+    execution: as ``simulation.run``; the sweep runs on the default device
+      (``devices`` must be None) and never streams.
+    callbacks: ``callbacks(member_index) -> callables`` called with each of
+      that member's rows (see ``simulation``).
 
   Returns:
     One ``SweepMember`` per member, in the order of ``(grid point, seed)``.
@@ -235,14 +220,14 @@ def run_sweep(
     ValueError / TypeError: a bad grid, seed or data, a grid value the
       factories reject, or members whose aggregator states differ in shape.
   """
-  if not isinstance(num_rounds, int) or num_rounds < 0:
-    raise ValueError(f"num_rounds must be an int >= 0, got {num_rounds!r}")
-  if not isinstance(eval_every, int) or eval_every < 1:
-    raise ValueError(f"eval_every must be an int >= 1, got {eval_every!r}")
+  simulation._check_rounds(num_rounds)  # pylint: disable=protected-access
+  if execution.devices is not None:
+    raise ValueError("run_sweep runs on one device: execution.devices must "
+                     "be None")
   seeds = list(seeds)
-  if not seeds or not all(isinstance(s, (int, np.integer))
-                          and not isinstance(s, bool) for s in seeds):
-    raise ValueError(f"seeds must be a non-empty list of ints, got {seeds!r}")
+  if not seeds:
+    raise ValueError("seeds must be a non-empty list of ints")
+  keys = [simulation.seed_keys(s) for s in seeds]
   per_seed_data = not isinstance(data, FederatedData)
   if per_seed_data:
     data = list(data)
@@ -257,13 +242,12 @@ def run_sweep(
   members = [(p, s) for p in range(len(points)) for s in range(len(seeds))]
 
   member_data = data[0] if per_seed_data else data
-  cohort_size = simulation.num_sampled(member_data.num_clients,
-                                       participation)
+  cohort_size = rounds.num_sampled(member_data.num_clients, participation)
   states, run_keys = [], []
   for p, s in members:
-    init_key, run_key = jax.random.split(jax.random.key(int(seeds[s])))
+    init_key, run_key = keys[s]
     params = model.init(init_key) if init_params is None else init_params
-    states.append(simulation.init_state(params, built[p][0])._replace(
+    states.append(rounds.init_state(params, built[p][0])._replace(
         key=run_key))
     run_keys.append(run_key)
   shapes = [jax.tree.map(jnp.shape, st.aggregator_state) for st in states]
@@ -275,6 +259,10 @@ def run_sweep(
           f"from that of {points[0]}: those hyperparameters set shapes and "
           "cannot be swept in one call")
   state = _stack(states)
+  test_x, test_y = (jnp.asarray(a) for a in test_data)
+  num_classes = simulation.num_classes_of(model, states[0].params, test_x)
+  simulation.check_labels(test_y, num_classes, "test_data")
+  simulation.check_labels(member_data.y, num_classes, "data")
   if per_seed_data:
     by_seed = stack_data(data)
     seed_of = np.array([s for _, s in members])
@@ -286,95 +274,88 @@ def run_sweep(
   data_axes = _data_axes(per_seed_data)
   hparams = {name: jnp.asarray([points[p][name] for p, _ in members],
                                jnp.float32) for name in points[0]}
+  member_execution = dataclasses.replace(execution, stream=False)
 
   def member_round(hp, member_state, member_data, cohort, mask):
     aggregator, objective = _parts(build(dict(hp)))
-    round_fn = simulation.make_round_fn(
-        model, aggregator, batch_size=batch_size, local_epochs=local_epochs,
-        learning_rate=hp.get(CLIENT_LEARNING_RATE, learning_rate),
-        objective=objective, client_optimizer=client_optimizer,
-        clients_per_step=clients_per_step, unroll=unroll,
-        local_steps_fn=local_steps_fn, compute_losses=compute_losses,
-        jit=False)
+    member_training = dataclasses.replace(
+        training,
+        learning_rate=hp.get(CLIENT_LEARNING_RATE, training.learning_rate),
+        objective=objective or training.objective)
+    round_fn = rounds.make_round_fn(
+        model, aggregator, member_training, execution=member_execution,
+        nonfinite=nonfinite.clients, jit=False)
     return round_fn(member_state, member_data, cohort, mask)
 
   sweep_round = jax.jit(
       jax.vmap(member_round, in_axes=(0, 0, data_axes, 0, None)),
       donate_argnums=(1,))
   num_clients = member_data.num_clients
-  sample = jax.vmap(lambda key: simulation.sample_cohort(
-      key, num_clients, cohort_size, sampler))
-  sample_keys = jax.vmap(lambda key: jax.random.split(
-      jax.random.fold_in(key, 1), max(num_rounds, 1)))(jnp.stack(run_keys))
+  sample = jax.vmap(lambda key: rounds.sample_cohort(
+      key, num_clients, cohort_size, execution.sampler))
+  sample_keys = jax.vmap(lambda key: simulation.cohort_keys(
+      key, num_rounds))(jnp.stack(run_keys))
   mask = jnp.ones((cohort_size,), jnp.float32)
-  evaluate = _stacked_eval_fn(model)
-  test_x, test_y = (jnp.asarray(a) for a in test_data)
+  stacked_eval = evaluation_lib.stacked_per_example_fn(model)
   labels = np.asarray(test_y)
 
-  def eval_rows(state, round_num, elapsed) -> list[dict]:
+  def evaluate(state) -> list[dict]:
     params = aggregators.eval_params(state.aggregator_state, state.params)
-    losses, preds = simulation.map_batches(evaluate, params, test_x, test_y,
-                                           eval_batch_size)
+    losses, preds = evaluation_lib.map_batches(
+        stacked_eval, params, test_x, test_y, evaluation.batch_size)
     mean_loss = np.asarray(jnp.mean(losses, axis=-1))
     preds = np.asarray(preds)
-    if eval_clients:
-      train_losses, _ = simulation.map_batches(
-          evaluate, params, round_data.x, round_data.y, eval_batch_size)
+    if evaluation.clients:
+      train_losses, _ = evaluation_lib.map_batches(
+          stacked_eval, params, round_data.x, round_data.y,
+          evaluation.batch_size)
       client_losses = np.asarray(jax.vmap(
-          simulation.per_client_mean,
+          evaluation_lib.per_client_mean,
           in_axes=(0, data_axes.client_indices, data_axes.num_examples))(
               train_losses, round_data.client_indices,
               round_data.num_examples))
     rows = []
     for m in range(len(members)):
-      row = {"round": round_num, "time_s": elapsed}
-      test = simulation.classification_metrics(labels, preds[m], num_classes)
+      test = evaluation_lib.classification_metrics(labels, preds[m],
+                                                   num_classes)
       test["loss"] = float(mean_loss[m])
-      row.update({f"test_{k}": v for k, v in test.items()})
-      if eval_clients:
+      row = {f"test_{k}": v for k, v in test.items()}
+      if evaluation.clients:
         row["client_loss_mean"] = float(client_losses[m].mean())
         row["client_loss_var"] = float(client_losses[m].var())
       rows.append(row)
     return rows
 
-  rows = [[row] for row in eval_rows(state, 0, 0.0)]
-  client_rows = [[] for _ in members]
-  bar = tqdm.trange(num_rounds, disable=not progress,
-                    desc=f"rounds ({len(members)} members)")
-  for r in bar:
-    start = time.perf_counter()
-    cohorts = sample(sample_keys[:, r])
+  def round_step(state, cohorts):
     state, out = sweep_round(hparams, state, round_data, cohorts, mask)
     jax.block_until_ready(state.params)
-    out = jax.device_get(out)
-    elapsed = time.perf_counter() - start
-    if (r + 1) % eval_every == 0 or r + 1 == num_rounds:
-      new_rows = eval_rows(state, r + 1, elapsed)
-    else:
-      new_rows = [{"round": r + 1, "time_s": elapsed} for _ in members]
-    for m, row in enumerate(new_rows):
-      member_out = _member(out, m)
-      row.update(simulation.round_scalars(member_out))
-      rows[m].append(row)
-      client_rows[m].append(simulation.client_row(r + 1, member_out))
-    if "test_accuracy" in new_rows[0]:
-      bar.set_postfix(acc=" ".join(f"{row['test_accuracy']:.3f}"
-                                   for row in new_rows[:4]))
+    return state, jax.device_get(out)
+
+  driver = simulation.Driver(
+      round_step=round_step, sample=lambda r: sample(sample_keys[:, r]),
+      evaluate=evaluate, member_output=_member, member_state=_member,
+      num_members=len(members), nonfinite=nonfinite, evaluation=evaluation,
+      progress=execution.progress,
+      callbacks=[list(callbacks(m)) if callbacks else []
+                 for m in range(len(members))])
+  rows = [[row] for row in driver.initial_rows(state)]
+  client_rows = [[] for _ in members]
+  state = driver.loop(state, 0, num_rounds, rows, client_rows)
 
   results = []
   for m, (p, s) in enumerate(members):
     point = points[p]
     base_config = {
         "num_rounds": num_rounds, "participation": participation,
-        "cohort_size": cohort_size, "local_epochs": local_epochs,
-        "batch_size": batch_size,
-        "learning_rate": point.get(CLIENT_LEARNING_RATE, learning_rate),
+        "cohort_size": cohort_size, "local_epochs": training.epochs,
+        "batch_size": training.batch_size,
+        "learning_rate": point.get(CLIENT_LEARNING_RATE,
+                                   training.learning_rate),
         "seed": int(seeds[s]), "num_clients": num_clients,
-        "num_devices": 1, "sweep_size": len(members),
-        "sweep_hparams": dict(point)}
+        "num_classes": num_classes, "num_devices": 1,
+        "sweep_size": len(members), "sweep_hparams": dict(point)}
     base_config.update(config or {})
     results.append(SweepMember(
         dict(point), int(seeds[s]),
-        simulation.History(rows[m], client_rows[m], base_config),
-        _member(state, m)))
+        History(rows[m], client_rows[m], base_config), _member(state, m)))
   return results

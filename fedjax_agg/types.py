@@ -7,6 +7,7 @@ axis of stacked pytrees), ``N`` the number of clients in the federation.
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol
 
 import jax
+import optax
 
 Params = Any  # A pytree of arrays (flax variables dict, possibly with stats).
 StackedParams = Any  # Same tree as Params, every leaf with a leading [K] axis.
@@ -98,18 +99,29 @@ class Aggregator(NamedTuple):
   uses_losses: bool = False
 
 
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array
+                          ) -> jax.Array:
+  """The default task loss: [B, C] logits, [B] int labels -> [B] losses."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
 class Model(NamedTuple):
-  """A network as a pair of pure functions, written for one client.
+  """A network and its task loss, as pure functions written for one client.
 
   Attributes:
     init: ``init(key) -> params`` (the whole variables tree, e.g.
       ``{'params': ...}`` or ``{'params': ..., 'batch_stats': ...}``).
-    apply: ``apply(params, x, train) -> (logits, new_params)``; ``x`` is
+    apply: ``apply(params, x, train) -> (outputs, new_params)``; ``x`` is
       [B, ...]. ``new_params`` equals ``params`` except for non-trainable
       collections (BatchNorm statistics) that a training pass updates.
+    loss: ``loss(outputs, y) -> [B]`` per-example task loss, used by local
+      training, the per-client losses and evaluation alike (default:
+      softmax cross-entropy with integer labels). Accuracy and macro-F1
+      read ``argmax(outputs, -1)`` as the prediction.
   """
   init: Callable[[PRNGKey], Params]
   apply: Callable[..., tuple[jax.Array, Params]]
+  loss: Callable[[jax.Array, jax.Array], jax.Array] = softmax_cross_entropy
 
 
 class LocalObjective(NamedTuple):
@@ -129,3 +141,26 @@ class LocalObjective(NamedTuple):
   """
   prepare: Callable[[Params, Params], Any]
   penalty: Callable[[Params, Params, Any], jax.Array]
+
+
+class LocalUpdate(NamedTuple):
+  """A client-side algorithm: the local training of a round's cohort.
+
+  The round (``fedjax_agg.rounds``) calls it in place of the engine's
+  plain local training; it is how client-side tuning (ADCT) and stateful
+  clients plug in.
+
+  Attributes:
+    init: ``init(num_clients) -> client_state``, a pytree with a leading
+      [N] axis indexed by client id (or ``()``), carried in the server
+      state from round to round.
+    update: ``update(client_state, global_params, data, client_ids, mask,
+      learning_rates, num_steps, round, key) -> (local_result,
+      new_client_state, metrics)``: ``client_ids``, ``mask``,
+      ``learning_rates`` and ``num_steps`` are [K]; ``local_result`` an
+      ``engine.LocalResult`` (stacked [K, ...] client models, losses,
+      steps); ``metrics`` a dict of [] or [K] arrays for the history.
+      Rows with mask 0 must not change ``client_state``.
+  """
+  init: Callable[[int], Any]
+  update: Callable[..., tuple[Any, Any, Metrics]]

@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 
 from fedjax_agg import aggregators
+from fedjax_agg import client_selection
+from fedjax_agg import drivers
 from fedjax_agg import simulation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
 from tests.test_engine import SIZES
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
@@ -39,18 +43,19 @@ def _history(name):
   model = tiny_model()
   aggregator = _aggregator(name, data.num_clients)
   if name == "adct":
-    from fedjax_agg import client_selection  # pylint: disable=g-import-not-at-top
-    from fedjax_agg.client_selection import rounds  # pylint: disable=g-import-not-at-top
-    tuner = client_selection.adct(model, grid=[(0.05, 1), (0.2, 1), (0.2, 2)],
-                          batch_size=3)
-    history = rounds.run(model, data, (x, y), aggregator, tuner,
-                         num_rounds=ROUNDS, num_classes=3, participation=0.6,
-                         seed=4, progress=False).history
+    tuner = client_selection.adct(
+        model, grid=[(0.05, 1), (0.2, 1), (0.2, 2)], batch_size=3)
+    history = drivers.run_adct(
+        model, data, (x, y), aggregator, tuner, num_rounds=ROUNDS,
+        participation=0.6, seed=4,
+        execution=Execution(progress=False)).history
   else:
     history = simulation.run(
-        model, data, (x, y), aggregator, num_rounds=ROUNDS, num_classes=3,
-        participation=0.6, local_epochs=2, batch_size=3, learning_rate=0.2,
-        clients_per_step=2, seed=4, progress=False).history
+        model, data, (x, y), aggregator, num_rounds=ROUNDS,
+        participation=0.6,
+        training=LocalTraining(epochs=2, batch_size=3, learning_rate=0.2),
+        execution=Execution(clients_per_step=2, progress=False),
+        seed=4).history
   rows = [{k: v for k, v in row.items() if k != "time_s"}
           for row in history.rows]
   clients = [{k: np.asarray(v).tolist() for k, v in row.items()}

@@ -1,10 +1,11 @@
-"""Client-side tuning and selection: ADCT's per-client grid search, FedACS.
+"""Client-side tuning: ADCT's per-client grid search.
 
 * ``adct`` builds ADCT's client side (``ADCT(init, train, grid)``);
-  ``rounds.make_round_fn`` / ``rounds.run`` drive FL rounds with it.
-* FedACS (``aggregators.fedacs``) is a registered aggregator;
-  ``fedjax_agg.validation`` holds the per-client held-out split and the
-  batched per-client accuracy both use.
+  ``adct_update(tuner)`` is it as the round's ``LocalUpdate``, and
+  ``fedjax_agg.drivers.run_adct`` drives FL rounds with it.
+* FedACS, which selects clients on the server, is a registered aggregator
+  (``aggregators.fedacs``); ``fedjax_agg.validation`` holds the per-client
+  held-out split and the batched per-client accuracy both use.
 """
 
 from fedjax_agg.client_selection._adct import adct
@@ -14,11 +15,9 @@ from fedjax_agg.client_selection._adct import ADCTState
 from fedjax_agg.client_selection._adct import DEFAULT_GRID
 from fedjax_agg.client_selection._adct import search_mask
 from fedjax_agg.client_selection._adct import select_configs
-from fedjax_agg.validation import client_accuracies
-from fedjax_agg.validation import holdout_split
+from fedjax_agg.client_selection._update import adct_update
 
 __all__ = [
-    "ADCT", "ADCTOutput", "ADCTState", "DEFAULT_GRID", "adct",
-    "client_accuracies", "holdout_split", "search_mask",
-    "select_configs",
+    "ADCT", "ADCTOutput", "ADCTState", "DEFAULT_GRID", "adct", "adct_update",
+    "search_mask", "select_configs",
 ]

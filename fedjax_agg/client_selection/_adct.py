@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_agg import engine
+from fedjax_agg.config import LocalTraining
 from fedjax_agg import tree_math
 from fedjax_agg.validation import client_accuracies
 from fedjax_agg.types import LocalObjective, Model
@@ -191,10 +192,11 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
   grid_lrs = jnp.array([lr for lr, _ in grid], jnp.float32)
   grid_epochs = jnp.array([e for _, e in grid], jnp.int32)
   trainer = engine.make_local_trainer(
-      model, batch_size=batch_size, num_epochs=max(e for _, e in grid),
-      objective=objective, client_optimizer=client_optimizer,
-      clients_per_step=clients_per_step, eval_batch_size=eval_batch_size,
-      mesh=mesh)
+      model, LocalTraining(epochs=max(e for _, e in grid),
+                           batch_size=batch_size, optimizer=client_optimizer,
+                           objective=objective,
+                           eval_batch_size=eval_batch_size),
+      clients_per_step=clients_per_step, mesh=mesh)
   accuracies = lambda params, data, rows: client_accuracies(
       model, params, data, rows, eval_batch_size, clients_per_step)
 

@@ -50,8 +50,11 @@ def local_loss(model: Model, objective: LocalObjective
   """
 
   def loss(params: Params, batch: Batch, global_params: Params, context):
-    logits, new_params = model.apply(params, batch["x"], True)
-    data_loss = masked_cross_entropy(logits, batch["y"], batch["mask"])
+    outputs, new_params = model.apply(params, batch["x"], True)
+    mask = batch["mask"]
+    # The model's task loss, averaged over the batch's real examples.
+    data_loss = jnp.sum(model.loss(outputs, batch["y"]) * mask) / (
+        jnp.maximum(jnp.sum(mask), 1.0))
     return data_loss + objective.penalty(params, global_params,
                                          context), new_params
 

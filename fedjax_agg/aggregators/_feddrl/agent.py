@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_agg import checks
 from fedjax_agg.aggregators._feddrl import networks as networks_lib
 from fedjax_agg.aggregators._feddrl import replay
 
@@ -81,35 +82,27 @@ class AgentConfig(NamedTuple):
 
 
 def check_config(config: AgentConfig) -> AgentConfig:
-  """Raises ValueError naming the first bad field; returns ``config``."""
-  def bad(name, expected):
-    raise ValueError(f"{name} must be {expected}, got "
-                     f"{getattr(config, name)!r}")
+  """Raises ValueError/TypeError naming the first bad field; returns it."""
   for name in ("policy_hidden", "value_hidden"):
     sizes = getattr(config, name)
-    if (not isinstance(sizes, (tuple, list)) or not sizes
-        or any(not isinstance(s, int) or s < 1 for s in sizes)):
-      bad(name, "a non-empty tuple of positive ints")
+    if not isinstance(sizes, (tuple, list)) or not sizes:
+      raise ValueError(f"{name} must be a non-empty tuple of positive ints, "
+                       f"got {sizes!r}")
+    for i, size in enumerate(sizes):
+      checks.check_int(f"{name}[{i}]", size, 1)
   for name in ("buffer_capacity", "batch_size", "updates_per_round",
                "priority_chunk"):
-    if not isinstance(getattr(config, name), int) or getattr(config, name) < 1:
-      bad(name, "a positive int")
-  if not isinstance(config.min_buffer_size, int) or config.min_buffer_size < 0:
-    bad("min_buffer_size", "a non-negative int")
-  if not 0.0 <= config.beta <= 1.0:
-    bad("beta", "in [0, 1]")
-  if not 0.0 <= config.discount <= 1.0:
-    bad("discount", "in [0, 1]")
-  if not 0.0 < config.target_update <= 1.0:
-    bad("target_update", "in (0, 1]")
+    checks.check_int(name, getattr(config, name), 1)
+  checks.check_int("min_buffer_size", config.min_buffer_size, 0)
+  checks.check_range("beta", config.beta, 0, 1)
+  checks.check_range("discount", config.discount, 0, 1)
+  checks.check_range("target_update", config.target_update, 0, 1,
+                     low_open=True)
   for name in ("max_mean", "policy_lr", "value_lr"):
-    if not getattr(config, name) > 0:
-      bad(name, "positive")
+    checks.check_range(name, getattr(config, name), 0, low_open=True)
   for name in ("priority_exponent", "exploration_std"):
-    if not getattr(config, name) >= 0:
-      bad(name, "non-negative")
-  if config.td_priority not in TD_PRIORITIES:
-    bad("td_priority", f"one of {TD_PRIORITIES}")
+    checks.check_range(name, getattr(config, name), 0)
+  checks.check_choice("td_priority", config.td_priority, TD_PRIORITIES)
   return config
 
 
@@ -161,9 +154,7 @@ def make_agent(num_participants: int,
     num_participants: K.
     config: the ``AgentConfig`` (defaults when None).
   """
-  if not isinstance(num_participants, int) or num_participants < 1:
-    raise ValueError(
-        f"num_participants must be a positive int, got {num_participants!r}")
+  checks.check_int("num_participants", num_participants, 1)
   config = check_config(config or AgentConfig())
   nets = networks_lib.make_networks(
       num_participants, tuple(config.policy_hidden),

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._feddrl import agent as agent_lib
 from fedjax_agg.aggregators._feddrl import networks as networks_lib
@@ -127,8 +128,14 @@ def feddrl(num_participants: int = 10, *,
   if unknown:
     raise TypeError(f"feddrl got unknown arguments {sorted(unknown)}; "
                     f"config fields are {agent_lib.AgentConfig._fields}")
+  if config is not None and not isinstance(config, agent_lib.AgentConfig):
+    raise TypeError(
+        f"config must be an AgentConfig, got {type(config).__name__}")
   config = (config or agent_lib.AgentConfig())._replace(**config_overrides)
   agent = agent_lib.make_agent(num_participants, config)
+  checks.check_bool("explore", explore)
+  checks.check_bool("learn", learn)
+  checks.check_int("seed", seed)
   min_size = config.min_buffer_size or config.batch_size
   state_dim, action_dim = 3 * num_participants, 2 * num_participants
 
@@ -144,9 +151,9 @@ def feddrl(num_participants: int = 10, *,
         has_last=jnp.zeros((), bool), key=key)
 
   def aggregate(global_params, client_params, info, state):
-    num_clients = tree_math.check_stacked(
-        client_params, global_params,
-        (info.num_examples, info.mask, info.loss_before, info.loss_after))
+    num_clients = checks.check_cohort(
+        global_params, client_params, info,
+        fields=("loss_before", "loss_after"))
     if num_clients > num_participants:
       raise ValueError(
           f"feddrl was built for num_participants={num_participants} "

@@ -19,6 +19,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_agg import checks
+
 
 class Transition(NamedTuple):
   """One (or a batch of) experience(s); leading axes are batch axes.
@@ -54,8 +56,7 @@ class ReplayBuffer(NamedTuple):
 
 def init(capacity: int, state_dim: int, action_dim: int) -> ReplayBuffer:
   """An empty buffer of ``capacity`` rows."""
-  if not isinstance(capacity, int) or capacity < 1:
-    raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+  checks.check_int("capacity", capacity, 1)
   zeros = lambda *shape: jnp.zeros(shape, jnp.float32)
   return ReplayBuffer(
       data=Transition(zeros(capacity, state_dim), zeros(capacity, action_dim),

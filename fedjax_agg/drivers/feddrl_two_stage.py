@@ -22,17 +22,20 @@ merged one ``num_workers * online_rounds``, so both are sized
 ``min(buffer_capacity, that)`` rather than the full capacity.
 """
 
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_agg import simulation
+from fedjax_agg import rounds
 from fedjax_agg.aggregators._feddrl import agent as agent_lib
 from fedjax_agg.aggregators._feddrl import replay
 from fedjax_agg.aggregators._feddrl.aggregator import feddrl
+from fedjax_agg.config import Execution, LocalTraining
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Aggregator, Model
+
+__all__ = ["TwoStageResult", "decider", "two_stage"]
 
 
 class TwoStageResult(NamedTuple):
@@ -49,21 +52,22 @@ class TwoStageResult(NamedTuple):
   """
   agent: agent_lib.AgentState
   buffer: replay.ReplayBuffer
-  workers: simulation.ServerState
+  workers: rounds.ServerState
   online_rewards: jax.Array
   online_train_loss: jax.Array
   offline_critic_loss: jax.Array
 
 
 def _positive_int(name, value, minimum=1):
-  if not isinstance(value, int) or value < minimum:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
     raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def two_stage(model: Model, data: FederatedData, *, num_participants: int,
               online_rounds: int, offline_calls: int, num_workers: int = 2,
               config: Optional[agent_lib.AgentConfig] = None, seed: int = 0,
-              **round_kwargs: Any) -> TwoStageResult:
+              training: LocalTraining = LocalTraining(),
+              execution: Execution = Execution()) -> TwoStageResult:
   """Runs the online stage with ``num_workers`` workers, then the offline one.
 
   Args:
@@ -76,8 +80,7 @@ def two_stage(model: Model, data: FederatedData, *, num_participants: int,
     num_workers: m (2 in the paper).
     config: the ``AgentConfig`` of workers and main agent.
     seed: seeds everything (workers' runs, agents, offline sampling).
-    **round_kwargs: ``simulation.make_round_fn`` arguments (``batch_size``
-      and ``local_epochs`` are required there).
+    training, execution: the workers' rounds (``rounds.make_round_fn``).
 
   Returns:
     A ``TwoStageResult``.
@@ -95,14 +98,15 @@ def two_stage(model: Model, data: FederatedData, *, num_participants: int,
       buffer_capacity=min(config.buffer_capacity, online_rounds))
   # Same seed: the workers' agents start identical (§3.4.2).
   worker_rule = feddrl(num_participants, config=worker_config, seed=seed)
-  round_fn = simulation.make_round_fn(model, worker_rule, **round_kwargs)
+  round_fn = rounds.make_round_fn(model, worker_rule, training,
+                                  execution=execution)
   key = jax.random.key(seed)
   worker_keys = jax.random.split(jax.random.fold_in(key, 0), num_workers)
   agent_rngs = jax.random.split(jax.random.PRNGKey(seed + 1), num_workers)
 
   def init_worker(worker_key, agent_rng):
     model_key, run_key = jax.random.split(worker_key)
-    state = simulation.init_state(model.init(model_key), worker_rule)
+    state = rounds.init_state(model.init(model_key), worker_rule)
     return state._replace(
         key=run_key,
         aggregator_state=state.aggregator_state._replace(key=agent_rng))
@@ -112,7 +116,7 @@ def two_stage(model: Model, data: FederatedData, *, num_participants: int,
   @jax.jit
   def online(data, worker_keys, agent_rngs, round_keys):
     def one_round(states, keys):  # keys [m]: one cohort draw per worker
-      cohorts = jax.vmap(lambda k: simulation.sample_cohort(
+      cohorts = jax.vmap(lambda k: rounds.sample_cohort(
           k, data.num_clients, num_participants))(keys)
       states, out = jax.vmap(round_fn, in_axes=(0, None, 0, None))(
           states, data, cohorts, mask)

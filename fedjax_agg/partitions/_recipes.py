@@ -1,31 +1,19 @@
-"""Ways of splitting a pooled training set over clients, as the papers do.
-
-Every function maps labels (plus a seed and its parameters) to
-``list[np.ndarray]``: for each client, the int64 indices of its examples in
-the pooled training arrays. They are pure and seeded: the same arguments give
-the same indices, and no index is given to two clients. Examples left out by
-a recipe (e.g. the remainder that does not fill a shard) belong to no client.
-
-``FederatedData.from_partition(x, y, client_indices)`` turns the result into
-per-client data; ``summary`` and ``plot_heatmap`` describe it.
-"""
+"""The partition recipes: labels -> per-client example indices."""
 
 from typing import Optional, Sequence
 
 import numpy as np
 
-ClientIndices = list[np.ndarray]
+from fedjax_agg.checks import check_range
 
-# The partition recipes (label array -> per-client indices), by name.
-NAMES = ("iid", "shards", "shards_non_equal", "classes_per_client",
-         "mixed_iid", "dirichlet", "dirichlet_per_client", "unbalanced",
-         "pareto", "clustered_equal", "clustered_non_equal")
+ClientIndices = list[np.ndarray]
 
 
 # ----------------------------------------------------------------- helpers
 
 
-def _labels(labels) -> np.ndarray:
+def checked_labels(labels) -> np.ndarray:
+  """[M] int64 labels, or ValueError unless a non-empty 1-D int array."""
   labels = np.asarray(labels)
   if labels.ndim != 1 or labels.size == 0:
     raise ValueError(f"labels must be a non-empty 1-D array, got shape "
@@ -35,10 +23,43 @@ def _labels(labels) -> np.ndarray:
   return labels.astype(np.int64)
 
 
-def _positive_int(value, name: str) -> int:
-  if isinstance(value, bool) or int(value) != value or value < 1:
-    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _integer(name: str, value, low: int = 1) -> int:
+  """``value`` as an int >= ``low``; TypeError or ValueError naming it.
+
+  Integral floats (``10.0``) are accepted; bools, strings and arrays are
+  not numbers here (TypeError); NaN, infinities, fractions and values
+  below ``low`` are ValueErrors.
+  """
+  check_range(name, value, low, expected=f"an integer >= {low}")
+  if np.ndim(value) != 0:
+    raise TypeError(f"{name} must be an integer, got {value!r}")
+  if not float(value).is_integer():
+    raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
   return int(value)
+
+
+def _positive(name: str, value) -> float:
+  """``value`` as a finite float > 0; TypeError or ValueError naming it."""
+  check_range(name, value, 0, np.inf, low_open=True, high_open=True,
+              expected="a finite number > 0")
+  if np.ndim(value) != 0:
+    raise TypeError(f"{name} must be a number, got {value!r}")
+  return float(value)
+
+
+def _num_clients(num_clients, labels: np.ndarray) -> int:
+  """N as an int, refused when there are fewer examples than clients."""
+  num_clients = _num_clients(num_clients, labels)
+  if num_clients > labels.size:
+    raise ValueError(f"num_clients={num_clients} is larger than the "
+                     f"{labels.size} examples available")
+  return num_clients
+
+
+def _rng(seed, *extra: int) -> np.random.Generator:
+  """The generator of ``seed`` (an int >= 0), or of ``[seed, *extra]``."""
+  seed = _integer("seed", seed, 0)
+  return np.random.default_rng([seed, *extra] if extra else seed)
 
 
 def _shuffled_by_class(labels: np.ndarray, rng: np.random.Generator,
@@ -53,10 +74,12 @@ def _shuffled_by_class(labels: np.ndarray, rng: np.random.Generator,
   return by_class
 
 
-def _num_classes(labels: np.ndarray, num_classes: Optional[int]) -> int:
+def checked_num_classes(labels: np.ndarray,
+                        num_classes: Optional[int]) -> int:
+  """C: ``num_classes`` checked against ``labels``, default max + 1."""
   if num_classes is None:
     return int(labels.max()) + 1
-  num_classes = _positive_int(num_classes, "num_classes")
+  num_classes = _integer("num_classes", num_classes)
   if labels.max() >= num_classes:
     raise ValueError(f"labels hold class {labels.max()} but num_classes is "
                      f"{num_classes}")
@@ -88,16 +111,16 @@ def iid(labels, num_clients: int, seed: int = 0,
   Returns:
     N index arrays, each of length ``samples_per_client``.
   """
-  labels = _labels(labels)
-  num_clients = _positive_int(num_clients, "num_clients")
+  labels = checked_labels(labels)
+  num_clients = _num_clients(num_clients, labels)
   if samples_per_client is None:
     samples_per_client = labels.size // num_clients
-  samples_per_client = _positive_int(samples_per_client, "samples_per_client")
+  samples_per_client = _integer("samples_per_client", samples_per_client)
   if samples_per_client * num_clients > labels.size:
     raise ValueError(
         f"samples_per_client={samples_per_client} x num_clients="
         f"{num_clients} exceeds the {labels.size} examples")
-  order = np.random.default_rng(seed).permutation(labels.size)
+  order = _rng(seed).permutation(labels.size)
   used = order[:samples_per_client * num_clients]
   return _finish(used.reshape(num_clients, samples_per_client))
 
@@ -129,12 +152,12 @@ def shards(labels, num_clients: int, seed: int = 0,
   Returns:
     N index arrays of equal length ``shards_per_client * (M // num_shards)``.
   """
-  labels = _labels(labels)
-  num_clients = _positive_int(num_clients, "num_clients")
-  shards_per_client = _positive_int(shards_per_client, "shards_per_client")
+  labels = checked_labels(labels)
+  num_clients = _num_clients(num_clients, labels)
+  shards_per_client = _integer("shards_per_client", shards_per_client)
   num_shards = shards_per_client * num_clients
-  shard_list = _sorted_shards(labels, num_shards, np.random.default_rng(seed))
-  rng = np.random.default_rng([seed, 1])
+  shard_list = _sorted_shards(labels, num_shards, _rng(seed))
+  rng = _rng(seed, 1)
   owner_of_shard = rng.permutation(num_shards)
   return _finish([
       np.concatenate([shard_list[s] for s in
@@ -167,17 +190,17 @@ def shards_non_equal(labels, num_clients: int, seed: int = 0,
   Returns:
     N index arrays whose lengths are multiples of the shard size.
   """
-  labels = _labels(labels)
-  num_clients = _positive_int(num_clients, "num_clients")
-  mean = _positive_int(shards_per_client_mean, "shards_per_client_mean")
-  min_shards = _positive_int(min_shards, "min_shards")
-  max_shards = _positive_int(max_shards, "max_shards")
+  labels = checked_labels(labels)
+  num_clients = _num_clients(num_clients, labels)
+  mean = _integer("shards_per_client_mean", shards_per_client_mean)
+  min_shards = _integer("min_shards", min_shards)
+  max_shards = _integer("max_shards", max_shards)
   if not min_shards <= mean <= max_shards:
     raise ValueError(
         f"need min_shards <= shards_per_client_mean <= max_shards, got "
         f"{min_shards}, {mean}, {max_shards}")
   num_shards = mean * num_clients
-  rng = np.random.default_rng(seed)
+  rng = _rng(seed)
   shard_list = _sorted_shards(labels, num_shards, rng)
   counts = rng.integers(min_shards, max_shards + 1, size=num_clients)
   while counts.sum() != num_shards:
@@ -272,11 +295,11 @@ def classes_per_client(labels, num_clients: int, seed: int = 0,
   Returns:
     N index arrays; client i holds exactly the classes it was dealt.
   """
-  labels = _labels(labels)
-  num_clients = _positive_int(num_clients, "num_clients")
-  k = _positive_int(k, "k")
-  num_classes = _num_classes(labels, num_classes)
-  rng = np.random.default_rng(seed)
+  labels = checked_labels(labels)
+  num_clients = _num_clients(num_clients, labels)
+  k = _integer("k", k)
+  num_classes = checked_num_classes(labels, num_classes)
+  rng = _rng(seed)
   assignment = _rotating_classes(num_clients, num_classes, k, rng)
   by_class = _shuffled_by_class(labels, rng, num_classes)
   pieces = []
@@ -325,27 +348,28 @@ def mixed_iid(labels, num_clients: Optional[int] = None, seed: int = 0, *,
   Returns:
     N index arrays of length ``samples_per_client``: IID clients first.
   """
-  labels = _labels(labels)
-  if isinstance(num_iid, bool) or int(num_iid) != num_iid or num_iid < 0:
-    raise ValueError(f"num_iid must be a non-negative integer, got "
-                     f"{num_iid!r}")
+  labels = checked_labels(labels)
+  num_iid = _integer("num_iid", num_iid, 0)
   if num_noniid is None:
     if num_clients is None:
       raise ValueError("give num_clients or num_noniid")
-    num_noniid = int(num_clients) - int(num_iid)
-  if num_clients is not None and int(num_clients) != num_iid + num_noniid:
+    num_noniid = _integer("num_clients", num_clients) - num_iid
+    if num_noniid < 0:
+      raise ValueError(f"num_iid={num_iid} exceeds num_clients="
+                       f"{num_clients}")
+  num_noniid = _integer("num_noniid", num_noniid, 0)
+  if num_clients is not None and (
+      _integer("num_clients", num_clients) != num_iid + num_noniid):
     raise ValueError(f"num_clients={num_clients} != num_iid={num_iid} + "
                      f"num_noniid={num_noniid}")
-  if num_noniid < 0 or num_iid + num_noniid < 1:
-    raise ValueError(f"need num_noniid >= 0 and at least one client, got "
-                     f"num_iid={num_iid}, num_noniid={num_noniid}")
-  n = _positive_int(samples_per_client, "samples_per_client")
-  k = _positive_int(noniid_classes, "noniid_classes")
-  num_classes = _num_classes(labels, num_classes)
+  _num_clients(num_iid + num_noniid, labels)
+  n = _integer("samples_per_client", samples_per_client)
+  k = _integer("noniid_classes", noniid_classes)
+  num_classes = checked_num_classes(labels, num_classes)
   if (num_iid + num_noniid) * n > labels.size:
     raise ValueError(f"{num_iid + num_noniid} clients x {n} examples exceed "
                      f"the {labels.size} examples")
-  rng = np.random.default_rng(seed)
+  rng = _rng(seed)
   order = rng.permutation(labels.size)
   parts = list(order[:num_iid * n].reshape(num_iid, n))
   rest = order[num_iid * n:]
@@ -365,12 +389,6 @@ def mixed_iid(labels, num_clients: Optional[int] = None, seed: int = 0, *,
       taken[c] += quota
     parts.append(np.concatenate(client))
   return _finish(parts)
-
-
-def _positive_float(value, name: str) -> float:
-  if not np.isfinite(value) or value <= 0:
-    raise ValueError(f"{name} must be a positive number, got {value!r}")
-  return float(value)
 
 
 def dirichlet(labels, num_clients: int, seed: int = 0, alpha: float = 0.5,
@@ -404,15 +422,16 @@ def dirichlet(labels, num_clients: int, seed: int = 0, alpha: float = 0.5,
   Raises:
     ValueError: ``min_size`` not reached within ``max_tries`` draws.
   """
-  labels = _labels(labels)
-  num_clients = _positive_int(num_clients, "num_clients")
-  alpha = _positive_float(alpha, "alpha")
-  num_classes = _num_classes(labels, num_classes)
+  labels = checked_labels(labels)
+  num_clients = _num_clients(num_clients, labels)
+  alpha = _positive("alpha", alpha)
+  min_size = _integer("min_size", min_size, 0)
+  num_classes = checked_num_classes(labels, num_classes)
   if min_size * num_clients > labels.size:
     raise ValueError(f"min_size={min_size} x num_clients={num_clients} "
                      f"exceeds the {labels.size} examples")
-  rng = np.random.default_rng(seed)
-  for _ in range(_positive_int(max_tries, "max_tries")):
+  rng = _rng(seed)
+  for _ in range(_integer("max_tries", max_tries)):
     by_class = _shuffled_by_class(labels, rng, num_classes)
     sizes = np.zeros(num_clients, np.int64)
     pieces = []
@@ -455,16 +474,16 @@ def dirichlet_per_client(labels, num_clients: int, seed: int = 0,
   Returns:
     N index arrays of length ``samples_per_client``.
   """
-  labels = _labels(labels)
-  num_clients = _positive_int(num_clients, "num_clients")
-  alpha = _positive_float(alpha, "alpha")
-  num_classes = _num_classes(labels, num_classes)
+  labels = checked_labels(labels)
+  num_clients = _num_clients(num_clients, labels)
+  alpha = _positive("alpha", alpha)
+  num_classes = checked_num_classes(labels, num_classes)
   n = labels.size // num_clients if samples_per_client is None else (
-      _positive_int(samples_per_client, "samples_per_client"))
+      _integer("samples_per_client", samples_per_client))
   if n * num_clients > labels.size or n < 1:
     raise ValueError(f"samples_per_client={n} x num_clients={num_clients} "
                      f"does not fit the {labels.size} examples")
-  rng = np.random.default_rng(seed)
+  rng = _rng(seed)
   by_class = _shuffled_by_class(labels, rng, num_classes)
   available = np.array([c.size for c in by_class])
   prior = available / available.sum()
@@ -493,7 +512,7 @@ def dirichlet_per_client(labels, num_clients: int, seed: int = 0,
 def _power_law_weights(num_clients: int, exponent: float,
                        rng: np.random.Generator) -> np.ndarray:
   # Classic Pareto(x_m = 1, a = exponent): P(W > w) = w^-a for w >= 1.
-  return 1.0 + rng.pareto(_positive_float(exponent, "exponent"), num_clients)
+  return 1.0 + rng.pareto(_positive("exponent", exponent), num_clients)
 
 
 def unbalanced(labels, num_clients: int, seed: int = 0,
@@ -527,11 +546,11 @@ def unbalanced(labels, num_clients: int, seed: int = 0,
   Returns:
     N index arrays of power-law sizes.
   """
-  labels = _labels(labels)
-  num_clients = _positive_int(num_clients, "num_clients")
-  min_size = _positive_int(min_size, "min_size")
-  num_classes = _num_classes(labels, num_classes)
-  rng = np.random.default_rng(seed)
+  labels = checked_labels(labels)
+  num_clients = _num_clients(num_clients, labels)
+  min_size = _integer("min_size", min_size)
+  num_classes = checked_num_classes(labels, num_classes)
+  rng = _rng(seed)
   weights = _power_law_weights(num_clients, exponent, rng)
   if classes_per_client is None:
     if min_size * num_clients > labels.size:
@@ -542,7 +561,7 @@ def unbalanced(labels, num_clients: int, seed: int = 0,
     extra = _split_by_weights(order[min_size * num_clients:], weights)
     return _finish([np.concatenate([f, e])
                     for f, e in zip(floor_part, extra, strict=True)])
-  k = _positive_int(classes_per_client, "classes_per_client")
+  k = _integer("classes_per_client", classes_per_client)
   assignment = _rotating_classes(num_clients, num_classes, k, rng)
   by_class = _shuffled_by_class(labels, rng, num_classes)
   per_class_min = -(-min_size // k)
@@ -587,12 +606,11 @@ def pareto(labels, num_clients: int, seed: int = 0,
 
 def _clustered(labels, num_clients, delta, seed, labels_per_client,
                weights_fn, num_classes) -> ClientIndices:
-  labels = _labels(labels)
-  num_clients = _positive_int(num_clients, "num_clients")
-  k = _positive_int(labels_per_client, "labels_per_client")
-  num_classes = _num_classes(labels, num_classes)
-  if not 0 < delta <= 1:
-    raise ValueError(f"delta must be in (0, 1], got {delta!r}")
+  labels = checked_labels(labels)
+  num_clients = _num_clients(num_clients, labels)
+  k = _integer("labels_per_client", labels_per_client)
+  num_classes = checked_num_classes(labels, num_classes)
+  check_range("delta", delta, 0, 1, low_open=True)
   main = int(round(delta * num_clients))
   if main < 1:
     raise ValueError(f"delta * num_clients = {delta * num_clients} gives an "
@@ -602,7 +620,7 @@ def _clustered(labels, num_clients, delta, seed, labels_per_client,
   if others and num_clusters < 2:
     raise ValueError(f"{num_classes} classes make {num_clusters} label "
                      f"cluster(s) of {k}; need 2 or more")
-  rng = np.random.default_rng(seed)
+  rng = _rng(seed)
   clusters = rng.permutation(num_classes)[:num_clusters * k].reshape(
       num_clusters, k)
   group = np.zeros(num_clients, np.int64)
@@ -677,86 +695,3 @@ def clustered_non_equal(labels, num_clients: int, seed: int = 0,
   return _clustered(labels, num_clients, delta, seed, labels_per_client,
                     lambda n, rng: _power_law_weights(n, exponent, rng),
                     num_classes)
-
-
-# -------------------------------------------------------------- reporting
-
-
-def label_histogram(client_indices: Sequence[np.ndarray], labels,
-                    num_classes: Optional[int] = None) -> np.ndarray:
-  """[N, C] int64: examples of each class held by each client."""
-  labels = _labels(labels)
-  num_classes = _num_classes(labels, num_classes)
-  return np.stack([np.bincount(labels[np.asarray(p, np.int64)],
-                               minlength=num_classes)
-                   for p in client_indices]).astype(np.int64)
-
-
-def summary(client_indices: Sequence[np.ndarray], labels,
-            num_classes: Optional[int] = None):
-  """Per-client table: size, number of labels and the label histogram.
-
-  Args:
-    client_indices: a partition (N index arrays).
-    labels: [M] int labels the indices point into.
-    num_classes: C; default ``max(labels) + 1``.
-
-  Returns:
-    A pandas DataFrame indexed by client id with columns ``num_examples``,
-    ``num_labels`` and one column per class (its example count).
-  """
-  import pandas as pd  # pylint: disable=g-import-not-at-top
-  hist = label_histogram(client_indices, labels, num_classes)
-  table = pd.DataFrame(hist, columns=[f"class_{c}" for c in
-                                      range(hist.shape[1])])
-  table.insert(0, "num_labels", (hist > 0).sum(axis=1))
-  table.insert(0, "num_examples", hist.sum(axis=1))
-  table.index.name = "client"
-  return table
-
-
-def heatmap_figure(client_indices: Sequence[np.ndarray], labels,
-                   num_classes: Optional[int] = None,
-                   title: Optional[str] = None):
-  """A matplotlib Figure: clients x classes, colour = examples held.
-
-  The top strip shows each client's size. Uses ``matplotlib.figure`` only,
-  so no display backend is needed.
-  """
-  from matplotlib import figure  # pylint: disable=g-import-not-at-top
-  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-  hist = label_histogram(client_indices, labels, num_classes)
-  num_clients, num_classes = hist.shape
-  fig = figure.Figure(figsize=(min(3 + 0.25 * num_clients, 16),
-                               min(2.5 + 0.22 * num_classes, 12)))
-  grid = fig.add_gridspec(2, 2, height_ratios=(1, 4), width_ratios=(40, 1),
-                          hspace=0.05, wspace=0.03)
-  bars = fig.add_subplot(grid[0, 0])
-  ax = fig.add_subplot(grid[1, 0], sharex=bars)
-  image = ax.imshow(hist.T, aspect="auto", cmap="viridis",
-                    interpolation="nearest",
-                    extent=(-0.5, num_clients - 0.5, num_classes - 0.5, -0.5))
-  bars.bar(np.arange(num_clients), hist.sum(axis=1), color="0.4", width=0.8)
-  bars.set_ylabel("examples")
-  bars.tick_params(labelbottom=False)
-  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-  ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-  ax.set_xlabel("client")
-  ax.set_ylabel("class")
-  fig.colorbar(image, cax=fig.add_subplot(grid[1, 1]), label="examples")
-  if title:
-    bars.set_title(title)
-  return fig
-
-
-def plot_heatmap(client_indices: Sequence[np.ndarray], labels, path: str,
-                 num_classes: Optional[int] = None,
-                 title: Optional[str] = None) -> str:
-  """Saves ``heatmap_figure(...)`` to ``path`` (format from the suffix).
-
-  Returns:
-    ``path``.
-  """
-  fig = heatmap_figure(client_indices, labels, num_classes, title)
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  return str(path)

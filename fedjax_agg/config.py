@@ -1,0 +1,231 @@
+"""Configuration objects: one name and one default per concept.
+
+Hyperparameters travel as small frozen objects passed whole, from the
+driver (``simulation.run``, ``sweep.run_sweep``) down to the round
+(``rounds.make_round_fn``) and the engine (``engine.make_local_trainer``):
+
+* ``LocalTraining``: what each client does (epochs, batch size, optimizer,
+  learning rate, local objective, per-client losses, step budgets);
+* ``Execution``: how the rounds are computed (chunk width, devices, chunk
+  loop, streaming, cohort sampler, progress bar); it never changes a
+  result beyond float rounding;
+* ``Evaluation``: when and on what the global model is evaluated;
+* ``Checkpointing``: where and how often the whole run is saved.
+
+Every field is checked when the object is built, so a bad value raises a
+``ValueError``/``TypeError`` naming the field before anything runs. The
+learning rate may be a traced value (sweeps build ``LocalTraining`` inside
+``jax.vmap``); its range is then checked on the concrete values first.
+"""
+
+import dataclasses
+import os
+from typing import Any, Callable, Optional, Union
+
+import jax
+import optax
+
+from fedjax_agg import checks
+from fedjax_agg.types import LocalObjective, PRNGKey
+
+__all__ = ["Checkpointing", "Evaluation", "Execution", "LocalStepsFn",
+           "LocalTraining", "NonFinite", "OptimizerFactory"]
+
+OptimizerFactory = Callable[..., optax.GradientTransformation]
+# (key, full_steps [K]) -> num_steps [K]: per-round local step budgets
+# (stragglers, unstable participation).
+LocalStepsFn = Callable[[PRNGKey, jax.Array], jax.Array]
+# "auto": per-client losses only where the aggregator reads them.
+ComputeLosses = Union[bool, str]
+
+CHUNK_LOOPS = ("map", "unroll")
+
+
+def _check_int(name: str, value, low: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
+  if value < low:
+    raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_bool(name: str, value) -> None:
+  if not isinstance(value, bool):
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+  """What every client of a round does.
+
+  Attributes:
+    epochs: E, local epochs (the static maximum; ``steps_fn`` can stop a
+      client earlier).
+    batch_size: B, minibatch size; the last partial batch of an epoch is
+      masked, never dropped.
+    learning_rate: client learning rate (a number, or a traced scalar
+      inside a sweep).
+    optimizer: optax optimizer factory taking ``learning_rate``
+      (``optax.sgd``, ``functools.partial(optax.sgd, momentum=0.9)``, ...);
+      its state is fresh every round.
+    objective: local objective (``fedjax_agg.objectives``); the model's
+      task loss alone when None.
+    compute_losses: compute each participant's ``loss_before`` /
+      ``loss_after`` (two extra forward passes over its data): True,
+      False, or "auto" (only when the aggregator reads them,
+      ``Aggregator.uses_losses``).
+    unroll: unroll factor of the loop over local steps (``True``: fully).
+    eval_batch_size: batch size of the per-client loss passes.
+    steps_fn: optional per-round step budgets (``fedjax_agg.stragglers``).
+  """
+  epochs: int = 1
+  batch_size: int = 16
+  learning_rate: Any = 0.01
+  optimizer: OptimizerFactory = optax.sgd
+  objective: Optional[LocalObjective] = None
+  compute_losses: ComputeLosses = True
+  unroll: Union[int, bool] = 1
+  eval_batch_size: int = 256
+  steps_fn: Optional[LocalStepsFn] = None
+
+  def __post_init__(self):
+    _check_int("epochs", self.epochs, 1)
+    _check_int("batch_size", self.batch_size, 1)
+    _check_int("eval_batch_size", self.eval_batch_size, 1)
+    checks.check_range("learning_rate", self.learning_rate, 0,
+                       low_open=True)
+    if not callable(self.optimizer):
+      raise TypeError(f"optimizer must be an optax optimizer factory, got "
+                      f"{self.optimizer!r}")
+    if self.objective is not None and not isinstance(self.objective,
+                                                     LocalObjective):
+      raise TypeError(f"objective must be a LocalObjective or None, got "
+                      f"{type(self.objective).__name__}")
+    if self.compute_losses not in (True, False, "auto"):
+      raise ValueError(f"compute_losses must be True, False or 'auto', got "
+                       f"{self.compute_losses!r}")
+    if not isinstance(self.unroll, bool):
+      _check_int("unroll", self.unroll, 1)
+    if self.steps_fn is not None and not callable(self.steps_fn):
+      raise TypeError(f"steps_fn must be callable, got {self.steps_fn!r}")
+
+  def losses_for(self, uses_losses: bool) -> bool:
+    """Whether a round computes per-client losses for such an aggregator."""
+    if self.compute_losses == "auto":
+      return bool(uses_losses)
+    return bool(self.compute_losses)
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  """How rounds are computed; never what they compute (to float rounding).
+
+  Attributes:
+    clients_per_step: W, the most clients trained side by side (vmap
+      width); None: ``engine.default_clients_per_step`` for the devices.
+    devices: where rounds run (``distributed.client_mesh``): None = every
+      device of the job, an int count, a list of devices or a ``Mesh``
+      with a "clients" axis.
+    chunk_loop: "map" (``lax.scan`` over chunks, compile time independent
+      of K) or "unroll".
+    stream: aggregate on the fly with the rule's ``StreamingForm`` (None:
+      whenever it has one; False: always stack the [K, ...] models).
+    sampler: cohort sampler (``fedjax_agg.sampling``).
+    progress: show a progress bar.
+  """
+  clients_per_step: Optional[int] = None
+  devices: Any = None
+  chunk_loop: str = "map"
+  stream: Optional[bool] = None
+  sampler: str = "auto"
+  progress: bool = True
+
+  def __post_init__(self):
+    if self.clients_per_step is not None:
+      _check_int("clients_per_step", self.clients_per_step, 1)
+    if self.chunk_loop not in CHUNK_LOOPS:
+      raise ValueError(f"chunk_loop must be one of {CHUNK_LOOPS}, got "
+                       f"{self.chunk_loop!r}")
+    if self.stream is not None:
+      _check_bool("stream", self.stream)
+    _check_bool("progress", self.progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """When and on what the global model is evaluated.
+
+  Attributes:
+    every: evaluate on the test set every this many rounds (and after the
+      last round, and before the first).
+    clients: also compute the global model's mean loss on every client's
+      training data (mean and variance over clients) at those rounds.
+    batch_size: examples per forward pass of the evaluation.
+  """
+  every: int = 1
+  clients: bool = True
+  batch_size: int = 1024
+
+  def __post_init__(self):
+    _check_int("every", self.every, 1)
+    _check_bool("clients", self.clients)
+    _check_int("batch_size", self.batch_size, 1)
+
+  def due(self, round_num: int, num_rounds: int) -> bool:
+    """Whether round ``round_num`` (1-based) is evaluated."""
+    return round_num % self.every == 0 or round_num == num_rounds
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+  """Saving a run (``fedjax_agg.checkpoint``).
+
+  Attributes:
+    directory: the run's checkpoint folder; without ``resume`` it must hold
+      none.
+    every: save every this many rounds and after the last one (0: never,
+      e.g. to resume a finished run's checkpoint without saving).
+    resume: continue from the latest checkpoint in ``directory`` (round 0
+      when there is none).
+  """
+  directory: str
+  every: int = 0
+  resume: bool = False
+
+  def __post_init__(self):
+    if not isinstance(self.directory, (str, os.PathLike)) or not str(
+        self.directory):
+      raise TypeError(f"directory must be a non-empty path string, got "
+                      f"{self.directory!r}")
+    _check_int("every", self.every, 0)
+    _check_bool("resume", self.resume)
+
+
+NONFINITE_CLIENTS = ("exclude", "raise", "propagate")
+NONFINITE_MODEL = ("raise", "record")
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinite:
+  """What a run does with NaN/Inf values.
+
+  Attributes:
+    clients: a participant whose trained model (or, for rules that read
+      them, whose losses) holds a non-finite value: "exclude" it from the
+      round exactly as a masked client (counted in the history's
+      ``nonfinite_clients``), "raise" (exclude, then stop with an error
+      naming the round and the clients), or "propagate" (hand it to the
+      rule as it is; for debugging).
+    model: the global model or its test loss turns non-finite: "raise"
+      (stop with an error naming the round) or "record" (write the row and
+      go on).
+  """
+  clients: str = "exclude"
+  model: str = "raise"
+
+  def __post_init__(self):
+    if self.clients not in NONFINITE_CLIENTS:
+      raise ValueError(f"clients must be one of {NONFINITE_CLIENTS}, got "
+                       f"{self.clients!r}")
+    if self.model not in NONFINITE_MODEL:
+      raise ValueError(f"model must be one of {NONFINITE_MODEL}, got "
+                       f"{self.model!r}")

