@@ -64,8 +64,7 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
     A ``SyntheticFederation``.
   """
   for value, name in ((alpha, "alpha"), (beta, "beta")):
-    check_range(name, value, 0, np.inf, high_open=True,
-                expected="a finite number >= 0")
+    check_range(name, value, 0, np.inf, high_open=True)
   check_range("train_fraction", train_fraction, 0, 1, low_open=True,
               high_open=True)
   if num_clients < 1 or dim < 1 or num_classes < 2 or min_size < 2:

@@ -30,7 +30,7 @@ def _integer(name: str, value, low: int = 1) -> int:
   not numbers here (TypeError); NaN, infinities, fractions and values
   below ``low`` are ValueErrors.
   """
-  check_range(name, value, low, expected=f"an integer >= {low}")
+  check_range(name, value, low)
   if np.ndim(value) != 0:
     raise TypeError(f"{name} must be an integer, got {value!r}")
   if not float(value).is_integer():
@@ -40,8 +40,7 @@ def _integer(name: str, value, low: int = 1) -> int:
 
 def _positive(name: str, value) -> float:
   """``value`` as a finite float > 0; TypeError or ValueError naming it."""
-  check_range(name, value, 0, np.inf, low_open=True, high_open=True,
-              expected="a finite number > 0")
+  check_range(name, value, 0, np.inf, low_open=True, high_open=True)
   if np.ndim(value) != 0:
     raise TypeError(f"{name} must be a number, got {value!r}")
   return float(value)
@@ -49,7 +48,7 @@ def _positive(name: str, value) -> float:
 
 def _num_clients(num_clients, labels: np.ndarray) -> int:
   """N as an int, refused when there are fewer examples than clients."""
-  num_clients = _num_clients(num_clients, labels)
+  num_clients = _integer("num_clients", num_clients)
   if num_clients > labels.size:
     raise ValueError(f"num_clients={num_clients} is larger than the "
                      f"{labels.size} examples available")
