@@ -21,18 +21,16 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from fedjax_agg import checks
 from fedjax_agg.types import PRNGKey
 
 UNITS = ("epochs", "steps")
 
 
 def _check(fraction, num_epochs, unit):
-  if not 0.0 <= fraction <= 1.0:
-    raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
-  if not isinstance(num_epochs, int) or num_epochs < 1:
-    raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
-  if unit not in UNITS:
-    raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+  checks.check_range("fraction", fraction, 0, 1)
+  checks.check_int("num_epochs", num_epochs, 1)
+  checks.check_choice("unit", unit, UNITS)
 
 
 def num_stragglers(num_clients: int, fraction: float) -> int:

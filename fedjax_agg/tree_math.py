@@ -10,7 +10,7 @@ that live under the same parent node (a flax module's ``kernel`` and
 by the per-layer rules (FedLayerWise, FedNNNN's per-layer norms, FedLap).
 """
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +79,7 @@ def layer_weighted_sum(stacked: StackedParams, weights: jax.Array,
   leaves, treedef = jax.tree.flatten(stacked)
   out = [
       jnp.tensordot(weights[:, layer].astype(leaf.dtype), leaf, axes=(0, 0))
-      for leaf, layer in zip(leaves, structure.leaf_to_layer)
+      for leaf, layer in zip(leaves, structure.leaf_to_layer, strict=True)
   ]
   return jax.tree.unflatten(treedef, out)
 
@@ -94,7 +94,8 @@ def stacked_leaf_dots(a: StackedParams, b) -> jax.Array:
     y = jnp.broadcast_to(y, x.shape)
     return jnp.sum((x * y).reshape(x.shape[0], -1), axis=1)
   return jnp.stack(
-      [dot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))],
+      [dot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
+                                 strict=True)],
       axis=1)
 
 
@@ -206,35 +207,6 @@ def safe_angle(dot, sq_norm_a, sq_norm_b) -> jax.Array:
 
 def flat_size(tree: Params) -> int:
   return sum(x.size for x in jax.tree.leaves(tree))
-
-
-def check_stacked(client_params: StackedParams, global_params: Params,
-                  arrays: Sequence[jax.Array] = ()) -> int:
-  """Checks ``client_params`` is ``global_params`` with a leading [K] axis.
-
-  Returns K. ``arrays`` are [K] arrays (e.g. ClientInfo fields) to check.
-  """
-  leaves = jax.tree.leaves(client_params)
-  if not leaves:
-    raise ValueError("client_params is empty")
-  num_clients = leaves[0].shape[0]
-  if jax.tree.structure(client_params) != jax.tree.structure(global_params):
-    raise ValueError(
-        "client_params must have the tree structure of global_params, got "
-        f"{jax.tree.structure(client_params)} vs "
-        f"{jax.tree.structure(global_params)}")
-  for c, g in zip(leaves, jax.tree.leaves(global_params)):
-    if c.shape != (num_clients,) + g.shape:
-      raise ValueError(
-          "client_params leaves must be global_params leaves with a leading "
-          f"client axis [K={num_clients}, ...]; got {c.shape} for a leaf of "
-          f"shape {g.shape}")
-  for a in arrays:
-    if a.shape != (num_clients,):
-      raise ValueError(
-          f"client info arrays must have shape [K={num_clients}], got "
-          f"{a.shape}")
-  return num_clients
 
 
 # ---------------------------------------------------------------------------
@@ -357,12 +329,38 @@ def stacked_update_dots(stacked: StackedParams, offset: Params,
 # Per-client state: [N, ...] tables indexed by client id.
 
 
+def _valid_ids(table: jax.Array, client_ids: jax.Array) -> jax.Array:
+  return (client_ids >= 0) & (client_ids < table.shape[0])
+
+
+def gather_clients(table: jax.Array, client_ids: jax.Array,
+                   fill_value) -> jax.Array:
+  """``table[client_ids[k]]``, or ``fill_value`` for an id outside [0, N).
+
+  Out-of-range ids read as a client never seen (``fill_value``) instead
+  of being clamped (or, for negative ids, wrapped) onto another client's
+  row.
+
+  Args:
+    table: [N, ...] per-client state.
+    client_ids: [K] ids.
+    fill_value: the row of an unknown client (a scalar).
+  """
+  valid = _valid_ids(table, client_ids)
+  rows = table[jnp.where(valid, client_ids, 0)]
+  valid = valid.reshape(valid.shape + (1,) * (rows.ndim - 1))
+  return jnp.where(valid, rows, jnp.asarray(fill_value, table.dtype))
+
+
 def scatter_clients(table: jax.Array, client_ids: jax.Array,
                     mask: jax.Array, rows: jax.Array) -> jax.Array:
   """Writes ``rows[k]`` to ``table[client_ids[k]]`` for real clients only.
 
-  Padding rows (mask 0) repeat a valid id; they are sent out of bounds and
-  dropped, so they never overwrite a real client's row.
+  Padding rows (mask 0) may carry any id; they are sent out of bounds and
+  dropped, so they never overwrite a real client's row. So is a real row
+  whose id is outside [0, N) (under jit such an id cannot raise; see
+  ``checks.check_cohort`` for the eager check): it changes no client's
+  state.
 
   Args:
     table: [N, ...] per-client state.
@@ -370,7 +368,8 @@ def scatter_clients(table: jax.Array, client_ids: jax.Array,
     mask: [K], 1 for a real participant.
     rows: [K, ...] new values.
   """
-  ids = jnp.where(mask > 0, client_ids, table.shape[0])
+  keep = (mask > 0) & _valid_ids(table, client_ids)
+  ids = jnp.where(keep, client_ids, table.shape[0])
   return table.at[ids].set(rows.astype(table.dtype), mode="drop")
 
 

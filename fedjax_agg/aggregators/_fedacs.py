@@ -22,6 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedavg import WEIGHTINGS, client_weights
 from fedjax_agg.validation import client_accuracies
@@ -63,11 +64,9 @@ def fedacs(model: Model, x_eval, y_eval, *, fraction: float = 0.5,
     An ``Aggregator``; metrics hold ``client_accuracy`` [K], ``selected``
     [K] and ``client_weights`` [K].
   """
-  if not 0.0 < fraction <= 1.0:
-    raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-  if weighting not in WEIGHTINGS:
-    raise ValueError(
-        f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+  checks.check_range("fraction", fraction, 0, 1, low_open=True)
+  checks.check_choice("weighting", weighting, WEIGHTINGS)
+  checks.check_int("eval_batch_size", eval_batch_size, 1)
   if len(x_eval) != len(y_eval) or len(y_eval) == 0:
     raise ValueError("x_eval and y_eval must hold the same positive number "
                      f"of examples, got {len(x_eval)} and {len(y_eval)}")
@@ -79,8 +78,9 @@ def fedacs(model: Model, x_eval, y_eval, *, fraction: float = 0.5,
     return FedACSState(jnp.asarray(x_eval), jnp.asarray(y_eval, jnp.int32))
 
   def aggregate(global_params, client_params, info, state):
-    num_clients = tree_math.check_stacked(client_params, global_params,
-                                          (info.num_examples, info.mask))
+    num_clients = checks.check_cohort(
+        global_params, client_params, info,
+        uses_num_examples=weighting == "num_examples")
     # The evaluation set as one client holding every example.
     server = FederatedData(state.x_eval, state.y_eval,
                            jnp.arange(num_eval, dtype=jnp.int32)[None],

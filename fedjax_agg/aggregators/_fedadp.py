@@ -42,7 +42,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
@@ -130,11 +129,12 @@ def angle_weighting(global_params: Params, client_params: StackedParams,
       tree_math.to_layers(update_sq, structure) / learning_rate**2,
       tree_math.to_layers(tree_math.leaf_sq_norms(global_grad),
                           structure)[None, :])  # Eq. (1)
-  seen = state.times_seen[info.client_ids]
+  seen = tree_math.gather_clients(state.times_seen, info.client_ids, 0)
   count = seen + 1 if smoothing == "participation" else jnp.broadcast_to(
       info.round, seen.shape)
-  smoothed = smooth_angles(state.smoothed_angle[info.client_ids], angles,
-                           count, seen == 0)  # Eq. (4)
+  previous = tree_math.gather_clients(state.smoothed_angle, info.client_ids,
+                                      0.0)
+  smoothed = smooth_angles(previous, angles, count, seen == 0)  # Eq. (4)
   weights = adaptive_weights(gompertz(smoothed, alpha), prior,
                              info.mask)  # Eqs. (5), (6)
   new_state = FedAdpState(
@@ -147,19 +147,15 @@ def angle_weighting(global_params: Params, client_params: StackedParams,
 
 def check_hyperparameters(alpha, learning_rate, num_clients, smoothing,
                           weighting) -> None:
-  """Raises ValueError naming the first bad argument (tracers pass)."""
+  """Raises ValueError/TypeError naming the first bad argument.
+
+  Traced ``alpha`` and ``learning_rate`` (a sweep) pass unchecked.
+  """
   checks.check_range("alpha", alpha, 0, low_open=True)
   checks.check_range("learning_rate", learning_rate, 0, low_open=True)
-  if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
-    raise ValueError(
-        f"num_clients must be a positive int (the federation size N), got "
-        f"{num_clients!r}")
-  if smoothing not in SMOOTHINGS:
-    raise ValueError(
-        f"smoothing must be one of {SMOOTHINGS}, got {smoothing!r}")
-  if weighting not in WEIGHTINGS:
-    raise ValueError(
-        f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+  checks.check_int("num_clients", num_clients, 1)
+  checks.check_choice("smoothing", smoothing, SMOOTHINGS)
+  checks.check_choice("weighting", weighting, WEIGHTINGS)
 
 
 def fedadp(alpha: float = 5.0, *, num_clients: int,
@@ -189,8 +185,9 @@ def fedadp(alpha: float = 5.0, *, num_clients: int,
                        jnp.zeros((num_clients,), jnp.int32))
 
   def aggregate(global_params, client_params, info, state):
-    tree_math.check_stacked(client_params, global_params,
-                            (info.client_ids, info.num_examples, info.mask))
+    checks.check_cohort(global_params, client_params, info,
+                        num_clients=num_clients,
+                        uses_num_examples=weighting == "num_examples")
     structure = tree_math.single_layer_structure(global_params)
     layer_state = FedAdpState(state.smoothed_angle[:, None],
                               state.times_seen)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.types import Aggregator, ClientInfo, StreamingForm
 
@@ -56,17 +57,15 @@ def fedavg(weighting: str = "num_examples") -> Aggregator:
     An ``Aggregator`` with a streaming form; metrics hold the client
     weights [K].
   """
-  if weighting not in WEIGHTINGS:
-    raise ValueError(
-        f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+  checks.check_choice("weighting", weighting, WEIGHTINGS)
 
   def init(global_params):
     del global_params
     return FedAvgState()
 
   def aggregate(global_params, client_params, info, state):
-    tree_math.check_stacked(client_params, global_params,
-                            (info.num_examples, info.mask))
+    checks.check_cohort(global_params, client_params, info,
+                        uses_num_examples=weighting == "num_examples")
     weights = client_weights(info, weighting)
     new_global = tree_math.keep_if_no_clients(
         info.mask, tree_math.weighted_sum(client_params, weights),

@@ -26,6 +26,7 @@ client and per layer, [N, L].
 
 import jax.numpy as jnp
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedadp import angle_weighting
 from fedjax_agg.aggregators._fedadp import check_hyperparameters
@@ -57,9 +58,7 @@ def fedlayerwise(alpha: float = 5.0, *, num_clients: int,
     "smoothed_angles" [K, L] in radians. Layer l is
     ``tree_math.layer_structure(params, granularity).names[l]``.
   """
-  if granularity not in GRANULARITIES:
-    raise ValueError(
-        f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+  checks.check_choice("granularity", granularity, GRANULARITIES)
   check_hyperparameters(alpha, learning_rate, num_clients, smoothing,
                         weighting)
 
@@ -70,8 +69,9 @@ def fedlayerwise(alpha: float = 5.0, *, num_clients: int,
         jnp.zeros((num_clients,), jnp.int32))
 
   def aggregate(global_params, client_params, info, state):
-    tree_math.check_stacked(client_params, global_params,
-                            (info.client_ids, info.num_examples, info.mask))
+    checks.check_cohort(global_params, client_params, info,
+                        num_clients=num_clients,
+                        uses_num_examples=weighting == "num_examples")
     structure = tree_math.layer_structure(global_params, granularity)
     if state.smoothed_angle.shape != (num_clients, structure.num_layers):
       raise ValueError(

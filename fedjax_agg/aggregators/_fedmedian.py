@@ -14,6 +14,7 @@ the updates. A cohort with no real participant leaves the model unchanged.
 
 from typing import NamedTuple
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.types import Aggregator
 
@@ -34,7 +35,8 @@ def fedmedian() -> Aggregator:
     return FedMedianState()
 
   def aggregate(global_params, client_params, info, state):
-    tree_math.check_stacked(client_params, global_params, (info.mask,))
+    checks.check_cohort(global_params, client_params, info,
+                        uses_num_examples=False)
     new_global = tree_math.masked_median(client_params, info.mask)
     new_global = tree_math.keep_if_no_clients(info.mask, new_global,
                                               global_params)

@@ -97,22 +97,18 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
   for name, value in (("beta", beta), ("gamma", gamma),
                       ("min_norm", min_norm)):
     checks.check_range(name, value, 0)
-  if weighting not in WEIGHTINGS:
-    raise ValueError(
-        f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-  if evaluate not in EVALUATES:
-    raise ValueError(f"evaluate must be one of {EVALUATES}, got {evaluate!r}")
-  if granularity not in GRANULARITIES:
-    raise ValueError(
-        f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+  checks.check_choice("weighting", weighting, WEIGHTINGS)
+  checks.check_bool("normalize", normalize)
+  checks.check_choice("evaluate", evaluate, EVALUATES)
+  checks.check_choice("granularity", granularity, GRANULARITIES)
 
   def init(global_params):
     return FedNNNNState(jax.tree.map(jnp.zeros_like, global_params),
                         global_params)
 
   def aggregate(global_params, client_params, info, state):
-    tree_math.check_stacked(client_params, global_params,
-                            (info.num_examples, info.mask))
+    checks.check_cohort(global_params, client_params, info,
+                        uses_num_examples=weighting == "num_examples")
     structure = tree_math.layer_structure(global_params, granularity)
     weights = client_weights(info, weighting)
     # Eq. (2): dw_k = w^k_{t+1} - w_t, summed with p_k and squared.

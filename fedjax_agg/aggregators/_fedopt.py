@@ -147,8 +147,8 @@ def scale_by_reddi(kind: str, b1: float, b2: float, tau: float,
     initial_accumulator: v_{-1}; tau^2 when None.
     bias_correction: divide m and v by (1 - b1^t) and (1 - b2^t) as Adam.
   """
-  if kind not in KINDS:
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  checks.check_choice("kind", kind, KINDS)
+  checks.check_bool("bias_correction", bias_correction)
   for name, value in (("b1", b1), ("b2", b2)):
     checks.check_range(name, value, 0, 1, high_open=True)
   checks.check_range("tau", tau, 0, low_open=True)

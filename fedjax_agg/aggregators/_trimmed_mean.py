@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.types import Aggregator
 
@@ -36,15 +37,15 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
     An ``Aggregator``; metrics hold "num_trimmed" [], the values removed
     from each end of every coordinate.
   """
-  if not 0 <= beta < 0.5:
-    raise ValueError(f"beta must be in [0, 0.5), got {beta!r}")
+  checks.check_range("beta", beta, 0, 0.5, high_open=True)
 
   def init(global_params):
     del global_params
     return TrimmedMeanState()
 
   def aggregate(global_params, client_params, info, state):
-    tree_math.check_stacked(client_params, global_params, (info.mask,))
+    checks.check_cohort(global_params, client_params, info,
+                        uses_num_examples=False)
     num_real = jnp.sum(info.mask > 0)
     # floor(beta m) for every possible m, in float64 at trace time so that
     # e.g. beta = 0.35, m = 20 trims 7 (float32 would give 6.9999 -> 6).

@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_agg import checks
 from fedjax_agg import engine
 from fedjax_agg.config import LocalTraining
 from fedjax_agg import tree_math
@@ -149,6 +150,21 @@ def search_mask(previous: jax.Array, accuracy: jax.Array,
           | (round_num % search_step == 0))
 
 
+def _checked_grid(grid) -> tuple[tuple[float, int], ...]:
+  """The grid as (float learning rate > 0, int epochs >= 1) pairs."""
+  pairs = tuple(grid)
+  if not pairs:
+    raise ValueError("grid must be a non-empty sequence of (learning_rate, "
+                     "epochs) pairs, got an empty one")
+  for i, pair in enumerate(pairs):
+    if len(pair) != 2:
+      raise ValueError(f"grid[{i}] must be a (learning_rate, epochs) pair, "
+                       f"got {pair!r}")
+    checks.check_range(f"grid[{i}] learning rate", pair[0], 0, low_open=True)
+    checks.check_int(f"grid[{i}] epochs", pair[1], 1)
+  return tuple((float(lr), int(e)) for lr, e in pairs)
+
+
 def adct(model: Model, *, accuracy_threshold: float = 50.0,
          search_step: int = 5,
          grid: Sequence[tuple[float, int]] = DEFAULT_GRID,
@@ -172,22 +188,17 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
       see ``engine.make_local_trainer``; ``clients_per_step`` counts
       (client, configuration) rows.
   """
-  if not 0.0 <= accuracy_threshold <= 100.0:
-    raise ValueError(f"accuracy_threshold must be in [0, 100] (percent), "
-                     f"got {accuracy_threshold!r}")
-  if not isinstance(search_step, int) or search_step < 1:
-    raise ValueError(
-        f"search_step must be a positive int, got {search_step!r}")
-  grid = tuple((float(lr), int(e)) for lr, e in grid)
-  if not grid or any(lr <= 0 or e < 1 for lr, e in grid):
-    raise ValueError("grid must be non-empty (learning_rate > 0, epochs >= 1)"
-                     f" pairs, got {grid!r}")
-  if threshold_mode not in THRESHOLD_MODES:
-    raise ValueError(f"threshold_mode must be one of {THRESHOLD_MODES}, got "
-                     f"{threshold_mode!r}")
-  if trigger_accuracy not in TRIGGER_ACCURACIES:
-    raise ValueError(f"trigger_accuracy must be one of {TRIGGER_ACCURACIES}, "
-                     f"got {trigger_accuracy!r}")
+  checks.check_range("accuracy_threshold", accuracy_threshold, 0, 100,
+                     expected="in [0, 100] (percent)")
+  checks.check_int("search_step", search_step, 1)
+  for name, value in (("batch_size", batch_size),
+                      ("clients_per_step", clients_per_step),
+                      ("eval_batch_size", eval_batch_size)):
+    checks.check_int(name, value, 1)
+  grid = _checked_grid(grid)
+  checks.check_choice("threshold_mode", threshold_mode, THRESHOLD_MODES)
+  checks.check_choice("trigger_accuracy", trigger_accuracy,
+                      TRIGGER_ACCURACIES)
   num_configs = len(grid)
   grid_lrs = jnp.array([lr for lr, _ in grid], jnp.float32)
   grid_epochs = jnp.array([e for _, e in grid], jnp.int32)
@@ -210,9 +221,9 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
             round_num, key):
     num_clients = client_ids.shape[0]
     real = mask > 0
-    previous = state.config_index[client_ids]
+    previous = tree_math.gather_clients(state.config_index, client_ids, -1)
     if trigger_accuracy == "last":
-      current = state.accuracy[client_ids]
+      current = tree_math.gather_clients(state.accuracy, client_ids, 0.0)
     else:
       current = accuracies(
           tree_math.broadcast_to_clients(global_params, num_clients),

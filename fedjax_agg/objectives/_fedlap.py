@@ -106,12 +106,9 @@ def fedlap(q: float = 0.5, *, mu: float = 1.0, conv_rows: str = "in_channel",
   """
   checks.check_range("q", q, 0, 1)
   checks.check_range("mu", mu, 0)
-  if conv_rows not in tree_math.KERNEL_ROWS:
-    raise ValueError(f"conv_rows must be one of {tree_math.KERNEL_ROWS}, "
-                     f"got {conv_rows!r}")
-  if recompute not in RECOMPUTE:
-    raise ValueError(
-        f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+  checks.check_choice("conv_rows", conv_rows, tree_math.KERNEL_ROWS)
+  checks.check_bool("regularize_bias", regularize_bias)
+  checks.check_choice("recompute", recompute, RECOMPUTE)
   if not checks.is_traced(q) and q == 0.0:
     # Exactly FedAvg's local training: the same computation, not a zero
     # penalty added to it (which could round differently once compiled).
