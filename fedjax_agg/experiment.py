@@ -26,7 +26,19 @@ A config is a JSON-able dict::
 Any "train" key can be overridden per algorithm (e.g. a different learning
 rate). ``run_config`` writes ``<out>/<algorithm>/seed<k>.csv|json``,
 ``<out>/summary.json`` (per algorithm: final and best accuracy, rounds to
-target, mean ± std over seeds) and ``<out>/curves.png``.
+target, mean ± std over seeds), ``<out>/curves.png`` and
+``<out>/config.json`` (``run_record``: the config with every default
+written out, plus a "provenance" entry with the data source and sizes,
+every rule's full arguments, versions, devices and the command line; it
+can be run again as it is).
+
+``check_config`` refuses unknown keys anywhere (naming the key path and
+the allowed keys), values of the wrong type or range, and arguments that
+the aggregator or objective factories reject, before anything runs;
+``check_output_dir`` refuses an output folder that cannot take the
+results. The keys "report_rounds", "early_rounds", "reference" and an
+algorithm's "two_stage" belong to scripts of ``experiments/`` and are
+passed over here.
 
 "train.devices" picks the devices a run shards its clients over
 (``simulation.run``'s ``devices``): null = every device of the job, an int
@@ -36,24 +48,40 @@ target, mean ± std over seeds) and ``<out>/curves.png``.
 import argparse
 import ast
 import copy
+import dataclasses
+import datetime
 import functools
+import importlib.metadata
+import inspect
 import json
 import os
-from typing import Any, Optional
+import platform
+import sys
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import optax
 
 from fedjax_agg import aggregators
+from fedjax_agg import checks
 from fedjax_agg import data as data_lib
 from fedjax_agg import federated
+from fedjax_agg import jsonio
+from fedjax_agg import history as history_lib
 from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import partitions
 from fedjax_agg import plotting
+from fedjax_agg import rounds
 from fedjax_agg import simulation
 from fedjax_agg import sweep
+from fedjax_agg.config import Checkpointing
+from fedjax_agg.config import Evaluation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
 
+DATASET_DEFAULTS = {"source": "auto", "data_dir": None, "standardize": False,
+                    "max_train_examples": None, "max_test_examples": None}
 TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
                   "batch_size": 16, "learning_rate": 0.01, "momentum": 0.0,
                   "stragglers": 0.0, "eval_every": 1, "eval_clients": True,
@@ -78,29 +106,47 @@ def override(config: dict, dotted: dict[str, Any]) -> dict:
   return config
 
 
-def prepare_data(config: dict, seed: int):
-  """-> (FederatedData, (test_x, test_y), num_classes, input_shape, indices,
-  train_y)."""
-  dcfg = config["dataset"]
-  ds = data_lib.load(dcfg["name"], source=dcfg.get("source", "auto"),
-                     data_dir=dcfg.get("data_dir"),
-                     standardize=dcfg.get("standardize", False))
-  train_x, train_y = ds.train_x, ds.train_y
-  if dcfg.get("max_train_examples"):
-    train_x = train_x[:dcfg["max_train_examples"]]
-    train_y = train_y[:dcfg["max_train_examples"]]
-  test_x, test_y = ds.test_x, ds.test_y
-  if dcfg.get("max_test_examples"):
-    test_x = test_x[:dcfg["max_test_examples"]]
-    test_y = test_y[:dcfg["max_test_examples"]]
+def load_dataset(config: dict) -> data_lib.Dataset:
+  """The config's dataset, cut to its ``max_train_examples`` /
+  ``max_test_examples`` (the first ones of each split)."""
+  dcfg = {**DATASET_DEFAULTS, **config["dataset"]}
+  dataset = data_lib.load(dcfg["name"], source=dcfg["source"],
+                          data_dir=dcfg["data_dir"],
+                          standardize=dcfg["standardize"])
+  cuts = {}
+  for split in ("train", "test"):
+    limit = dcfg[f"max_{split}_examples"]
+    if limit:
+      cuts[f"{split}_x"] = getattr(dataset, f"{split}_x")[:limit]
+      cuts[f"{split}_y"] = getattr(dataset, f"{split}_y")[:limit]
+  return dataset._replace(**cuts)
+
+
+def partition_indices(config: dict, seed: int, train_y) -> list[np.ndarray]:
+  """The config's partition of the labels ``train_y`` for ``seed``."""
   pcfg = config["partition"]
-  partition_fn = getattr(partitions, pcfg["name"])
-  seed_offset = pcfg.get("seed_offset", 0)
-  indices = partition_fn(train_y, num_clients=pcfg["num_clients"],
-                         seed=seed + seed_offset, **pcfg.get("args", {}))
-  data = federated.from_partition(train_x, train_y, indices)
-  return data, (test_x, test_y), ds.num_classes, ds.input_shape, indices, \
-      train_y
+  return partitions.REGISTRY.build(
+      pcfg["name"], labels=train_y, num_clients=pcfg["num_clients"],
+      seed=seed + pcfg.get("seed_offset", 0), **pcfg.get("args", {}))
+
+
+def prepare_data(config: dict, seed: int,
+                 dataset: Optional[data_lib.Dataset] = None,
+                 indices: Optional[Sequence[np.ndarray]] = None):
+  """-> (FederatedData, (test_x, test_y), num_classes, input_shape, indices,
+  train_y).
+
+  ``dataset``: ``load_dataset(config)``, loaded once for several seeds
+  (default: loaded here); ``indices``: ``partition_indices(config, seed,
+  dataset.train_y)`` where already computed.
+  """
+  if dataset is None:
+    dataset = load_dataset(config)
+  if indices is None:
+    indices = partition_indices(config, seed, dataset.train_y)
+  data = federated.from_partition(dataset.train_x, dataset.train_y, indices)
+  return (data, (dataset.test_x, dataset.test_y), dataset.num_classes,
+          dataset.input_shape, indices, dataset.train_y)
 
 
 def plot_partition(prepared, path: str) -> str:
@@ -109,34 +155,590 @@ def plot_partition(prepared, path: str) -> str:
   return partitions.plot_heatmap(indices, train_y, path)
 
 
+# ------------------------------------------------------------ config checks
+
+
+class ConfigError(ValueError):
+  """A bad config entry.
+
+  Attributes:
+    path: its dotted key, e.g. "train.rounds", "seeds[1]",
+      "algorithms.FedAdp.aggregator_args.alpha".
+  """
+
+  def __init__(self, path: str, message: str):
+    super().__init__(message)
+    self.path = path
+
+
+class ConfigTypeError(ConfigError, TypeError):
+  """A config entry of the wrong type (a ``TypeError`` too)."""
+
+
+# The keys of each part of a config (see the module docstring);
+# "provenance" is what ``run_record`` adds to the configs it writes.
+TOP_KEYS = ("name", "dataset", "partition", "model", "train", "algorithms",
+            "seeds", "target_accuracy", "vmap_seeds", "provenance")
+PARTITION_KEYS = ("name", "num_clients", "args", "seed_offset")
+MODEL_KEYS = ("name", "args")
+ALGORITHM_KEYS = ("aggregator", "aggregator_args", "objective",
+                  "objective_args", "train")
+# Keys that scripts of experiments/ read and the runner passes over: the
+# FedLap script's "report_rounds" and "early_rounds", the FedDRL script's
+# "reference" (top level) and "two_stage" (per algorithm).
+SCRIPT_KEYS = ("report_rounds", "early_rounds", "reference")
+SCRIPT_ALGORITHM_KEYS = ("two_stage",)
+# Partition arguments the runner gives: the labels, N and the seed.
+_PARTITION_GIVEN = ("labels", "num_clients", "seed")
+# Model arguments the runner gives (from the dataset).
+_MODEL_GIVEN = ("name", "num_classes", "input_shape")
+
+
+def _checked(path: str, check, *args, **kwargs) -> None:
+  """Runs ``check(path, ...)`` of ``fedjax_agg.checks``; its errors become
+  ConfigError / ConfigTypeError at ``path``."""
+  try:
+    check(path, *args, **kwargs)
+  except TypeError as error:
+    raise ConfigTypeError(path, str(error)) from None
+  except ValueError as error:
+    raise ConfigError(path, str(error)) from None
+
+
+def _check_number(path: str, value, low=None, high=None, *,
+                  low_open: bool = False, high_open: bool = False) -> None:
+  """A finite int or float scalar in the range (not an array, not a bool)."""
+  if not isinstance(value, (int, float, np.integer, np.floating)):
+    expected = checks.describe_range(low, high, low_open=low_open,
+                                     high_open=high_open)
+    raise ConfigTypeError(path, f"{path} must be a number {expected}, got "
+                          f"{value!r} ({type(value).__name__})")
+  _checked(path, checks.check_range, value, low, high, low_open=low_open,
+           high_open=high_open)
+
+
+def _check_optional_int(path: str, value, low: int) -> None:
+  if value is not None:
+    _check_int(path, value, low)
+
+
+def _check_compute_losses(path: str, value) -> None:
+  if not (isinstance(value, bool) or value == "auto"):
+    raise ConfigTypeError(path, f"{path} must be true, false or \"auto\", "
+                          f"got {value!r}")
+
+
+def _check_int(path: str, value, low: int) -> None:
+  _checked(path, checks.check_int, value, low)
+
+
+def _check_bool(path: str, value) -> None:
+  _checked(path, checks.check_bool, value)
+
+
+# train key -> check(path, value).
+TRAIN_CHECKS = {
+    "rounds": functools.partial(_check_int, low=0),
+    "participation": functools.partial(_check_number, low=0, high=1,
+                                       low_open=True),
+    "local_epochs": functools.partial(_check_int, low=1),
+    "batch_size": functools.partial(_check_int, low=1),
+    "learning_rate": functools.partial(_check_number, low=0, low_open=True),
+    "momentum": functools.partial(_check_number, low=0, high=1,
+                                  high_open=True),
+    "stragglers": functools.partial(_check_number, low=0, high=1),
+    "eval_every": functools.partial(_check_int, low=1),
+    "eval_clients": _check_bool,
+    "clients_per_step": functools.partial(_check_optional_int, low=1),
+    "compute_losses": _check_compute_losses,
+    "devices": functools.partial(_check_optional_int, low=1),
+}
+
+
+def _check_mapping(path: str, value) -> dict:
+  if not isinstance(value, dict):
+    raise ConfigTypeError(path, f"{path} must be a mapping (a JSON object), "
+                          f"got {value!r}")
+  return value
+
+
+def _check_keys(path: str, mapping, allowed, required=()) -> dict:
+  """``mapping`` is a dict holding every required key and only allowed
+  ones; ``path`` "" is the top level."""
+  _check_mapping(path or "config", mapping)
+  prefix = f"{path}." if path else ""
+  for key in mapping:
+    if key not in allowed:
+      raise ConfigError(f"{prefix}{key}", f"{prefix}{key}: unknown key; "
+                        f"allowed: {sorted(allowed)}")
+  for key in required:
+    if key not in mapping:
+      raise ConfigError(f"{prefix}{key}", f"{path or 'config'} must have a "
+                        f"{key!r} entry")
+  return mapping
+
+
+def _check_name(path: str, value, names) -> None:
+  if not isinstance(value, str) or value not in names:
+    raise ConfigError(path, f"{path} must be one of {list(names)}, got "
+                      f"{value!r}")
+
+
+def _defaults(parameters: dict[str, inspect.Parameter]) -> dict[str, Any]:
+  return {name: p.default for name, p in parameters.items()
+          if p.default is not inspect.Parameter.empty}
+
+
+def describe_parameters(parameters: dict[str, inspect.Parameter]
+                        ) -> dict[str, Any]:
+  """Argument -> default (``"<required>"`` where there is none), as
+  ``Registry.describe``."""
+  return {name: ("<required>" if p.default is inspect.Parameter.empty
+                 else p.default) for name, p in parameters.items()}
+
+
+def takes_any_keyword(factory) -> bool:
+  """Whether ``factory`` takes keyword arguments it does not declare."""
+  return any(p.kind == p.VAR_KEYWORD
+             for p in inspect.signature(factory).parameters.values())
+
+
+def _keyword_parameters(factory) -> dict[str, inspect.Parameter]:
+  return {p.name: p for p in inspect.signature(factory).parameters.values()
+          if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def partition_parameters(name: str) -> dict[str, inspect.Parameter]:
+  """The arguments a config's ``partition.args`` may give recipe ``name``
+  (all but the labels, ``num_clients`` and the seed)."""
+  return {arg: p for arg, p in partitions.REGISTRY.parameters(name).items()
+          if arg not in _PARTITION_GIVEN}
+
+
+def model_parameters(name: str) -> dict[str, inspect.Parameter]:
+  """The declared arguments a config's ``model.args`` may give network
+  ``name`` (see also ``model_takes_options``)."""
+  registry = getattr(models, "REGISTRY", None)
+  if registry is not None:
+    parameters = registry.parameters(name)
+    return {arg: p for arg, p in parameters.items()
+            if arg not in _MODEL_GIVEN + tuple(registry.context)}
+  return {arg: p for arg, p in _keyword_parameters(models.get).items()
+          if arg not in _MODEL_GIVEN}
+
+
+def model_takes_options(name: str) -> bool:
+  """Whether network ``name`` also takes options ``model_parameters`` does
+  not list (``models.get``'s ``**kwargs``, known to ``models.module``)."""
+  registry = getattr(models, "REGISTRY", None)
+  return takes_any_keyword(registry.factory(name) if registry is not None
+                           else models.get)
+
+
+def _check_arguments(path: str, arguments, parameters) -> None:
+  """Known keys only and every argument without a default given."""
+  _check_keys(path, arguments, parameters)
+  for name, parameter in parameters.items():
+    if parameter.default is inspect.Parameter.empty and name not in arguments:
+      raise ConfigError(f"{path}.{name}", f"{path}.{name}: required (no "
+                        "default)")
+
+
+def _check_dataset(config: dict) -> None:
+  dataset = _check_keys("dataset", config["dataset"],
+                        ("name", *DATASET_DEFAULTS), required=("name",))
+  _check_name("dataset.name", dataset["name"], data_lib.NAMES)
+  dataset = {**DATASET_DEFAULTS, **dataset}
+  _check_name("dataset.source", dataset["source"], data_lib.SOURCES)
+  if dataset["source"] == "mnist_5k" and dataset["name"] != "mnist":
+    raise ConfigError("dataset.source", "dataset.source 'mnist_5k' holds "
+                      f"only dataset 'mnist', not {dataset['name']!r}")
+  if dataset["data_dir"] is not None and not isinstance(
+      dataset["data_dir"], str):
+    raise ConfigTypeError("dataset.data_dir", "dataset.data_dir must be a "
+                          f"path string or null, got {dataset['data_dir']!r}")
+  _check_bool("dataset.standardize", dataset["standardize"])
+  for split in ("train", "test"):
+    key = f"max_{split}_examples"
+    _check_optional_int(f"dataset.{key}", dataset[key], 1)
+
+
+def _check_partition(config: dict) -> None:
+  partition = _check_keys("partition", config["partition"], PARTITION_KEYS,
+                          required=("name", "num_clients"))
+  _check_name("partition.name", partition["name"], partitions.NAMES)
+  _check_int("partition.num_clients", partition["num_clients"], 1)
+  _check_int("partition.seed_offset", partition.get("seed_offset", 0), 0)
+  _check_arguments("partition.args", partition.get("args", {}),
+                   partition_parameters(partition["name"]))
+
+
+def _check_model(config: dict) -> None:
+  model = _check_keys("model", config["model"], MODEL_KEYS,
+                      required=("name",))
+  _check_name("model.name", model["name"], models.NAMES)
+  arguments = _check_mapping("model.args", model.get("args", {}))
+  if not model_takes_options(model["name"]):
+    _check_arguments("model.args", arguments,
+                     model_parameters(model["name"]))
+  elif getattr(models, "REGISTRY", None) is None:
+    # Only the module knows its options: ask it (nothing is built).
+    try:
+      models.module(model["name"], 2, **arguments)
+    except TypeError as error:
+      raise ConfigError("model.args", f"model.args: {error}") from None
+  if "conv_impl" in arguments:
+    from fedjax_agg.models import layers  # pylint: disable=g-import-not-at-top
+    _check_name("model.args.conv_impl", arguments["conv_impl"],
+                layers.CONV_IMPLS)
+
+
+def _check_train(path: str, train) -> None:
+  _check_keys(path, train, TRAIN_DEFAULTS)
+  for key, value in train.items():
+    if key in TRAIN_CHECKS:
+      TRAIN_CHECKS[key](f"{path}.{key}", value)
+
+
+def _check_seeds(config: dict) -> None:
+  seeds = config.get("seeds", [0])
+  if not isinstance(seeds, list) or not seeds:
+    raise ConfigTypeError("seeds", f"seeds must be a non-empty list of ints "
+                          f">= 0, got {seeds!r}")
+  for i, seed in enumerate(seeds):
+    _check_int(f"seeds[{i}]", seed, 0)
+  if len(set(seeds)) != len(seeds):
+    raise ConfigError("seeds", f"seeds must be distinct, got {seeds}")
+
+
+def _check_algorithm(config: dict, name: str, spec) -> None:
+  path = f"algorithms.{name}"
+  _check_keys(path, spec, ALGORITHM_KEYS + SCRIPT_ALGORITHM_KEYS,
+              required=("aggregator",))
+  _check_name(f"{path}.aggregator", spec["aggregator"],
+              aggregators.REGISTRY.names)
+  _check_name(f"{path}.objective", spec.get("objective", "cross_entropy"),
+              objectives.REGISTRY.names)
+  for registry, rule, key in (
+      (aggregators.REGISTRY, spec["aggregator"], "aggregator_args"),
+      (objectives.REGISTRY, spec.get("objective", "cross_entropy"),
+       "objective_args")):
+    arguments = _check_mapping(f"{path}.{key}", spec.get(key, {}))
+    # A factory that passes **kwargs on has them checked when it is built
+    # (``_check_rules``).
+    if not takes_any_keyword(registry.factory(rule)):
+      _check_keys(f"{path}.{key}", arguments,
+                  _rule_parameters(registry, rule))
+  _check_train(f"{path}.train", spec.get("train", {}))
+
+
+def _check_rules(config: dict, name: str) -> None:
+  """Builds the algorithm's aggregator and objective with their values:
+  the factories' own checks then name a bad one before anything runs."""
+  spec = config["algorithms"][name]
+  aggregator_args, objective_args = rule_arguments(config, name)
+  for registry, rule, arguments, key in (
+      (aggregators.REGISTRY, spec["aggregator"], aggregator_args,
+       "aggregator_args"),
+      (objectives.REGISTRY, spec.get("objective", "cross_entropy"),
+       objective_args, "objective_args")):
+    needs = [arg for arg, p in registry.parameters(rule).items()
+             if p.default is inspect.Parameter.empty
+             and arg not in arguments and arg != "num_clients"]
+    if needs:  # E.g. FedACS's model and evaluation data: built by a script.
+      continue
+    path = f"algorithms.{name}.{key}"
+    try:
+      registry.build(rule, **arguments, **(
+          {"num_clients": config["partition"]["num_clients"]}
+          if "num_clients" in registry.context else {}))
+    except TypeError as error:
+      raise ConfigTypeError(path, f"{path}: {error}") from None
+    except ValueError as error:
+      raise ConfigError(path, f"{path}: {error}") from None
+
+
 def check_config(config: dict) -> None:
-  """Raises ValueError naming the first unknown component of ``config``."""
-  for key in ("dataset", "partition", "model", "algorithms"):
-    if key not in config:
-      raise ValueError(f"config must have a {key!r} entry")
-  if config["dataset"]["name"] not in data_lib.NAMES:
-    raise ValueError(f"dataset.name must be one of {data_lib.NAMES}, got "
-                     f"{config['dataset']['name']!r}")
-  partition = config["partition"]["name"]
-  if partition not in partitions.NAMES:
-    raise ValueError(f"partition.name must be one of {partitions.NAMES}, "
-                     f"got {partition!r}")
-  if config["model"]["name"] not in models.NAMES:
-    raise ValueError(f"model.name must be one of {models.NAMES}, got "
-                     f"{config['model']['name']!r}")
-  unknown = set(config.get("train", {})) - set(TRAIN_DEFAULTS)
-  if unknown:
-    raise ValueError(f"train has unknown keys {sorted(unknown)}; expected "
-                     f"some of {sorted(TRAIN_DEFAULTS)}")
-  for name, spec in config["algorithms"].items():
-    if spec.get("aggregator") not in aggregators.REGISTRY:
-      raise ValueError(
-          f"algorithms.{name}.aggregator must be one of "
-          f"{sorted(aggregators.REGISTRY)}, got {spec.get('aggregator')!r}")
-    if spec.get("objective", "cross_entropy") not in objectives.REGISTRY:
-      raise ValueError(
-          f"algorithms.{name}.objective must be one of "
-          f"{sorted(objectives.REGISTRY)}, got {spec.get('objective')!r}")
+  """Checks every key and value of ``config`` before anything runs.
+
+  Unknown keys anywhere (top level, dataset, partition and its arguments,
+  model and its arguments, train, each algorithm, its aggregator and
+  objective arguments, its train overrides) are refused with the allowed
+  ones; names must be registered; every train value must have its type and
+  range; each algorithm's aggregator and objective are built once with
+  their arguments so that their own checks run.
+
+  Raises:
+    ConfigError: (a ValueError) naming the key path of the first bad
+      entry, e.g. ``algorithms.FedAdp.aggregator_arg: unknown key;
+      allowed: [...]``; ConfigTypeError (also a TypeError) where an entry
+      has the wrong type.
+  """
+  _check_keys("", config, TOP_KEYS + SCRIPT_KEYS,
+              required=("dataset", "partition", "model", "algorithms"))
+  if "name" in config and not isinstance(config["name"], (str, type(None))):
+    raise ConfigTypeError("name", f"name must be a string, got "
+                          f"{config['name']!r}")
+  _check_dataset(config)
+  _check_partition(config)
+  _check_model(config)
+  _check_train("train", config.get("train", {}))
+  _check_seeds(config)
+  if config.get("target_accuracy") is not None:
+    _check_number("target_accuracy", config["target_accuracy"], 0, 1)
+  _check_bool("vmap_seeds", config.get("vmap_seeds", False))
+  algorithms = _check_mapping("algorithms", config["algorithms"])
+  if not algorithms:
+    raise ConfigError("algorithms", "algorithms must name at least one "
+                      "algorithm")
+  for name, spec in algorithms.items():
+    _check_algorithm(config, name, spec)
+  for name in algorithms:
+    _check_rules(config, name)
+
+
+def _rule_parameters(registry, name: str) -> dict[str, inspect.Parameter]:
+  """A rule's arguments a config may give (all but the context ones)."""
+  return {arg: p for arg, p in registry.parameters(name).items()
+          if arg not in registry.context}
+
+
+def _runner_arguments(config: dict, algorithm: str) -> dict[str, Any]:
+  """Aggregator arguments the runner fills in unless the spec gives them:
+  the client learning rate and the cohort size (as ``build_rule``)."""
+  train = _train_config(config, algorithm)
+  return {"learning_rate": train["learning_rate"],
+          "num_participants": rounds.num_sampled(
+              config["partition"]["num_clients"], train["participation"])}
+
+
+def rule_arguments(config: dict, algorithm: str) -> tuple[dict, dict]:
+  """An algorithm's full aggregator and objective arguments.
+
+  The factories' defaults, the arguments the runner fills in (the client
+  learning rate and cohort size, to rules that take them), then the
+  spec's ``aggregator_args`` / ``objective_args``; context arguments
+  (``num_clients``, FedACS's model and data) are left out.
+
+  Returns:
+    ``(aggregator_args, objective_args)``.
+  """
+  spec = config["algorithms"][algorithm]
+  parameters = _rule_parameters(aggregators.REGISTRY, spec["aggregator"])
+  aggregator_args = _defaults(parameters)
+  for name, value in _runner_arguments(config, algorithm).items():
+    if name in parameters:
+      aggregator_args[name] = value
+  aggregator_args.update(spec.get("aggregator_args", {}))
+  objective = spec.get("objective", "cross_entropy")
+  objective_args = {
+      **_defaults(_rule_parameters(objectives.REGISTRY, objective)),
+      **spec.get("objective_args", {})}
+  return aggregator_args, objective_args
+
+
+# -------------------------------------------------- what a run writes down
+
+
+def resolve_config(config: dict) -> dict:
+  """``config`` with every default written out.
+
+  The dataset's options, the partition's and model's arguments, ``train``
+  and ``seeds`` take their defaults where the config is silent; each
+  algorithm's aggregator and objective arguments take their factories'
+  defaults (all but those the runner fills in, see ``rule_arguments``,
+  so that the result run again behaves the same under a changed
+  learning rate). The result is a valid config.
+  """
+  resolved = copy.deepcopy(config)
+  resolved["dataset"] = {"name": config["dataset"]["name"],
+                         **DATASET_DEFAULTS, **config["dataset"]}
+  partition = resolved["partition"]
+  partition.setdefault("seed_offset", 0)
+  partition["args"] = {
+      **_defaults(partition_parameters(partition["name"])),
+      **partition.get("args", {})}
+  model = resolved["model"]
+  model["args"] = {**_defaults(model_parameters(model["name"])),
+                   **model.get("args", {})}
+  resolved["train"] = {**TRAIN_DEFAULTS, **config.get("train", {})}
+  resolved["seeds"] = list(config.get("seeds", [0]))
+  for name, spec in resolved["algorithms"].items():
+    aggregator_args, objective_args = rule_arguments(config, name)
+    filled = _runner_arguments(config, name)
+    spec["aggregator_args"] = {
+        arg: value for arg, value in aggregator_args.items()
+        if arg not in filled or arg in spec.get("aggregator_args", {})}
+    spec["objective"] = spec.get("objective", "cross_entropy")
+    spec["objective_args"] = objective_args
+  return resolved
+
+
+def environment() -> dict:
+  """Versions of the library and its numeric stack, Python, and the JAX
+  devices this process sees."""
+  import jax  # pylint: disable=g-import-not-at-top
+  versions = {}
+  for package in ("fedjax_agg", "jax", "jaxlib", "flax", "optax", "numpy"):
+    try:
+      versions[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      versions[package] = None
+  devices = jax.devices()
+  return {"versions": versions, "python": platform.python_version(),
+          "system": platform.system(),
+          "devices": {"platform": devices[0].platform,
+                      "kind": devices[0].device_kind, "count": len(devices),
+                      "local_count": jax.local_device_count(),
+                      "processes": jax.process_count()}}
+
+
+def describe_data(config: dict, dataset: data_lib.Dataset,
+                  seeds: Sequence[int],
+                  indices: Optional[dict[int, Sequence]] = None) -> dict:
+  """The data a run used: the source ``data.load`` read, split sizes, and
+  per seed the clients' sizes.
+
+  Args:
+    config: the experiment config.
+    dataset: ``load_dataset(config)``.
+    seeds: the run's seeds (a partition may depend on the seed).
+    indices: seed -> that seed's ``partition_indices``, where already
+      computed (default: computed here).
+  """
+  clients = {}
+  for seed in seeds:
+    parts = (indices or {}).get(seed)
+    if parts is None:
+      parts = partition_indices(config, seed, dataset.train_y)
+    sizes = [len(part) for part in parts]
+    clients[str(seed)] = {"num_clients": len(sizes),
+                          "examples_min": int(min(sizes)),
+                          "examples_max": int(max(sizes)),
+                          "examples_total": int(sum(sizes))}
+  return {"name": dataset.name, "source": getattr(dataset, "source", None),
+          "train_examples": int(len(dataset.train_y)),
+          "test_examples": int(len(dataset.test_y)),
+          "num_classes": int(dataset.num_classes),
+          "input_shape": list(dataset.input_shape),
+          "clients_by_seed": clients}
+
+
+def run_record(config: dict, dataset: Optional[data_lib.Dataset] = None,
+               indices: Optional[dict[int, Sequence]] = None,
+               algorithms: Optional[Sequence[str]] = None,
+               execution: Optional[dict] = None,
+               command: Optional[Sequence[str]] = None) -> dict:
+  """What ``config.json`` holds: ``resolve_config(config)`` plus a
+  "provenance" entry (the data used, every algorithm's full aggregator and
+  objective arguments, how it was executed, versions, devices and the
+  command line).
+
+  Args:
+    config: the experiment config (checked).
+    dataset: ``load_dataset(config)`` (None: no data entry).
+    indices: see ``describe_data``.
+    algorithms: the algorithms run (default: all of the config's).
+    execution: settings that are not config keys (checkpoints, devices,
+      output folder, ...).
+    command: the command line (default ``sys.argv``).
+  """
+  resolved = resolve_config(config)
+  rules = {}
+  for name in algorithms or list(config["algorithms"]):
+    aggregator_args, objective_args = rule_arguments(config, name)
+    rules[name] = {"aggregator": resolved["algorithms"][name]["aggregator"],
+                   "aggregator_args": aggregator_args,
+                   "objective": resolved["algorithms"][name]["objective"],
+                   "objective_args": objective_args,
+                   "train": _train_config(config, name)}
+  resolved["provenance"] = {
+      "data": (None if dataset is None else
+               describe_data(config, dataset, resolved["seeds"], indices)),
+      "algorithms": rules,
+      "execution": dict(execution or {}),
+      "environment": environment(),
+      "command": list(sys.argv if command is None else command),
+      "written": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+  }
+  return resolved
+
+
+def write_run_config(directory: str, config: dict, **record_args) -> str:
+  """Writes ``run_record(config, **record_args)`` to
+  ``<directory>/config.json``. Returns its path."""
+  return jsonio.dump_json(run_record(config, **record_args),
+                          os.path.join(directory, "config.json"))
+
+
+def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
+  """Makes sure results can be written to ``path``, before anything runs.
+
+  Creates ``path`` (with its parents) if it is missing.
+
+  Args:
+    path: the output folder.
+    names: the files that will be written there, relative to ``path``
+      (e.g. "history.csv", "FedAvg/seed0.json").
+
+  Returns:
+    ``path``.
+
+  Raises:
+    ValueError: naming the path: ``path`` is a file, cannot be created or
+      is not writable; one of ``names``, or a folder on the way to it, is
+      a directory where a file goes (or a file where a folder goes), or an
+      existing file that cannot be overwritten.
+  """
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{path} exists and is not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as error:
+    raise ValueError(f"cannot create {path}: {error.strerror}") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"{path} is not writable")
+  for name in names:
+    target = os.path.join(path, name)
+    folder = path
+    for part in os.path.normpath(name).split(os.sep)[:-1]:
+      folder = os.path.join(folder, part)
+      if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{folder} is a file; results go into a folder "
+                         "of that name")
+      if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{folder} is not writable")
+    if os.path.isdir(target):
+      raise ValueError(f"{target} is a directory; the file {name} is "
+                       "written there")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+      raise ValueError(f"{target} exists and is not writable")
+  return path
+
+
+def output_names(config: dict, algorithms: Optional[Sequence[str]] = None
+                 ) -> list[str]:
+  """The files ``run_config`` writes into its output folder."""
+  names = ["config.json", "summary.json", "curves.png", "partition.png"]
+  for algorithm in algorithms or list(config["algorithms"]):
+    for seed in config.get("seeds", [0]):
+      names += [f"{algorithm}/seed{seed}.csv", f"{algorithm}/seed{seed}.json"]
+  return names
+
+
+def setting_title(config: dict) -> str:
+  """One line naming a config's setting (for plot titles): dataset,
+  partition, model and the training constants."""
+  train = {**TRAIN_DEFAULTS, **config.get("train", {})}
+  partition = config["partition"]
+  arguments = "".join(f", {key}={value}" for key, value in
+                      partition.get("args", {}).items())
+  return (f"{config['dataset']['name']}, {partition['name']}(N="
+          f"{partition['num_clients']}{arguments}), "
+          f"{config['model']['name']}; C={train['participation']} "
+          f"E={train['local_epochs']} B={train['batch_size']} "
+          f"lr={train['learning_rate']}")
 
 
 def run_algorithm(config: dict, algorithm: str, seed: int,
@@ -155,11 +757,19 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
   built, objective = build_rule(config, algorithm,
                                 arguments["data"].num_clients,
                                 aggregator=aggregator)
-  return simulation.run(
-      aggregator=built, objective=objective, seed=seed, progress=progress,
-      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-      resume=resume, devices=_train_config(config, algorithm)["devices"],
-      **arguments)
+  arguments["training"] = dataclasses.replace(arguments["training"],
+                                              objective=objective)
+  arguments["execution"] = dataclasses.replace(
+      arguments["execution"], progress=progress,
+      devices=_train_config(config, algorithm)["devices"])
+  checkpointing = None
+  if checkpoint_dir is not None:
+    checkpointing = Checkpointing(checkpoint_dir, checkpoint_every, resume)
+  elif checkpoint_every or resume:
+    raise ValueError("checkpoint_every / resume need checkpoint_dir (where "
+                     "the checkpoints are)")
+  return simulation.run(aggregator=built, seed=seed,
+                        checkpointing=checkpointing, **arguments)
 
 
 def _train_config(config: dict, algorithm: str) -> dict:
@@ -188,7 +798,7 @@ def build_rule(config: dict, algorithm: str, num_clients: int,
   spec = config["algorithms"][algorithm]
   train = _train_config(config, algorithm)
   hparams = dict(hparams or {})
-  cohort = simulation.num_sampled(num_clients, train["participation"])
+  cohort = rounds.num_sampled(num_clients, train["participation"])
   agg_args = dict(spec.get("aggregator_args", {}))
   factory = aggregators.REGISTRY[spec["aggregator"]]
   for name, value in (("learning_rate", hparams.pop(
@@ -231,20 +841,18 @@ def run_arguments(config: dict, algorithm: str, prepared) -> dict:
                                            train["local_epochs"])
   optimizer = functools.partial(optax.sgd,
                                 momentum=train["momentum"] or None)
-  extra = {}
-  if train["clients_per_step"]:
-    extra["clients_per_step"] = train["clients_per_step"]
-  if not train["compute_losses"]:
-    extra["compute_losses"] = False
+  training = LocalTraining(
+      epochs=train["local_epochs"], batch_size=train["batch_size"],
+      learning_rate=train["learning_rate"], optimizer=optimizer,
+      compute_losses=train["compute_losses"], steps_fn=local_steps_fn)
   return dict(
       model=model, data=data, test_data=test, num_rounds=train["rounds"],
-      num_classes=num_classes, participation=train["participation"],
-      local_epochs=train["local_epochs"], batch_size=train["batch_size"],
-      learning_rate=train["learning_rate"], client_optimizer=optimizer,
-      local_steps_fn=local_steps_fn, eval_every=train["eval_every"],
-      eval_clients=train["eval_clients"],
+      participation=train["participation"], training=training,
+      execution=Execution(clients_per_step=train["clients_per_step"] or None),
+      evaluation=Evaluation(every=train["eval_every"],
+                            clients=train["eval_clients"]),
       config={"experiment": config.get("name"), "algorithm": algorithm,
-              **{f"train.{k}": v for k, v in train.items()}}, **extra)
+              **{f"train.{k}": v for k, v in train.items()}})
 
 
 def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
@@ -268,9 +876,11 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
   arguments = run_arguments(config, algorithm, prepared[0])
   num_clients = arguments["data"].num_clients
   arguments["data"] = [p[0] for p in prepared]
+  arguments["execution"] = dataclasses.replace(arguments["execution"],
+                                               progress=progress)
   return sweep.run_sweep(
       lambda hparams: build_rule(config, algorithm, num_clients, hparams),
-      grid, seeds=seeds, progress=progress, **arguments)
+      grid, seeds=seeds, **arguments)
 
 
 def _parameters(factory) -> set[str]:
@@ -297,7 +907,7 @@ def summarize(histories: dict[str, list], target: Optional[float],
       entry["final_client_loss_var"] = float(np.mean(
           [h.column("client_loss_var")[-1] for h in runs]))
     if target is not None:
-      reached = [simulation.rounds_to_target(h, target, metric)
+      reached = [history_lib.rounds_to_target(h, target, metric)
                  for h in runs]
       entry["target"] = target
       entry["rounds_to_target"] = reached
@@ -316,6 +926,9 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
   """Runs every algorithm × seed of ``config``; writes results to
   ``out_dir``; returns the summary dict.
 
+  The config and the output folder are checked before the data is read;
+  ``config.json`` (``write_run_config``) is written before the first round.
+
   ``checkpoint_every`` > 0 checkpoints each run every this many rounds in
   ``<out_dir>/checkpoints/<algorithm>/seed<k>``; ``resume`` continues the
   runs found there (a finished run is read back, not re-run).
@@ -332,14 +945,22 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
     raise ValueError("vmap_seeds runs do not checkpoint: drop "
                      "checkpoint_every/resume or vmap_seeds")
   check_config(config)
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(config, f, indent=2)
   names = algorithms or list(config["algorithms"])
+  unknown = [name for name in names if name not in config["algorithms"]]
+  if unknown:
+    raise ValueError(f"algorithms {unknown} are not in the config's "
+                     f"{sorted(config['algorithms'])}")
+  check_output_dir(out_dir, output_names(config, names))
+  seeds = list(config.get("seeds", [0]))
+  dataset = load_dataset(config)
+  write_run_config(out_dir, config, dataset=dataset, algorithms=names,
+                   execution={"out_dir": out_dir, "vmap_seeds": vmap_seeds,
+                              "checkpoint_every": checkpoint_every,
+                              "resume": resume})
   histories = {name: [] for name in names}
-  for seed in [] if vmap_seeds else config.get("seeds", [0]):
-    prepared = prepare_data(config, seed)
-    if seed == config.get("seeds", [0])[0]:
+  for seed in [] if vmap_seeds else seeds:
+    prepared = prepare_data(config, seed, dataset)
+    if seed == seeds[0]:
       plot_partition(prepared, os.path.join(out_dir, "partition.png"))
     for name in names:
       checkpoint_dir = None
@@ -356,8 +977,7 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
         print(f"{config.get('name')} {name} seed {seed}: final acc "
               f"{result.history.rows[-1].get('test_accuracy')}", flush=True)
   if vmap_seeds:
-    seeds = list(config.get("seeds", [0]))
-    prepared = [prepare_data(config, seed) for seed in seeds]
+    prepared = [prepare_data(config, seed, dataset) for seed in seeds]
     plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
     for name in names:
       for member in sweep_algorithm(config, name, seeds, prepared,
@@ -370,11 +990,13 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
                 f"final acc {member.history.rows[-1].get('test_accuracy')}",
                 flush=True)
   summary = summarize(histories, config.get("target_accuracy"))
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump({"name": config.get("name"), "algorithms": summary}, f,
-              indent=2)
+  jsonio.dump_json({"name": config.get("name"), "algorithms": summary},
+                   os.path.join(out_dir, "summary.json"))
+  title = setting_title(config)
+  if config.get("name"):
+    title = f"{config['name']}: {title}"
   plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
-                            title=config.get("name", ""))
+                            title=title)
   return summary
 
 

@@ -1,14 +1,21 @@
-"""Plots of run histories (matplotlib, headless)."""
+"""Plots of run histories, written to files.
+
+Figures are built with matplotlib's object API (``matplotlib.figure.Figure``
+drawn by the Agg canvas), never through ``pyplot``: importing or calling
+this module leaves the process' matplotlib backend alone, so notebook
+figures keep working, and no display is needed.
+"""
 
 from typing import Mapping, Sequence
 
-import matplotlib
+from matplotlib import figure
+from matplotlib import ticker
+from matplotlib.backends import backend_agg
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
+from fedjax_agg.history import History
 
-from fedjax_agg.simulation import History  # noqa: E402
+__all__ = ["curves_figure", "plot_history", "plot_mean_curves"]
 
 
 def plot_history(histories: Mapping[str, History], path: str,
@@ -19,13 +26,24 @@ def plot_history(histories: Mapping[str, History], path: str,
                           path, metrics, title)
 
 
-def plot_mean_curves(histories: Mapping[str, Sequence[History]], path: str,
-                     metrics: Sequence[str] = ("test_accuracy", "test_loss"),
-                     title: str = "") -> str:
-  """Mean ± std over seeds of ``metrics`` per round, one line per label."""
-  fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.6),
-                           squeeze=False)
-  for ax, metric in zip(axes[0], metrics):
+def curves_figure(histories: Mapping[str, Sequence[History]],
+                  metrics: Sequence[str] = ("test_accuracy", "test_loss"),
+                  title: str = "") -> figure.Figure:
+  """Mean ± std over seeds of ``metrics`` per round, one line per label.
+
+  Args:
+    histories: label -> the runs (one per seed) of that label.
+    metrics: History columns, one panel each.
+    title: the figure's title, e.g. the setting the runs share.
+
+  Returns:
+    A ``Figure`` attached to an Agg canvas (``fig.savefig`` works; in a
+    notebook, display it as the cell's value).
+  """
+  fig = figure.Figure(figsize=(5 * len(metrics), 3.6))
+  backend_agg.FigureCanvasAgg(fig)
+  axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+  for ax, metric in zip(axes, metrics, strict=True):
     for label, runs in histories.items():
       if not runs:
         continue
@@ -37,13 +55,21 @@ def plot_mean_curves(histories: Mapping[str, Sequence[History]], path: str,
       if len(runs) > 1:
         ax.fill_between(rounds[keep], (mean - std)[keep], (mean + std)[keep],
                         alpha=0.2)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend()
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  return fig
+
+
+def plot_mean_curves(histories: Mapping[str, Sequence[History]], path: str,
+                     metrics: Sequence[str] = ("test_accuracy", "test_loss"),
+                     title: str = "") -> str:
+  """Saves ``curves_figure(histories, metrics, title)`` to ``path``."""
+  curves_figure(histories, metrics, title).savefig(path, dpi=120)
   return path

@@ -60,7 +60,8 @@ def test_override_and_bad_configs_are_named():
   bad = experiment.override(CONFIG, {"algorithms.FedAvg.aggregator": "nope"})
   with pytest.raises(ValueError, match="algorithms.FedAvg.aggregator"):
     experiment.check_config(bad)
-  with pytest.raises(ValueError, match="train has unknown keys"):
+  with pytest.raises(ValueError, match=r"^train\.lr: unknown key; allowed: "
+                     r"\[.*'learning_rate'"):
     experiment.check_config(experiment.override(CONFIG, {"train.lr": 1}))
   # Not a recipe: a describing helper of the same module, or a private one.
   for name in ("nope", "summary", "plot_heatmap", "_finish"):
@@ -116,3 +117,43 @@ def test_run_algorithm_aggregator_argument_replaces_the_spec(has_fashion):
   assert not np.allclose(
       np.asarray(given.history.column("test_loss")),
       np.asarray(default.history.column("test_loss")))
+
+
+MNIST_5K = experiment.override(CONFIG, {
+    "name": "tiny5k", "dataset": {"name": "mnist", "source": "mnist_5k",
+                                  "max_train_examples": 400},
+    "partition.num_clients": 4, "train.rounds": 1, "seeds": [0],
+    "algorithms": {"FedAdp": {"aggregator": "fedadp"}}})
+
+
+def test_run_config_writes_strict_json_and_the_resolved_config(tmp_path):
+  summary = experiment.run_config(MNIST_5K, str(tmp_path), progress=False)
+  assert set(summary) == {"FedAdp"}
+
+  def refuse(token):
+    raise ValueError(f"not JSON: {token}")
+  with open(tmp_path / "summary.json") as f:
+    assert json.load(f, parse_constant=refuse)["name"] == "tiny5k"
+  with open(tmp_path / "config.json") as f:
+    record = json.load(f, parse_constant=refuse)
+  experiment.check_config(record)
+  assert record["train"]["participation"] == 0.5
+  provenance = record["provenance"]
+  assert provenance["data"]["source"] == "mnist_5k"
+  assert provenance["data"]["clients_by_seed"]["0"]["num_clients"] == 4
+  assert provenance["algorithms"]["FedAdp"]["aggregator_args"][
+      "learning_rate"] == 0.1  # the client rate the runner gives FedAdp
+  assert provenance["environment"]["versions"]["jax"]
+  assert os.path.getsize(tmp_path / "curves.png") > 0
+
+
+def test_run_config_checks_the_output_folder_before_the_data(tmp_path,
+                                                             monkeypatch):
+  def never(config):
+    raise AssertionError("the data must not be read")
+  monkeypatch.setattr(experiment, "load_dataset", never)
+  (tmp_path / "FedAdp").write_text("")  # where seed0.csv must go
+  with pytest.raises(ValueError, match="FedAdp is a file"):
+    experiment.run_config(MNIST_5K, str(tmp_path), progress=False)
+  with pytest.raises(ValueError, match="algorithms \\['Nope'\\]"):
+    experiment.run_config(MNIST_5K, str(tmp_path), algorithms=["Nope"])

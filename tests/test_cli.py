@@ -1,0 +1,292 @@
+"""The command line: one-line errors naming the flag, --help, --list,
+--config, and what a run writes down (config.json, strict history.json)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fedjax_agg import cli
+from fedjax_agg import experiment
+
+# A tiny run on the offline MNIST subset: seconds on a CPU.
+TINY = ["--dataset", "mnist", "--source", "mnist_5k",
+        "--max-train-examples", "400", "--num-clients", "4",
+        "--partition", "shards", "--model", "mlp2", "--partition-arg",
+        "shards_per_client=2", "--rounds", "1", "--participation", "0.5",
+        "--batch-size", "20", "--no-progress", "--no-client-eval"]
+
+
+def _error_line(capsys, argv) -> str:
+  """Runs ``main(argv)``, which must fail; returns its one stderr line."""
+  with pytest.raises(SystemExit) as raised:
+    cli.main(argv)
+  assert raised.value.code == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err
+  lines = [line for line in err.splitlines()
+           if not line.startswith("config: ")]
+  assert len(lines) == 1, err
+  assert lines[0].startswith("error: ")
+  return lines[0]
+
+
+def _config_file(tmp_path, **changes) -> str:
+  config = {
+      "name": "file",
+      "dataset": {"name": "mnist", "source": "mnist_5k",
+                  "max_train_examples": 400},
+      "partition": {"name": "iid", "num_clients": 4},
+      "model": {"name": "mlp2", "args": {"hidden": 16}},
+      "train": {"rounds": 5, "learning_rate": 0.1, "participation": 0.5},
+      "algorithms": {"FedAdp": {"aggregator": "fedadp",
+                                "aggregator_args": {"alpha": 2.0}}},
+      "seeds": [3],
+  }
+  config.update(changes)
+  path = tmp_path / "config.json"
+  path.write_text(json.dumps(config))
+  return str(path)
+
+
+def _bad_out_file(tmp_path):
+  path = tmp_path / "a_file"
+  path.write_text("")
+  return ["--out", str(path)]
+
+
+def _history_is_a_dir(tmp_path):
+  (tmp_path / "out" / "history.csv").mkdir(parents=True)
+  return ["--out", str(tmp_path / "out")]
+
+
+def _file_on_the_way(tmp_path):
+  (tmp_path / "parent").write_text("")
+  return ["--out", str(tmp_path / "parent" / "out")]
+
+
+def _missing_data(tmp_path):
+  return ["--dataset", "fashion_mnist", "--source", "files", "--data-dir",
+          str(tmp_path)]
+
+
+def _unknown_config_key(tmp_path):
+  return ["--config", _config_file(tmp_path, epochs=3)]
+
+
+def _two_algorithms(tmp_path):
+  return ["--config", _config_file(tmp_path, algorithms={
+      "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedadp"}})]
+
+
+def _bad_file_value(tmp_path):
+  return ["--config", _config_file(tmp_path, seeds=[-3])]
+
+
+# (extra flags, or a function of tmp_path giving them; what the line names).
+BAD_FLAGS = [
+    (["--seed", "-1"], "--seed"),
+    (["--lr", "nan"], "--lr"),
+    (["--lr", "inf"], "--lr"),
+    (["--participation", "1.5"], "--participation"),
+    (["--aggregator", "fedavgg"], "--aggregator"),
+    (["--aggregator", "fedadp", "--agg-arg", "alpha=abc"], "--agg-arg"),
+    (["--aggregator", "fedadp", "--agg-arg", "alpah=1"], "--agg-arg"),
+    (["--agg-arg", "alpha"], "--agg-arg"),
+    (["--rounds", "-2"], "--rounds"),
+    (["--rounds", "two"], "--rounds"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--epochs", "0"], "--epochs"),
+    (["--momentum", "1"], "--momentum"),
+    (["--partition-arg", "bogus=1"], "--partition-arg"),
+    (["--partition", "nope"], "--partition"),
+    (["--num-clients", "100000"], "--num-clients"),
+    (["--objective", "fedprox", "--objective-arg", "mu=-1"],
+     "--objective-arg"),
+    (["--conv-impl", "fast"], "--conv-impl"),
+    (["--max-train-examples", "0"], "--max-train-examples"),
+    (["--seeds", "0,x"], "--seeds"),
+    (["--seeds", "0,1", "--checkpoint-every", "1"], "--checkpoint-every"),
+    (["--sweep", "nope=1,2"], "--sweep"),
+    (["--aggregator", "fedadp", "--sweep", "alpha=1,-5"], "--sweep"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every"),
+    (["--devices", "4096"], "--devices"),
+    (["--list", "widgets"], "--list"),
+    (["--bogus"], "--bogus"),
+    (["--config", "no/such/file.json"], "--config"),
+    (_unknown_config_key, "--config"),
+    (_bad_file_value, "--config"),
+    (_two_algorithms, "--algorithm"),
+    (_bad_out_file, "--out"),
+    (_history_is_a_dir, "--out"),
+    (_file_on_the_way, "--out"),
+    (_missing_data, "--data-dir"),
+]
+
+
+@pytest.mark.parametrize(
+    "flags,flag", BAD_FLAGS,
+    ids=[f if isinstance(f, str) else
+         (f.__name__ if callable(f) else " ".join(f)) for f, _ in BAD_FLAGS])
+def test_user_errors_are_one_line_naming_the_flag(flags, flag, tmp_path,
+                                                  capsys):
+  if callable(flags):
+    flags = flags(tmp_path)
+  out = ["--out", str(tmp_path / "run")]
+  line = _error_line(capsys, TINY + out + flags)
+  assert flag in line, line
+
+
+def test_unwritable_out_is_refused_before_the_data(tmp_path, capsys,
+                                                   monkeypatch):
+  locked = tmp_path / "locked"
+  locked.mkdir()
+  locked.chmod(0o500)
+  try:
+    if os.access(locked, os.W_OK):
+      pytest.skip("running as a user who can write anywhere")
+    monkeypatch.setattr(experiment, "load_dataset", _never)
+    line = _error_line(capsys, TINY + ["--out", str(locked)])
+    assert "--out" in line and "not writable" in line
+  finally:
+    locked.chmod(0o700)
+
+
+def _never(*args, **kwargs):
+  raise AssertionError("the data must not be read")
+
+
+def test_internal_errors_keep_their_traceback(tmp_path, monkeypatch):
+  def broken(*args, **kwargs):
+    raise RuntimeError("a bug")
+  monkeypatch.setattr(experiment, "run_algorithm", broken)
+  with pytest.raises(RuntimeError, match="a bug"):
+    cli.main(TINY + ["--out", str(tmp_path / "run")])
+
+
+def test_help_lists_names_and_defaults(capsys):
+  with pytest.raises(SystemExit) as raised:
+    cli.main(["--help"])
+  assert raised.value.code == 0
+  text = " ".join(capsys.readouterr().out.split())
+  for name in ("fedadp", "fedlayerwise", "fedprox", "fedlap", "mixed_iid",
+               "dirichlet", "cnn_mcmahan", "vgg11", "fashion_mnist",
+               "cifar100", "mnist_5k"):
+    assert name in text, name
+  for default in ("(default: 0.05)", "(default: fedavg)", "(default: iid)",
+                  "(default: 10)", "(default: results/run)"):
+    assert default in text, default
+
+
+def test_list_prints_names_with_arguments_and_defaults(capsys):
+  expected = {"aggregators": "fedadp(alpha=5.0,",
+              "objectives": "fedprox(mu=0.01)",
+              "partitions": "shards(shards_per_client=2)",
+              "models": "mlp2(",
+              "datasets": "mnist(source='auto',"}
+  for what, line in expected.items():
+    assert cli.main(["--list", what]) == 0
+    out = capsys.readouterr().out
+    assert any(row.startswith(line) for row in out.splitlines()), out
+  # mixed_iid's num_iid has no default: listed bare.
+  cli.main(["--list", "partitions"])
+  assert "mixed_iid(num_iid, " in capsys.readouterr().out
+
+
+def test_list_runs_as_a_module():
+  result = subprocess.run(
+      [sys.executable, "-m", "fedjax_agg", "--list", "aggregators"],
+      capture_output=True, text=True, check=False, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert "fedavg(" in result.stdout and "fednnnn(" in result.stdout
+
+
+def test_config_file_with_flags_overriding(tmp_path):
+  path = _config_file(tmp_path)
+  # --rounds 10 is the flag's default: given, it still overrides the file.
+  args, given = cli.parse(["--config", path, "--rounds", "10",
+                           "--agg-arg", "smoothing=round"])
+  config, algorithm = cli.resolve(args, given)
+  assert algorithm == "FedAdp"
+  assert config["train"] == {"rounds": 10, "learning_rate": 0.1,
+                             "participation": 0.5}
+  assert config["algorithms"]["FedAdp"]["aggregator_args"] == {
+      "alpha": 2.0, "smoothing": "round"}
+  assert config["seeds"] == [3] and config["model"]["args"] == {"hidden": 16}
+  # Another aggregator drops the file's arguments of the old one.
+  args, given = cli.parse(["--config", path, "--aggregator", "fedavg"])
+  config, _ = cli.resolve(args, given)
+  assert config["algorithms"]["FedAdp"] == {"aggregator": "fedavg"}
+  # Several algorithms: --algorithm picks one.
+  path = _config_file(tmp_path, algorithms={
+      "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedadp"}})
+  config, algorithm = cli.resolve(*cli.parse(["--config", path,
+                                              "--algorithm", "B"]))
+  assert algorithm == "B" and list(config["algorithms"]) == ["B"]
+
+
+def test_flags_alone_give_the_former_config():
+  args, given = cli.parse(["--aggregator", "fedadp", "--agg-arg",
+                           "alpha=2", "--conv-impl", "xla"])
+  config, algorithm = cli.resolve(args, given)
+  assert algorithm == "fedadp" and config["name"] == "cli"
+  assert config["algorithms"] == {"fedadp": {
+      "aggregator": "fedadp", "aggregator_args": {"alpha": 2},
+      "objective": "cross_entropy", "objective_args": {}}}
+  assert config["model"] == {"name": "cnn_mcmahan",
+                             "args": {"conv_impl": "xla"}}
+  assert config["train"]["participation"] == 0.1 and config["seeds"] == [0]
+
+
+def _strict(text: str):
+  def refuse(token):
+    raise ValueError(f"not JSON: {token}")
+  return json.loads(text, parse_constant=refuse)
+
+
+def test_tiny_run_writes_config_json(tmp_path, capsys):
+  out = tmp_path / "run"
+  assert cli.main(TINY + ["--out", str(out), "--seed", "2"]) == 0
+  captured = capsys.readouterr()
+  resolved = [line for line in captured.err.splitlines()
+              if line.startswith("config: ")]
+  assert len(resolved) == 1
+  assert json.loads(resolved[0][len("config: "):])["seeds"] == [2]
+  summary = json.loads(captured.out.strip().splitlines()[-1])
+  assert summary["config"] == str(out / "config.json")
+  for name in ("history.csv", "history.json", "accuracy.png",
+               "config.json"):
+    assert os.path.getsize(out / name) > 0, name
+  _strict((out / "history.json").read_text())
+  record = _strict((out / "config.json").read_text())
+  experiment.check_config(record)  # It can be run again as it is.
+  assert record["dataset"]["name"] == "mnist"
+  assert record["partition"] == {"name": "shards", "num_clients": 4,
+                                 "args": {"shards_per_client": 2},
+                                 "seed_offset": 0}
+  assert record["model"]["name"] == "mlp2"
+  assert record["train"]["learning_rate"] == 0.05
+  assert record["seeds"] == [2]
+  provenance = record["provenance"]
+  data = provenance["data"]
+  assert data["source"] == "mnist_5k"
+  assert data["train_examples"] == 400 and data["test_examples"] == 1000
+  clients = data["clients_by_seed"]["2"]
+  assert clients["num_clients"] == 4
+  assert 0 < clients["examples_min"] <= clients["examples_max"]
+  rule = provenance["algorithms"]["fedavg"]
+  assert rule["aggregator"] == "fedavg"
+  assert rule["aggregator_args"] == {"weighting": "num_examples"}
+  assert rule["objective"] == "cross_entropy"
+  assert rule["train"]["batch_size"] == 20
+  environment = provenance["environment"]
+  for package in ("fedjax_agg", "jax", "flax", "optax", "numpy"):
+    assert environment["versions"][package], package
+  assert environment["python"].count(".") == 2
+  assert environment["devices"]["count"] >= 1
+  assert environment["devices"]["kind"]
+  assert provenance["command"][:3] == ["python", "-m", "fedjax_agg"]
+  assert "--seed" in provenance["command"]
+  assert provenance["execution"]["out"] == str(out)

@@ -1,0 +1,174 @@
+"""Experiment configs are checked key by key before anything runs."""
+
+import glob
+import json
+import math
+import os
+
+import pytest
+
+from fedjax_agg import experiment
+
+CONFIG = {
+    "name": "tiny",
+    "dataset": {"name": "mnist", "source": "mnist_5k",
+                "max_train_examples": 400},
+    "partition": {"name": "shards", "num_clients": 4,
+                  "args": {"shards_per_client": 2}},
+    "model": {"name": "mlp2", "args": {"hidden": 16}},
+    "train": {"rounds": 1, "participation": 0.5, "batch_size": 20,
+              "learning_rate": 0.1},
+    "algorithms": {
+        "FedAvg": {"aggregator": "fedavg"},
+        "FedAdp": {"aggregator": "fedadp", "aggregator_args": {"alpha": 5.0}},
+        "FedProx": {"aggregator": "fedavg", "objective": "fedprox",
+                    "objective_args": {"mu": 0.1}},
+    },
+    "seeds": [0, 1],
+    "target_accuracy": 0.5,
+}
+NAN, INF = math.nan, math.inf
+
+# (overrides of CONFIG, the error's type, the key path it names).
+BAD = [
+    ({"datset": {}}, ValueError, "datset"),
+    ({"name": 3}, TypeError, "name"),
+    ({"train": [1]}, TypeError, "train"),
+    ({"dataset.nme": "mnist"}, ValueError, "dataset.nme"),
+    ({"dataset.name": "mnits"}, ValueError, "dataset.name"),
+    ({"dataset.source": "web"}, ValueError, "dataset.source"),
+    ({"dataset.name": "cifar10"}, ValueError, "dataset.source"),
+    ({"dataset.max_train_examples": 0}, ValueError,
+     "dataset.max_train_examples"),
+    ({"dataset.max_test_examples": 10.5}, TypeError,
+     "dataset.max_test_examples"),
+    ({"dataset.standardize": "yes"}, TypeError, "dataset.standardize"),
+    ({"dataset.data_dir": 3}, TypeError, "dataset.data_dir"),
+    ({"partition.num_client": 4}, ValueError, "partition.num_client"),
+    ({"partition.name": "plot_heatmap"}, ValueError, "partition.name"),
+    ({"partition.num_clients": 0}, ValueError, "partition.num_clients"),
+    ({"partition.num_clients": 2.5}, TypeError, "partition.num_clients"),
+    ({"partition.seed_offset": -1}, ValueError, "partition.seed_offset"),
+    ({"partition.args": [2]}, TypeError, "partition.args"),
+    ({"partition.args.shard_per_client": 2}, ValueError,
+     "partition.args.shard_per_client"),
+    ({"partition.args.seed": 2}, ValueError, "partition.args.seed"),
+    ({"partition.name": "mixed_iid", "partition.args": {}}, ValueError,
+     "partition.args.num_iid"),
+    ({"model.arg": {}}, ValueError, "model.arg"),
+    ({"model.name": "resnet"}, ValueError, "model.name"),
+    ({"model.args.hiden": 16}, ValueError, "model.args"),
+    ({"model.args.conv_impl": "fast"}, ValueError, "model.args.conv_impl"),
+    ({"train.learning_rte": 0.1}, ValueError, "train.learning_rte"),
+    ({"train.rounds": -2}, ValueError, "train.rounds"),
+    ({"train.rounds": 2.0}, TypeError, "train.rounds"),
+    ({"train.rounds": True}, TypeError, "train.rounds"),
+    ({"train.participation": "0.5"}, TypeError, "train.participation"),
+    ({"train.participation": 0}, ValueError, "train.participation"),
+    ({"train.participation": 1.5}, ValueError, "train.participation"),
+    ({"train.participation": NAN}, ValueError, "train.participation"),
+    ({"train.participation": [0.5]}, TypeError, "train.participation"),
+    ({"train.learning_rate": NAN}, ValueError, "train.learning_rate"),
+    ({"train.learning_rate": INF}, ValueError, "train.learning_rate"),
+    ({"train.learning_rate": -0.1}, ValueError, "train.learning_rate"),
+    ({"train.learning_rate": None}, TypeError, "train.learning_rate"),
+    ({"train.momentum": 1.0}, ValueError, "train.momentum"),
+    ({"train.momentum": -0.1}, ValueError, "train.momentum"),
+    ({"train.batch_size": 0}, ValueError, "train.batch_size"),
+    ({"train.local_epochs": 0}, ValueError, "train.local_epochs"),
+    ({"train.stragglers": 1.5}, ValueError, "train.stragglers"),
+    ({"train.eval_every": 0}, ValueError, "train.eval_every"),
+    ({"train.eval_clients": "no"}, TypeError, "train.eval_clients"),
+    ({"train.clients_per_step": 0}, ValueError, "train.clients_per_step"),
+    ({"train.devices": 0}, ValueError, "train.devices"),
+    ({"train.compute_losses": "sometimes"}, TypeError,
+     "train.compute_losses"),
+    ({"seeds": [-1]}, ValueError, "seeds[0]"),
+    ({"seeds": [0, "1"]}, TypeError, "seeds[1]"),
+    ({"seeds": []}, TypeError, "seeds"),
+    ({"seeds": 3}, TypeError, "seeds"),
+    ({"seeds": [1, 1]}, ValueError, "seeds"),
+    ({"target_accuracy": 1.5}, ValueError, "target_accuracy"),
+    ({"vmap_seeds": "yes"}, TypeError, "vmap_seeds"),
+    ({"algorithms": {}}, ValueError, "algorithms"),
+    ({"algorithms.FedAvg": "fedavg"}, TypeError, "algorithms.FedAvg"),
+    ({"algorithms.FedAvg.aggregator": "fedavgg"}, ValueError,
+     "algorithms.FedAvg.aggregator"),
+    ({"algorithms.FedAvg.objective": "mse"}, ValueError,
+     "algorithms.FedAvg.objective"),
+    ({"algorithms.FedAdp.aggregator_arg": {"alpha": 1.0}}, ValueError,
+     "algorithms.FedAdp.aggregator_arg"),
+    ({"algorithms.FedAdp.aggregator_args.alpah": 1.0}, ValueError,
+     "algorithms.FedAdp.aggregator_args.alpah"),
+    ({"algorithms.FedAdp.aggregator_args.num_clients": 4}, ValueError,
+     "algorithms.FedAdp.aggregator_args.num_clients"),
+    ({"algorithms.FedAdp.aggregator_args.alpha": "abc"}, TypeError,
+     "algorithms.FedAdp.aggregator_args"),
+    ({"algorithms.FedAdp.aggregator_args.alpha": -1.0}, ValueError,
+     "algorithms.FedAdp.aggregator_args"),
+    ({"algorithms.FedProx.objective_args.nu": 0.1}, ValueError,
+     "algorithms.FedProx.objective_args.nu"),
+    ({"algorithms.FedProx.objective_args.mu": "x"}, TypeError,
+     "algorithms.FedProx.objective_args"),
+    ({"algorithms.FedAvg.train.lr": 0.1}, ValueError,
+     "algorithms.FedAvg.train.lr"),
+    ({"algorithms.FedAvg.train.learning_rate": 0}, ValueError,
+     "algorithms.FedAvg.train.learning_rate"),
+    # momentum forwards **kwargs to fednnnn: checked when it is built.
+    ({"algorithms.FedAvg.aggregator": "momentum",
+      "algorithms.FedAvg.aggregator_args": {"gama": 0.5}}, TypeError,
+     "algorithms.FedAvg.aggregator_args"),
+]
+
+
+@pytest.mark.parametrize("overrides,error,path", BAD,
+                         ids=[" ".join(map(str, case[0])) for case in BAD])
+def test_bad_configs_name_the_key_path(overrides, error, path):
+  config = experiment.override(CONFIG, overrides)
+  with pytest.raises(error) as raised:
+    experiment.check_config(config)
+  assert isinstance(raised.value, experiment.ConfigError)
+  assert raised.value.path == path
+  assert path in str(raised.value)
+  if "unknown key" in str(raised.value):
+    assert str(raised.value).startswith(f"{path}: unknown key; allowed: [")
+
+
+def test_missing_sections_are_named():
+  for key in ("dataset", "partition", "model", "algorithms"):
+    config = {k: v for k, v in CONFIG.items() if k != key}
+    with pytest.raises(ValueError, match=f"must have a '{key}' entry"):
+      experiment.check_config(config)
+
+
+def test_good_config_and_its_resolution_pass():
+  experiment.check_config(CONFIG)
+  resolved = experiment.resolve_config(CONFIG)
+  experiment.check_config(resolved)
+  assert experiment.resolve_config(resolved) == resolved
+  assert resolved["train"]["momentum"] == 0.0  # a default written out
+  assert resolved["dataset"]["standardize"] is False
+  assert resolved["partition"]["args"] == {"shards_per_client": 2}
+  fedadp = resolved["algorithms"]["FedAdp"]["aggregator_args"]
+  assert fedadp["alpha"] == 5.0 and fedadp["smoothing"] == "participation"
+  # The runner fills in the client learning rate: not frozen in the config.
+  assert "learning_rate" not in fedadp
+  aggregator_args, objective_args = experiment.rule_arguments(CONFIG,
+                                                              "FedAdp")
+  assert aggregator_args["learning_rate"] == 0.1
+  assert objective_args == {}
+  assert experiment.rule_arguments(CONFIG, "FedProx")[1] == {"mu": 0.1}
+
+
+def test_experiment_configs_pass():
+  """The paper configs run through ``experiment`` (ADCT's script has its
+  own format and checks)."""
+  root = os.path.join(os.path.dirname(__file__), "..", "experiments")
+  paths = [p for p in glob.glob(os.path.join(root, "*", "configs", "*.json"))
+           if os.sep + "adct" + os.sep not in p]
+  assert paths
+  for path in paths:
+    with open(path) as f:
+      config = json.load(f)
+    experiment.check_config(config)
+    experiment.check_config(experiment.resolve_config(config))
