@@ -560,6 +560,11 @@ def _check_execution(args, given: set[str], config: dict, algorithm: str,
     if args.checkpoint_every < 0:
       raise UsageError(f"--checkpoint-every: must be an int >= 0, got "
                        f"{args.checkpoint_every}")
+    if _checkpoint_dir(args) is not None:
+      try:
+        experiment.check_output_dir(_checkpoint_dir(args))
+      except ValueError as error:
+        raise UsageError(f"--checkpoint-dir: {error}") from None
   devices = config.get("train", {}).get("devices")
   if devices is not None:
     import jax  # pylint: disable=g-import-not-at-top
@@ -595,6 +600,14 @@ def _load_data(args, given: set[str], config: dict):
   return dataset, indices
 
 
+def _checkpoint_dir(args) -> Optional[str]:
+  """--checkpoint-dir, else <out>/checkpoint where checkpoints are asked
+  for, else None."""
+  if args.checkpoint_dir is None and (args.checkpoint_every or args.resume):
+    return os.path.join(args.out, "checkpoint")
+  return args.checkpoint_dir
+
+
 def _is_writer(args) -> bool:
   """Whether this process writes the results (process 0 of a job)."""
   if not args.distributed:
@@ -623,13 +636,10 @@ def single_main(args, config: dict, algorithm: str, prepared) -> int:
   from fedjax_agg import checkpoint  # pylint: disable=g-import-not-at-top
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
-  checkpoint_dir = args.checkpoint_dir
-  if checkpoint_dir is None and (args.checkpoint_every or args.resume):
-    checkpoint_dir = os.path.join(args.out, "checkpoint")
   try:
     result = experiment.run_algorithm(
         config, algorithm, config["seeds"][0], prepared,
-        progress=not args.no_progress, checkpoint_dir=checkpoint_dir,
+        progress=not args.no_progress, checkpoint_dir=_checkpoint_dir(args),
         checkpoint_every=args.checkpoint_every, resume=args.resume)
   except checkpoint.CheckpointError as error:
     raise UsageError(f"--resume/--checkpoint-dir: {error}") from None

@@ -67,6 +67,12 @@ def _file_on_the_way(tmp_path):
   return ["--out", str(tmp_path / "parent" / "out")]
 
 
+def _checkpoint_dir_is_a_file(tmp_path):
+  path = tmp_path / "a_file"
+  path.write_text("")
+  return ["--checkpoint-every", "1", "--checkpoint-dir", str(path)]
+
+
 def _missing_data(tmp_path):
   return ["--dataset", "fashion_mnist", "--source", "files", "--data-dir",
           str(tmp_path)]
@@ -122,6 +128,7 @@ BAD_FLAGS = [
     (_bad_out_file, "--out"),
     (_history_is_a_dir, "--out"),
     (_file_on_the_way, "--out"),
+    (_checkpoint_dir_is_a_file, "--checkpoint-dir"),
     (_missing_data, "--data-dir"),
 ]
 
