@@ -1,13 +1,25 @@
-"""Shared tree math: per-client, per-leaf and per-layer reductions.
+"""Shared tree math: weighted sums over clients, layers, norms and angles.
 
 Every aggregator and local objective builds on these helpers instead of
 re-deriving norms, dot products and weighted means. ``stacked`` trees carry a
-leading client axis [K, ...]; plain trees are one model.
+leading client axis [K, ...]; plain trees are one model. The chunked
+statistics of the client updates (FedAdp, FedLayerWise, FedNNNN) live in
+``fedjax_agg.update_stats``.
 
 Layers. A *leaf* is one array of the params tree. A *layer* groups the leaves
 that live under the same parent node (a flax module's ``kernel`` and
 ``bias``). ``layer_structure(params, granularity)`` gives the grouping used
-by the per-layer rules (FedLayerWise, FedNNNN's per-layer norms, FedLap).
+by the per-layer rules (FedLayerWise, FedNNNN's per-layer norms).
+
+Padding. Rows of a cohort with mask 0 (or weight 0) may hold anything, NaN
+and inf included; every sum here selects them out (``jnp.where``) rather
+than multiplying them by 0, which would keep a NaN.
+
+Scale. Norms and cosines never square raw values: a vector is first divided
+by a power of two close to its largest magnitude (``SumOfSquares``), exactly
+(no rounding), so updates of any finite float32 magnitude (1e-30 or 1e38)
+give the same angles as at magnitude 1, where a plain sum of squares would
+underflow to 0 or overflow to inf.
 """
 
 from typing import NamedTuple, Optional
@@ -18,9 +30,6 @@ import optax
 
 from fedjax_agg.types import Params, StackedParams
 
-# Norms below this are treated as zero (no direction, angle pi/2).
-NORM_EPS = 1e-12
-
 
 def tree_sub(a: Params, b: Params) -> Params:
   return optax.tree.sub(a, b)
@@ -30,9 +39,9 @@ def tree_scale(scalar, tree: Params) -> Params:
   return optax.tree.scale(scalar, tree)
 
 
-def stacked_sub(stacked: StackedParams, tree: Params) -> StackedParams:
-  """[K, ...] - [...] leaf by leaf (broadcast over the client axis)."""
-  return jax.tree.map(lambda s, t: s - t[None], stacked, tree)
+def add_update(params: Params, update: Params) -> Params:
+  """params + update, leaf by leaf, in the dtypes of ``params``."""
+  return jax.tree.map(lambda w, u: (w + u).astype(w.dtype), params, update)
 
 
 def broadcast_to_clients(tree: Params, num_clients: int) -> StackedParams:
@@ -41,17 +50,40 @@ def broadcast_to_clients(tree: Params, num_clients: int) -> StackedParams:
       lambda t: jnp.broadcast_to(t, (num_clients,) + t.shape), tree)
 
 
+def sum_over_clients(stacked: StackedParams) -> Params:
+  """Sum over the leading client axis of every leaf: [K, ...] -> [...]."""
+  return jax.tree.map(lambda a: jnp.sum(a, axis=0), stacked)
+
+
+# ---------------------------------------------------------------------------
+# Weighted sums over the client axis.
+
+
 def normalize_weights(weights: jax.Array, mask: jax.Array) -> jax.Array:
   """Masked weights summing to 1 over real clients; [K] -> [K].
 
-  Padded clients (mask 0) get weight 0. If every real weight is 0 the real
-  clients share the weight equally; an all-padding cohort gives all zeros.
+  Padded clients (mask 0) get weight 0, whatever their weight was (NaN
+  included). If every real weight is 0 the real clients share the weight
+  equally; an all-padding cohort gives all zeros.
   """
   weights = jnp.where(mask > 0, weights, 0.0)
   total = jnp.sum(weights)
-  uniform = mask / jnp.maximum(jnp.sum(mask), 1.0)
+  uniform = jnp.where(mask > 0, 1.0, 0.0) / jnp.maximum(
+      jnp.sum(mask > 0), 1)
   return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0),
                    uniform)
+
+
+def weighted_leaf_sum(leaf: jax.Array, weights: jax.Array) -> jax.Array:
+  """sum_k weights[k] leaf[k] over [K, ...]; rows of weight 0 are skipped.
+
+  A skipped row contributes exactly 0 even if it holds NaN or inf (a
+  padding row), where ``0 * nan`` would be NaN.
+  """
+  live = (weights != 0).reshape((-1,) + (1,) * (leaf.ndim - 1))
+  return jnp.tensordot(weights.astype(leaf.dtype),
+                       jnp.where(live, leaf, jnp.zeros((), leaf.dtype)),
+                       axes=(0, 0))
 
 
 def weighted_sum(stacked: StackedParams, weights: jax.Array) -> Params:
@@ -59,56 +91,19 @@ def weighted_sum(stacked: StackedParams, weights: jax.Array) -> Params:
 
   Args:
     stacked: tree with leaves [K, ...].
-    weights: [K] (already normalised by the caller when a mean is wanted).
+    weights: [K] (already normalised by the caller when a mean is wanted);
+      rows of weight 0 are skipped (``weighted_leaf_sum``).
   """
-  def leaf_sum(leaf):
-    w = weights.astype(leaf.dtype)
-    return jnp.tensordot(w, leaf, axes=(0, 0))
-  return jax.tree.map(leaf_sum, stacked)
+  return jax.tree.map(lambda leaf: weighted_leaf_sum(leaf, weights), stacked)
 
 
-def layer_weighted_sum(stacked: StackedParams, weights: jax.Array,
-                       structure: "LayerStructure") -> Params:
-  """Per-layer weighted sum: leaf in layer l uses ``weights[:, l]``.
+def keep_if_no_clients(mask: jax.Array, new_tree, old_tree):
+  """``new_tree`` if the cohort has a real client (mask 1), else ``old_tree``.
 
-  Args:
-    stacked: tree with leaves [K, ...].
-    weights: [K, L] client weights per layer.
-    structure: the layer grouping of the tree.
+  A round whose every row is padding carries no information; rules use this
+  to leave the global model (and their state) unchanged then.
   """
-  leaves, treedef = jax.tree.flatten(stacked)
-  out = [
-      jnp.tensordot(weights[:, layer].astype(leaf.dtype), leaf, axes=(0, 0))
-      for leaf, layer in zip(leaves, structure.leaf_to_layer, strict=True)
-  ]
-  return jax.tree.unflatten(treedef, out)
-
-
-# ---------------------------------------------------------------------------
-# Per-leaf reductions over a stacked tree: [K, ...] leaves -> [K, num_leaves].
-
-
-def stacked_leaf_dots(a: StackedParams, b) -> jax.Array:
-  """Per-client, per-leaf dot products; ``b`` stacked or plain. -> [K, P]."""
-  def dot(x, y):
-    y = jnp.broadcast_to(y, x.shape)
-    return jnp.sum((x * y).reshape(x.shape[0], -1), axis=1)
-  return jnp.stack(
-      [dot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
-                                 strict=True)],
-      axis=1)
-
-
-def stacked_leaf_sq_norms(a: StackedParams) -> jax.Array:
-  """Per-client, per-leaf squared L2 norms. -> [K, P]."""
-  return jnp.stack(
-      [jnp.sum(jnp.square(x).reshape(x.shape[0], -1), axis=1)
-       for x in jax.tree.leaves(a)], axis=1)
-
-
-def leaf_sq_norms(tree: Params) -> jax.Array:
-  """Per-leaf squared L2 norms of one tree. -> [P]."""
-  return jnp.stack([jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)])
+  return optax.tree.where(jnp.any(mask > 0), new_tree, old_tree)
 
 
 # ---------------------------------------------------------------------------
@@ -178,151 +173,138 @@ def layer_structure(params: Params, granularity: str = "layer"
   return LayerStructure(tuple(names), tuple(leaf_to_layer))
 
 
+def single_layer_structure(params: Params) -> LayerStructure:
+  """Every leaf of ``params`` in one layer named "model" (whole-model rules).
+
+  With it, the per-layer helpers compute whole-model quantities: the angle
+  of the concatenation of all leaves (FedAdp).
+  """
+  return LayerStructure(("model",), (0,) * len(jax.tree.leaves(params)))
+
+
 def to_layers(per_leaf: jax.Array, structure: LayerStructure) -> jax.Array:
   """Sums per-leaf quantities into per-layer ones: [..., P] -> [..., L]."""
   return per_leaf @ structure.segment_matrix().astype(per_leaf.dtype)
 
 
-# ---------------------------------------------------------------------------
-# Angles.
-
-
-def safe_cosine(dot: jax.Array, sq_norm_a: jax.Array,
-                sq_norm_b: jax.Array) -> jax.Array:
-  """cos = dot / (|a| |b|), clipped to [-1, 1]; 0 when either norm is 0.
-
-  A zero vector has no direction; by convention it is orthogonal to
-  everything (cosine 0, angle pi/2), which never produces NaN.
-  """
-  denom_sq = sq_norm_a * sq_norm_b
-  ok = denom_sq > NORM_EPS**2
-  cos = dot / jnp.sqrt(jnp.where(ok, denom_sq, 1.0))
-  return jnp.where(ok, jnp.clip(cos, -1.0, 1.0), 0.0)
-
-
-def safe_angle(dot, sq_norm_a, sq_norm_b) -> jax.Array:
-  """arccos of ``safe_cosine`` in [0, pi]; pi/2 for zero vectors."""
-  return jnp.arccos(safe_cosine(dot, sq_norm_a, sq_norm_b))
-
-
-def flat_size(tree: Params) -> int:
-  return sum(x.size for x in jax.tree.leaves(tree))
+def max_to_layers(per_leaf: jax.Array, structure: LayerStructure
+                  ) -> jax.Array:
+  """Largest per-leaf value of each layer, for values >= 0. [..., P] ->
+  [..., L]."""
+  member = structure.segment_matrix() > 0  # [P, L]
+  return jnp.max(jnp.where(member, per_leaf[..., :, None], 0), axis=-2)
 
 
 # ---------------------------------------------------------------------------
-# Per-layer norms and angles over a stacked tree.
+# Scale-safe sums of squares, norms and cosines.
 
 
-def single_layer_structure(params: Params) -> LayerStructure:
-  """Every leaf of ``params`` in one layer named "model" (whole-model rules).
+def power_of_two_scale(max_abs: jax.Array) -> jax.Array:
+  """A power of two s with max_abs / s in [1, 2); 0 where max_abs is 0.
 
-  With it, the per-layer helpers below compute whole-model quantities: the
-  angle of the concatenation of all leaves (FedAdp), the norm of the whole
-  update (FedNNNN).
+  Dividing by s is exact, so a statistic of x / s is the statistic of x
+  times a power of two, to the bit, and never overflows.
   """
-  return LayerStructure(("model",), (0,) * len(jax.tree.leaves(params)))
+  # Piecewise constant: no gradient flows through a scale.
+  max_abs = jax.lax.stop_gradient(max_abs)
+  info = jnp.finfo(max_abs.dtype)
+  _, exponent = jnp.frexp(max_abs)
+  exponent = jnp.clip(exponent - 1, info.minexp, info.maxexp - 1)
+  scale = jnp.ldexp(jnp.ones_like(max_abs), exponent)
+  return jnp.where(max_abs > 0, scale, jnp.zeros_like(max_abs))
+
+
+def divide_by_scale(x: jax.Array, scale: jax.Array) -> jax.Array:
+  """x / scale, with a scale of 0 (x is all zeros there) taken as 1."""
+  return x / jnp.where(scale > 0, scale, jnp.ones_like(scale))
+
+
+class SumOfSquares(NamedTuple):
+  """sum_i x_i^2 = scale^2 * scaled, kept apart so that neither overflows.
+
+  Attributes:
+    scale: a power of two near max_i |x_i| (``power_of_two_scale``); 0 for
+      a zero vector.
+    scaled: sum_i (x_i / scale)^2 (0 for a zero vector).
+  """
+  scale: jax.Array
+  scaled: jax.Array
+
+  def norm(self) -> jax.Array:
+    """sqrt(sum_i x_i^2) (inf only when the norm exceeds the float range)."""
+    return self.scale * jnp.sqrt(self.scaled)
+
+
+def sum_of_squares(x: jax.Array, axis=-1) -> SumOfSquares:
+  """``SumOfSquares`` of ``x`` over ``axis`` (an int or tuple of ints)."""
+  scale = power_of_two_scale(jnp.max(jnp.abs(x), axis=axis, keepdims=True))
+  scaled = jnp.sum(jnp.square(divide_by_scale(x, scale)), axis=axis)
+  return SumOfSquares(jnp.squeeze(scale, axis), scaled)
+
+
+def layer_sums_of_squares(per_leaf: SumOfSquares,
+                          structure: LayerStructure) -> SumOfSquares:
+  """Per-leaf sums of squares [..., P] combined into per-layer [..., L].
+
+  Each leaf's scaled sum is rescaled to its layer's largest scale (a power
+  of two again, so exactly) before the sum over the layer's leaves.
+  """
+  layer_scale = max_to_layers(per_leaf.scale, structure)
+  ratio = divide_by_scale(
+      per_leaf.scale,
+      jnp.take(layer_scale, jnp.asarray(structure.leaf_to_layer), axis=-1))
+  return SumOfSquares(layer_scale,
+                      to_layers(jnp.square(ratio) * per_leaf.scaled,
+                                structure))
+
+
+def leaf_sums_of_squares(tree: Params) -> SumOfSquares:
+  """Per-leaf ``SumOfSquares`` of one tree. -> [P] each."""
+  parts = [sum_of_squares(x, tuple(range(x.ndim)))
+           for x in jax.tree.leaves(tree)]
+  return SumOfSquares(jnp.stack([p.scale for p in parts]),
+                      jnp.stack([p.scaled for p in parts]))
+
+
+def vector_norm(x: jax.Array, axis=-1) -> jax.Array:
+  """L2 norm of ``x`` over ``axis`` without overflow or underflow."""
+  return sum_of_squares(x, axis).norm()
 
 
 def layer_norms(tree: Params, structure: LayerStructure) -> jax.Array:
   """L2 norm of each layer of one tree. -> [L]."""
-  return jnp.sqrt(to_layers(leaf_sq_norms(tree), structure))
+  return layer_sums_of_squares(leaf_sums_of_squares(tree), structure).norm()
 
 
-# The client updates u_k = stacked[k] - offset are formed ``chunk`` clients
-# at a time inside a loop (exact differences, one reused [chunk, ...]
-# buffer) rather than as a [K, ...] array: on CPU that allocation costs more
-# than the arithmetic, and it doubles peak memory. ``chunk=None`` picks
-# CPU_CLIENT_CHUNK clients on CPU and the whole cohort (one vectorised step)
-# on accelerators, where a long loop of small kernels would be the slow part.
-CPU_CLIENT_CHUNK = 4
-
-
-def _chunk_width(chunk, num_clients: int) -> int:
-  if chunk is None:
-    chunk = (CPU_CLIENT_CHUNK if jax.default_backend() == "cpu"
-             else num_clients)
-  if not isinstance(chunk, int) or chunk < 1:
-    raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
-  return min(chunk, num_clients)
-
-
-def _over_client_chunks(stacked: StackedParams, offset: Params, chunk,
-                        body, carry):
-  """Runs ``carry = body(rows, fresh, updates, carry)`` over client chunks.
-
-  ``rows`` [W] are the chunk's client indices, ``fresh`` [W] bool marks the
-  rows not seen by an earlier chunk (the last chunk is shifted back to stay
-  in range, so it may repeat rows), ``updates`` the list over leaves of
-  [W, size] flattened u_k.
-  """
-  leaves, offsets = jax.tree.leaves(stacked), jax.tree.leaves(offset)
-  num_clients = leaves[0].shape[0]
-  width = _chunk_width(chunk, num_clients)
-
-  def step_fn(step, carry):
-    start = jnp.minimum(step * width, num_clients - width)
-    rows = start + jnp.arange(width)
-    updates = [
-        (jax.lax.dynamic_slice_in_dim(x, start, width) - o[None]).reshape(
-            width, -1) for x, o in zip(leaves, offsets, strict=True)]
-    return body(rows, rows >= step * width, updates, carry)
-
-  return jax.lax.fori_loop(0, -(-num_clients // width), step_fn, carry)
-
-
-def stacked_update_moments(stacked: StackedParams, offset: Params,
-                           weights: jax.Array, chunk: Optional[int] = None
-                           ) -> tuple[Params, jax.Array]:
-  """Weighted sum and per-leaf squared norms of u_k = stacked[k] - offset.
+def cosine(scaled_dot: jax.Array, a: SumOfSquares,
+           b: SumOfSquares) -> jax.Array:
+  """cos(a, b) = <a/s_a, b/s_b> / (|a/s_a| |b/s_b|), in [-1, 1].
 
   Args:
-    stacked: tree with leaves [K, ...].
-    offset: plain tree (e.g. the global params).
-    weights: [K].
-    chunk: clients per loop step (None: see ``CPU_CLIENT_CHUNK``).
+    scaled_dot: the dot product of the two vectors each divided by its
+      ``SumOfSquares.scale`` (``a.scale``, ``b.scale``).
+    a, b: the vectors' sums of squares.
 
   Returns:
-    ``(sum_k weights[k] u_k`` (a plain tree), ``|u_k|^2`` [K, P]).
+    The cosine; 0 when either vector is zero (no direction: by convention
+    orthogonal to everything, angle pi/2, never NaN).
   """
-  leaves = jax.tree.leaves(stacked)
-
-  def body(rows, fresh, updates, carry):
-    sums, sq_norms = carry
-    chunk_weights = jnp.where(fresh, weights[rows], 0.0)
-    sums = [s + chunk_weights.astype(u.dtype) @ u
-            for s, u in zip(sums, updates, strict=True)]
-    chunk_sq = jnp.stack([jnp.sum(jnp.square(u), axis=1) for u in updates],
-                         axis=1)
-    return sums, sq_norms.at[rows].set(chunk_sq.astype(sq_norms.dtype))
-
-  sums = [jnp.zeros((x[0].size,), x.dtype) for x in leaves]
-  sq_norms = jnp.zeros((leaves[0].shape[0], len(leaves)),
-                       jnp.result_type(*leaves))
-  sums, sq_norms = _over_client_chunks(stacked, offset, chunk, body,
-                                       (sums, sq_norms))
-  treedef = jax.tree.structure(offset)
-  shapes = [o.shape for o in jax.tree.leaves(offset)]
-  return jax.tree.unflatten(treedef, [
-      s.reshape(shape) for s, shape in zip(sums, shapes, strict=True)
-  ]), sq_norms
+  ok = (a.scaled > 0) & (b.scaled > 0)
+  denominator = jnp.sqrt(jnp.where(ok, a.scaled * b.scaled, 1.0))
+  return jnp.where(ok, jnp.clip(scaled_dot / denominator, -1.0, 1.0), 0.0)
 
 
-def stacked_update_dots(stacked: StackedParams, offset: Params,
-                        other: Params, chunk: Optional[int] = None
-                        ) -> jax.Array:
-  """<u_k, other> per client and leaf, u_k = stacked[k] - offset. [K, P]."""
-  others = [y.reshape(-1) for y in jax.tree.leaves(other)]
-  leaves = jax.tree.leaves(stacked)
+def cosines(a: jax.Array, b: jax.Array, axis=-1) -> jax.Array:
+  """Cosine of ``a`` and ``b`` along ``axis`` (e.g. row by row of [R, D]).
 
-  def body(rows, fresh, updates, dots):
-    del fresh  # repeated rows get the same values again
-    chunk_dots = jnp.stack(
-        [u @ y for u, y in zip(updates, others, strict=True)], axis=1)
-    return dots.at[rows].set(chunk_dots.astype(dots.dtype))
-
-  dots = jnp.zeros((leaves[0].shape[0], len(leaves)),
-                   jnp.result_type(*leaves))
-  return _over_client_chunks(stacked, offset, chunk, body, dots)
+  Scale-safe (module docstring); 0 where either vector is zero.
+  """
+  a_squares, b_squares = sum_of_squares(a, axis), sum_of_squares(b, axis)
+  scaled_dot = jnp.sum(
+      divide_by_scale(a, jnp.expand_dims(a_squares.scale, axis))
+      * divide_by_scale(b, jnp.expand_dims(b_squares.scale, axis)),
+      axis=axis)
+  return cosine(scaled_dot, a_squares, b_squares)
 
 
 # ---------------------------------------------------------------------------
@@ -371,116 +353,6 @@ def scatter_clients(table: jax.Array, client_ids: jax.Array,
   keep = (mask > 0) & _valid_ids(table, client_ids)
   ids = jnp.where(keep, client_ids, table.shape[0])
   return table.at[ids].set(rows.astype(table.dtype), mode="drop")
-
-
-# ---------------------------------------------------------------------------
-# Coordinate-wise order statistics over the real clients.
-
-
-def _sorted_real_first(leaf: jax.Array, mask: jax.Array) -> jax.Array:
-  """Sorts [K, ...] along the client axis with padded rows moved last."""
-  mask = mask.reshape((-1,) + (1,) * (leaf.ndim - 1))
-  return jnp.sort(jnp.where(mask > 0, leaf, jnp.inf), axis=0)
-
-
-def masked_median(stacked: StackedParams, mask: jax.Array) -> Params:
-  """Coordinate-wise median over the real clients (mask 1).
-
-  An even number m of real clients gives the mean of the two middle values.
-  With no real client the result is undefined (the caller handles it).
-  """
-  num_real = jnp.sum(mask > 0).astype(jnp.int32)
-  lower = jnp.maximum(num_real - 1, 0) // 2
-  upper = num_real // 2
-
-  def leaf_median(leaf):
-    ordered = _sorted_real_first(leaf, mask)
-    low = jax.lax.dynamic_index_in_dim(ordered, lower, keepdims=False)
-    high = jax.lax.dynamic_index_in_dim(
-        ordered, jnp.minimum(upper, leaf.shape[0] - 1), keepdims=False)
-    return ((low + high) / 2).astype(leaf.dtype)
-  return jax.tree.map(leaf_median, stacked)
-
-
-def masked_trimmed_mean(stacked: StackedParams, mask: jax.Array,
-                        num_trimmed: jax.Array) -> Params:
-  """Coordinate-wise mean of the real values left after trimming.
-
-  Per coordinate, the ``num_trimmed`` largest and ``num_trimmed`` smallest
-  of the m real values are removed and the other ``m - 2 num_trimmed`` are
-  averaged (the caller keeps that count >= 1).
-  """
-  num_real = jnp.sum(mask > 0).astype(jnp.int32)
-  num_kept = jnp.maximum(num_real - 2 * num_trimmed, 1)
-
-  def leaf_mean(leaf):
-    ordered = _sorted_real_first(leaf, mask)
-    rank = jnp.arange(leaf.shape[0]).reshape(
-        (-1,) + (1,) * (leaf.ndim - 1))
-    keep = (rank >= num_trimmed) & (rank < num_real - num_trimmed)
-    total = jnp.sum(jnp.where(keep, ordered, 0.0), axis=0)
-    return (total / num_kept).astype(leaf.dtype)
-  return jax.tree.map(leaf_mean, stacked)
-
-
-def keep_if_no_clients(mask: jax.Array, new_tree, old_tree):
-  """``new_tree`` if the cohort has a real client (mask 1), else ``old_tree``.
-
-  A round whose every row is padding carries no information; rules use this
-  to leave the global model (and their state) unchanged then.
-  """
-  has_clients = jnp.any(mask > 0)
-  return jax.tree.map(lambda new, old: jnp.where(has_clients, new, old),
-                      new_tree, old_tree)
-
-
-# ---------------------------------------------------------------------------
-# Rows of a kernel: the weights leaving one neuron (per-neuron statistics).
-
-KERNEL_ROWS = ("in_channel", "patch", "out_channel")
-
-
-def kernel_rows(leaf: jax.Array, conv_rows: str = "in_channel") -> jax.Array:
-  """Views a kernel as a matrix of rows, one row per neuron. -> [R, D].
-
-  Kernels follow flax's layout: the input axis is second to last, the output
-  axis last. A dense kernel [in, out] gives its ``in`` rows (row j holds the
-  weights leaving input neuron j). A convolution kernel [kh, kw, in, out]
-  (any number of spatial axes) gives, by ``conv_rows``:
-
-  * "in_channel": one row per input channel, [in, kh*kw*out] (the weights
-    leaving feature map j, all spatial offsets);
-  * "patch": one row per (kh, kw, in) patch element, [kh*kw*in, out] (the
-    kernel as the dense matrix it is on im2col patches);
-  * "out_channel": one row per filter, [out, kh*kw*in] (the weights entering
-    output channel j).
-
-  A vector (bias, normalisation scale) or scalar is one row.
-  """
-  if conv_rows not in KERNEL_ROWS:
-    raise ValueError(
-        f"conv_rows must be one of {KERNEL_ROWS}, got {conv_rows!r}")
-  if leaf.ndim <= 1:
-    return leaf.reshape(1, -1)
-  if leaf.ndim == 2 or conv_rows == "patch":
-    return leaf.reshape(-1, leaf.shape[-1])
-  axis = -2 if conv_rows == "in_channel" else -1
-  moved = jnp.moveaxis(leaf, axis, 0)
-  return moved.reshape(moved.shape[0], -1)
-
-
-def row_cosines(a_rows: jax.Array, b_rows: jax.Array) -> jax.Array:
-  """Cosine of each row of ``a_rows`` with the same row of ``b_rows``.
-
-  Args:
-    a_rows, b_rows: [R, D].
-
-  Returns:
-    [R] in [-1, 1]; 0 where either row is zero (see ``safe_cosine``).
-  """
-  return safe_cosine(jnp.sum(a_rows * b_rows, axis=-1),
-                     jnp.sum(jnp.square(a_rows), axis=-1),
-                     jnp.sum(jnp.square(b_rows), axis=-1))
 
 
 # ---------------------------------------------------------------------------
@@ -545,13 +417,3 @@ def mean_from_sums(sums: MaskedSums) -> Params:
   return jax.tree.map(
       lambda a, u: jnp.where(ok, a, u * inverse_count.astype(u.dtype)),
       mean, sums.uniform)
-
-
-def add_update(params: Params, update: Params) -> Params:
-  """params + update, leaf by leaf, in the dtypes of ``params``."""
-  return jax.tree.map(lambda w, u: (w + u).astype(w.dtype), params, update)
-
-
-def sum_over_clients(stacked: StackedParams) -> Params:
-  """Sum over the leading client axis of every leaf: [K, ...] -> [...]."""
-  return jax.tree.map(lambda a: jnp.sum(a, axis=0), stacked)

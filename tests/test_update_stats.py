@@ -1,47 +1,144 @@
-"""tree_math's chunked client-update statistics against numpy."""
+"""update_stats' chunked client-update statistics against numpy."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fedjax_agg import tree_math
+from fedjax_agg import update_stats
 from tests import agg_testutil as tu
+
+
+def _np_cosines(a, b):
+  return np.sum(a * b, -1) / np.sqrt(np.sum(a * a, -1) * np.sum(b * b, -1))
 
 
 @pytest.mark.parametrize("num_clients,chunk", [
     (1, None), (5, 4), (9, 2), (6, 10)])
-def test_moments_and_dots_match_numpy(num_clients, chunk):
+def test_moments_and_cosines_match_numpy(num_clients, chunk):
   rng = np.random.default_rng(num_clients)
   offset = tu.make_params(rng)
   stacked = tu.make_clients(rng, offset, num_clients, scale=0.5)
   other = tu.make_params(rng)
   weights = rng.uniform(size=num_clients).astype(np.float32)
+  structure = tree_math.layer_structure(offset)
 
   @jax.jit
   def stats(stacked, offset, other, weights):
-    total, sq_norms = tree_math.stacked_update_moments(
-        stacked, offset, weights, chunk=chunk)
-    return total, sq_norms, tree_math.stacked_update_dots(
-        stacked, offset, other, chunk=chunk)
+    moments = update_stats.update_moments(stacked, offset, weights,
+                                          chunk=chunk)
+    return moments.weighted_sum, moments.squares.norm(), (
+        update_stats.update_cosines(stacked, offset, other, moments.squares,
+                                    structure, chunk=chunk))
 
-  total, sq_norms, dots = stats(stacked, offset, other, weights)
+  total, norms, cosines = stats(stacked, offset, other, weights)
   updates = jax.tree.map(lambda s, o: np.asarray(s, np.float64) - o[None],
                          stacked, tu.np_tree(offset))
   tu.assert_trees_close(
       total, jax.tree.map(lambda u: np.tensordot(weights, u, axes=1),
                           updates), rtol=1e-5, atol=1e-6)
   flat = [u.reshape(num_clients, -1) for u in jax.tree.leaves(updates)]
-  others = [np.ravel(y) for y in jax.tree.leaves(other)]
   np.testing.assert_allclose(
-      sq_norms, np.stack([np.sum(u**2, axis=1) for u in flat], axis=1),
+      norms, np.stack([np.sqrt(np.sum(u**2, axis=1)) for u in flat], axis=1),
       rtol=1e-5)
-  np.testing.assert_allclose(
-      dots, np.stack([u @ y for u, y in zip(flat, others, strict=True)],
-                     axis=1), rtol=1e-4, atol=1e-5)
+  others = [np.ravel(y) for y in jax.tree.leaves(tu.np_tree(other))]
+  layer_of = np.asarray(structure.leaf_to_layer)
+  for layer in range(structure.num_layers):
+    leaves = np.flatnonzero(layer_of == layer)
+    u = np.concatenate([flat[p] for p in leaves], axis=1)
+    y = np.concatenate([others[p] for p in leaves])
+    np.testing.assert_allclose(cosines[:, layer], _np_cosines(u, y[None]),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 1e20, 1e30, 3e37])
+def test_statistics_do_not_overflow_or_underflow(magnitude):
+  # The same updates at magnitude 1 and at `magnitude`: equal cosines, norms
+  # in proportion, all finite, under jit.
+  rng = np.random.default_rng(7)
+  offset = jax.tree.map(jnp.zeros_like, tu.make_params(rng))
+  stacked = tu.make_clients(rng, offset, 5, scale=1.0)
+  structure = tree_math.layer_structure(offset)
+  mask = jnp.asarray([1.0, 1.0, 0.0, 1.0, 1.0])
+  weights = tree_math.normalize_weights(jnp.ones(5), mask)
+
+  @jax.jit
+  def stats(stacked):
+    moments = update_stats.update_moments(stacked, offset, weights, mask)
+    return moments.squares.norm(), update_stats.update_cosines(
+        stacked, offset, moments.weighted_sum, moments.squares, structure,
+        mask)
+
+  norms, cosines = stats(stacked)
+  big_norms, big_cosines = stats(
+      jax.tree.map(lambda x: x * magnitude, stacked))
+  assert np.all(np.isfinite(big_norms)) and np.all(np.isfinite(big_cosines))
+  np.testing.assert_allclose(big_cosines, cosines, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(big_norms, np.float64) / magnitude,
+                             norms, rtol=1e-5)
+  assert np.all(np.asarray(cosines)[2] == 0)  # the padding row
+
+
+def test_padding_rows_are_zero_updates_whatever_they_hold():
+  rng = np.random.default_rng(3)
+  offset = tu.make_params(rng)
+  stacked = tu.make_clients(rng, offset, 4)
+  mask = jnp.asarray([1.0, 0.0, 1.0, 0.0])
+  weights = jnp.asarray([0.5, 0.0, 0.5, 0.0])
+  dirty = jax.tree.map(
+      lambda x: x.at[1].set(jnp.nan).at[3].set(jnp.inf), stacked)
+  structure = tree_math.single_layer_structure(offset)
+
+  def stats(stacked):
+    moments = update_stats.update_moments(stacked, offset, weights, mask,
+                                          chunk=3)
+    return moments, update_stats.update_cosines(
+        stacked, offset, moments.weighted_sum, moments.squares, structure,
+        mask, chunk=3)
+
+  clean_stats, dirty_stats = stats(stacked), stats(dirty)
+  tu.assert_trees_close(dirty_stats, clean_stats, rtol=0, atol=0)
+  assert np.all(np.asarray(dirty_stats[0].squares.scaled)[[1, 3]] == 0)
 
 
 def test_bad_chunk_raises():
   params = tu.make_params(np.random.default_rng(0))
   stacked = tu.make_clients(np.random.default_rng(1), params, 2)
   with pytest.raises(ValueError, match="chunk"):
-    tree_math.stacked_update_dots(stacked, params, params, chunk=0)
+    update_stats.update_moments(stacked, params, jnp.ones(2), chunk=0)
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 1e25, 1e37])
+def test_tree_math_norms_and_cosines_are_scale_safe(magnitude):
+  rng = np.random.default_rng(2)
+  a = rng.normal(size=(6, 40)).astype(np.float32)
+  b = rng.normal(size=(6, 40)).astype(np.float32)
+  b[3] = 0.0  # no direction: cosine 0
+  params = tu.make_params(rng)
+  structure = tree_math.layer_structure(params)
+
+  @jax.jit
+  def stats(a, b, params):
+    return (tree_math.cosines(a, b), tree_math.vector_norm(a, axis=1),
+            tree_math.layer_norms(params, structure))
+
+  unit = stats(a, b, params)
+  scaled = stats(a * magnitude, b * magnitude,
+                 jax.tree.map(lambda x: x * magnitude, params))
+  np.testing.assert_allclose(scaled[0], unit[0], rtol=1e-5, atol=1e-6)
+  assert unit[0][3] == 0
+  np.testing.assert_allclose(unit[0][:3], _np_cosines(a[:3], b[:3]),
+                             rtol=1e-5)
+  for got, want in zip(scaled[1:], unit[1:], strict=True):
+    np.testing.assert_allclose(np.asarray(got, np.float64) / magnitude, want,
+                               rtol=1e-5)
+
+
+def test_weighted_sum_skips_rows_of_weight_zero_whatever_they_hold():
+  stacked = {"w": jnp.asarray([[1.0, 2.0], [jnp.nan, jnp.inf], [3.0, 4.0]])}
+  out = jax.jit(tree_math.weighted_sum)(stacked, jnp.asarray([0.5, 0.0, 0.5]))
+  np.testing.assert_allclose(out["w"], [2.0, 3.0])
+  weights = tree_math.normalize_weights(jnp.asarray([1.0, jnp.nan, 3.0]),
+                                        jnp.asarray([1.0, 0.0, 1.0]))
+  np.testing.assert_allclose(weights, [0.25, 0.0, 0.75])

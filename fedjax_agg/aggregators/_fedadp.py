@@ -29,7 +29,13 @@ Interpretations:
 * eta only rescales every g_k and g, so it cancels in Eq. (1); it is kept as
   ``learning_rate`` for fidelity.
 * A zero update (g_k = 0) or a zero global gradient has no direction; its
-  angle is pi/2 by convention (``tree_math.safe_cosine``), never NaN.
+  angle is pi/2 by convention (``tree_math.cosine``), never NaN. Angles are
+  scale-safe: updates of any finite magnitude (1e-30 or 1e38) give the
+  angles of the same updates at magnitude 1 (``update_stats``).
+* Rows with mask 0 are never read (NaN there changes nothing); a real row
+  whose client id is outside [0, N) raises when the cohort is concrete
+  (outside jit) and, under jit, counts as a first participation and
+  updates no client's state (``tree_math.scatter_clients``).
 * Angles are taken over every leaf of the params tree given to the rule.
 * A cohort with no real participant leaves the model and the state
   unchanged.
@@ -45,6 +51,7 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
+from fedjax_agg import update_stats
 from fedjax_agg.aggregators._fedavg import client_weights
 from fedjax_agg.aggregators._fedavg import WEIGHTINGS
 from fedjax_agg.types import Aggregator, ClientInfo, Params, StackedParams
@@ -116,19 +123,15 @@ def angle_weighting(global_params: Params, client_params: StackedParams,
     ``(weights, angles, smoothed, new_state)``: [K, L] psi of Eq. (6),
     instantaneous and smoothed angles, and the updated state.
   """
+  # With u_k = w_k(t) - w(t-1), Eq. (3) is g_k = -u_k / eta and Eq. (2)
+  # g = -sum_k p_k u_k / eta; eta > 0 cancels in the cosine of Eq. (1).
+  del learning_rate
   prior = client_weights(info, weighting)
-  # With u_k = w_k(t) - w(t-1), Eq. (3) is g_k = -u_k / eta.
-  update_sum, update_sq = tree_math.stacked_update_moments(
-      client_params, global_params, prior)
-  global_grad = tree_math.tree_scale(-1.0 / learning_rate,
-                                     update_sum)  # Eq. (2)
-  dots = -tree_math.stacked_update_dots(
-      client_params, global_params, global_grad) / learning_rate
-  angles = tree_math.safe_angle(
-      tree_math.to_layers(dots, structure),
-      tree_math.to_layers(update_sq, structure) / learning_rate**2,
-      tree_math.to_layers(tree_math.leaf_sq_norms(global_grad),
-                          structure)[None, :])  # Eq. (1)
+  moments = update_stats.update_moments(client_params, global_params, prior,
+                                        info.mask)
+  angles = jnp.arccos(update_stats.update_cosines(
+      client_params, global_params, moments.weighted_sum, moments.squares,
+      structure, info.mask))  # Eq. (1)
   seen = tree_math.gather_clients(state.times_seen, info.client_ids, 0)
   count = seen + 1 if smoothing == "participation" else jnp.broadcast_to(
       info.round, seen.shape)

@@ -24,6 +24,7 @@ cohort leaving model and state unchanged. The smoothed angles are kept per
 client and per layer, [N, L].
 """
 
+import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
@@ -31,9 +32,25 @@ from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedadp import angle_weighting
 from fedjax_agg.aggregators._fedadp import check_hyperparameters
 from fedjax_agg.aggregators._fedadp import FedAdpState
-from fedjax_agg.types import Aggregator
+from fedjax_agg.types import Aggregator, Params, StackedParams
 
 GRANULARITIES = ("layer", "leaf")
+
+
+def layer_weighted_sum(stacked: StackedParams, weights: jax.Array,
+                       structure: tree_math.LayerStructure) -> Params:
+  """Eq. (7): a leaf of layer l is sum_k weights[k, l] stacked[k].
+
+  Args:
+    stacked: tree with leaves [K, ...].
+    weights: [K, L] client weights per layer (rows of weight 0 skipped,
+      ``tree_math.weighted_leaf_sum``).
+    structure: the layer grouping of the tree.
+  """
+  leaves, treedef = jax.tree.flatten(stacked)
+  return jax.tree.unflatten(treedef, [
+      tree_math.weighted_leaf_sum(leaf, weights[:, layer])
+      for leaf, layer in zip(leaves, structure.leaf_to_layer, strict=True)])
 
 
 def fedlayerwise(alpha: float = 5.0, *, num_clients: int,
@@ -82,8 +99,8 @@ def fedlayerwise(alpha: float = 5.0, *, num_clients: int,
         global_params, client_params, info, state, structure, alpha=alpha,
         learning_rate=learning_rate, smoothing=smoothing,
         weighting=weighting)  # Eqs. (1)-(6)
-    new_global = tree_math.layer_weighted_sum(client_params, weights,
-                                              structure)  # Eq. (7)
+    new_global = layer_weighted_sum(client_params, weights,
+                                    structure)  # Eq. (7)
     new_global = tree_math.keep_if_no_clients(info.mask, new_global,
                                               global_params)
     metrics = {"layer_weights": weights, "angles": angles,

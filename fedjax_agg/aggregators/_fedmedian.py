@@ -14,13 +14,45 @@ the updates. A cohort with no real participant leaves the model unchanged.
 
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
+
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.types import Aggregator
+from fedjax_agg.types import Aggregator, Params, StackedParams
 
 
 class FedMedianState(NamedTuple):
   """FedMedian keeps no state."""
+
+
+def sorted_real_first(leaf: jax.Array, mask: jax.Array) -> jax.Array:
+  """Sorts [K, ...] along the client axis with padded rows moved last.
+
+  Padded rows (mask 0) are replaced by +inf before the sort, so what they
+  held (NaN included) never reaches the first ``sum(mask > 0)`` ranks.
+  """
+  mask = mask.reshape((-1,) + (1,) * (leaf.ndim - 1))
+  return jnp.sort(jnp.where(mask > 0, leaf, jnp.inf), axis=0)
+
+
+def masked_median(stacked: StackedParams, mask: jax.Array) -> Params:
+  """Coordinate-wise median over the real clients (mask 1).
+
+  An even number m of real clients gives the mean of the two middle values.
+  With no real client the result is undefined (the caller handles it).
+  """
+  num_real = jnp.sum(mask > 0).astype(jnp.int32)
+  lower = jnp.maximum(num_real - 1, 0) // 2
+  upper = num_real // 2
+
+  def leaf_median(leaf):
+    ordered = sorted_real_first(leaf, mask)
+    low = jax.lax.dynamic_index_in_dim(ordered, lower, keepdims=False)
+    high = jax.lax.dynamic_index_in_dim(
+        ordered, jnp.minimum(upper, leaf.shape[0] - 1), keepdims=False)
+    return ((low + high) / 2).astype(leaf.dtype)
+  return jax.tree.map(leaf_median, stacked)
 
 
 def fedmedian() -> Aggregator:
@@ -37,7 +69,7 @@ def fedmedian() -> Aggregator:
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,
                         uses_num_examples=False)
-    new_global = tree_math.masked_median(client_params, info.mask)
+    new_global = masked_median(client_params, info.mask)
     new_global = tree_math.keep_if_no_clients(info.mask, new_global,
                                               global_params)
     return new_global, state, {"num_real": (info.mask > 0).sum()}

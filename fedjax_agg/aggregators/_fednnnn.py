@@ -28,6 +28,8 @@ Interpretations:
 * Weights p_k: n_k / n in the equations (``weighting="num_examples"``); the
   experiments set p_k = 1/m (``weighting="uniform"``).
 * A cohort with no real participant leaves model and state unchanged.
+* Norms are scale-safe (``tree_math.SumOfSquares``): updates of magnitude
+  1e20 do not overflow their squares; rows with mask 0 are never read.
 
 Streaming form: N and E are sums over clients, so a round can stream the
 running sums of n_k dw_k, n_k |dw_k|_l per layer and n_k |dw_k| (plus the
@@ -42,9 +44,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
+from fedjax_agg import update_stats
 from fedjax_agg.aggregators._fedavg import client_weights
 from fedjax_agg.aggregators._fedavg import raw_client_weight
 from fedjax_agg.aggregators._fedavg import WEIGHTINGS
@@ -66,15 +70,14 @@ class FedNNNNState(NamedTuple):
   eval_params: Params
 
 
-def _where(condition, on_true, on_false):
-  return jax.tree.map(lambda a, b: jnp.where(condition, a, b), on_true,
-                      on_false)
+# N at or below this counts as "close to 0" (Sec. 4.2) by default.
+MIN_NORM = 1e-12
 
 
 def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
             weighting: str = "num_examples", normalize: bool = True,
             evaluate: str = "average", granularity: str = "layer",
-            min_norm: float = tree_math.NORM_EPS) -> Aggregator:
+            min_norm: float = MIN_NORM) -> Aggregator:
   """FedNNNN aggregator (Eqs. (12)-(13)).
 
   Args:
@@ -112,20 +115,21 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     structure = tree_math.layer_structure(global_params, granularity)
     weights = client_weights(info, weighting)
     # Eq. (2): dw_k = w^k_{t+1} - w_t, summed with p_k and squared.
-    mean_delta, delta_sq = tree_math.stacked_update_moments(
-        client_params, global_params, weights)
-    client_layer_norms = jnp.sqrt(tree_math.to_layers(delta_sq, structure))
+    moments = update_stats.update_moments(client_params, global_params,
+                                          weights, info.mask)
+    client_layer_norms = tree_math.layer_sums_of_squares(
+        moments.squares, structure).norm()
     layer_e = weights @ client_layer_norms  # Eq. (5)
-    e = weights @ jnp.sqrt(jnp.sum(jnp.square(client_layer_norms), axis=1))
+    e = weights @ tree_math.vector_norm(client_layer_norms, axis=1)
     return server_update(global_params, state, info, weights,
-                         (mean_delta, layer_e, e))
+                         (moments.weighted_sum, layer_e, e))
 
   def client_stats(global_params, client_params, info_k):
     # One client's dw_k (Eq. (2)) and its norms, summed with raw weights.
     delta = tree_math.tree_sub(client_params, global_params)
     layer_norms = tree_math.layer_norms(
         delta, tree_math.layer_structure(global_params, granularity))
-    norm = jnp.sqrt(jnp.sum(jnp.square(layer_norms)))
+    norm = tree_math.vector_norm(layer_norms)
     return tree_math.client_sums((delta, layer_norms, norm), info_k.mask,
                                  raw_client_weight(info_k, weighting))
 
@@ -139,7 +143,7 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     mean_delta, layer_e, e = moments
     structure = tree_math.layer_structure(global_params, granularity)
     layer_n = tree_math.layer_norms(mean_delta, structure)  # Eq. (4)
-    n = jnp.sqrt(jnp.sum(jnp.square(layer_n)))
+    n = tree_math.vector_norm(layer_n)
     if normalize:
       skip = n <= min_norm
       scale = jnp.where(skip, 0.0, beta * e / jnp.where(skip, 1.0, n))
@@ -149,9 +153,9 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     momentum = jax.tree.map(
         lambda d, u: (gamma * d + scale * u).astype(d.dtype),
         state.momentum, mean_delta)  # Eq. (12)
-    momentum = _where(skip, state.momentum, momentum)
+    momentum = optax.tree.where(skip, state.momentum, momentum)
     new_global = tree_math.add_update(global_params, momentum)  # Eq. (13)
-    new_global = _where(skip, global_params, new_global)
+    new_global = optax.tree.where(skip, global_params, new_global)
     average = tree_math.add_update(global_params, mean_delta)  # Eq. (3)
     new_state = FedNNNNState(
         momentum, average if evaluate == "average" else new_global)
@@ -161,7 +165,7 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     layer_update = tree_math.layer_norms(server_update, structure)
     metrics = {
         "N": n, "E": e,
-        "server_update_norm": jnp.sqrt(jnp.sum(jnp.square(layer_update))),
+        "server_update_norm": tree_math.vector_norm(layer_update),
         "layer_N": layer_n, "layer_E": layer_e,
         "layer_server_update_norm": layer_update,
         "norm_scale": scale, "client_weights": weights,

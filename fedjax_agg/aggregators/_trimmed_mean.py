@@ -15,16 +15,40 @@ leaves the model unchanged.
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.types import Aggregator
+from fedjax_agg.aggregators._fedmedian import sorted_real_first
+from fedjax_agg.types import Aggregator, Params, StackedParams
 
 
 class TrimmedMeanState(NamedTuple):
   """The trimmed mean keeps no state."""
+
+
+def masked_trimmed_mean(stacked: StackedParams, mask: jax.Array,
+                        num_trimmed: jax.Array) -> Params:
+  """Coordinate-wise mean of the real values left after trimming.
+
+  Per coordinate, the ``num_trimmed`` largest and ``num_trimmed`` smallest
+  of the m real values are removed and the other ``m - 2 num_trimmed`` are
+  averaged (the caller keeps that count >= 1). Padded rows (mask 0) are
+  never read.
+  """
+  num_real = jnp.sum(mask > 0).astype(jnp.int32)
+  num_kept = jnp.maximum(num_real - 2 * num_trimmed, 1)
+
+  def leaf_mean(leaf):
+    ordered = sorted_real_first(leaf, mask)
+    rank = jnp.arange(leaf.shape[0]).reshape(
+        (-1,) + (1,) * (leaf.ndim - 1))
+    keep = (rank >= num_trimmed) & (rank < num_real - num_trimmed)
+    total = jnp.sum(jnp.where(keep, ordered, 0.0), axis=0)
+    return (total / num_kept).astype(leaf.dtype)
+  return jax.tree.map(leaf_mean, stacked)
 
 
 def trimmed_mean(beta: float = 0.1) -> Aggregator:
@@ -51,8 +75,7 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
     # e.g. beta = 0.35, m = 20 trims 7 (float32 would give 6.9999 -> 6).
     table = np.floor(beta * np.arange(info.mask.shape[0] + 1) + 1e-9)
     num_trimmed = jnp.asarray(table, jnp.int32)[num_real]
-    new_global = tree_math.masked_trimmed_mean(client_params, info.mask,
-                                               num_trimmed)
+    new_global = masked_trimmed_mean(client_params, info.mask, num_trimmed)
     new_global = tree_math.keep_if_no_clients(info.mask, new_global,
                                               global_params)
     return new_global, state, {"num_trimmed": num_trimmed}

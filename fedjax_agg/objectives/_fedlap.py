@@ -4,7 +4,7 @@ Charteros, Koutsopoulos, "Lay Importance on the Layer: Federated Learning for
 Non-IID data with Layer-based Regularization", 2023.
 
 For each layer l and each row j of its kernel (the weights leaving neuron j,
-``tree_math.kernel_rows``):
+``kernel_rows``):
 
   s_{l,j} = cos(w^k_{l,j}, w^g_{l,j})                  # Eqs. (5)-(6)
   lambda_{l,j} = 1 - s_{l,j}  in [0, 2]                # Eq. (7)
@@ -25,7 +25,8 @@ Interpretation choices (the paper leaves them open):
   else not regularised (the paper's Eqs. 5-8 define rows of weight matrices
   only). BatchNorm statistics are never regularised.
 * Two rows that are equal (both zero included) have s = 1; otherwise a zero
-  row has s = 0 (no direction, ``tree_math.safe_cosine``).
+  row has s = 0 (no direction, ``tree_math.cosine``). Cosines are
+  scale-safe (``tree_math.cosines``).
 * The importance parameter q in [0, 1] (Sec. V-A: q = 0 is FedAvg, q = 1 is
   FedProx) moves the row coefficient c_j piecewise linearly from FedAvg
   through Eq. (10) to FedProx:
@@ -49,6 +50,34 @@ from fedjax_agg.objectives._fedprox import trainable
 from fedjax_agg.types import LocalObjective
 
 RECOMPUTE = ("epoch", "step")
+KERNEL_ROWS = ("in_channel", "patch", "out_channel")
+
+
+def kernel_rows(leaf: jax.Array, conv_rows: str = "in_channel") -> jax.Array:
+  """Views a kernel as a matrix of rows, one row per neuron. -> [R, D].
+
+  Kernels follow flax's layout: the input axis is second to last, the output
+  axis last. A dense kernel [in, out] gives its ``in`` rows (row j holds the
+  weights leaving input neuron j). A convolution kernel [kh, kw, in, out]
+  (any number of spatial axes) gives, by ``conv_rows``:
+
+  * "in_channel": one row per input channel, [in, kh*kw*out] (the weights
+    leaving feature map j, all spatial offsets);
+  * "patch": one row per (kh, kw, in) patch element, [kh*kw*in, out] (the
+    kernel as the dense matrix it is on im2col patches);
+  * "out_channel": one row per filter, [out, kh*kw*in] (the weights entering
+    output channel j).
+
+  A vector (bias, normalisation scale) or scalar is one row.
+  """
+  checks.check_choice("conv_rows", conv_rows, KERNEL_ROWS)
+  if leaf.ndim <= 1:
+    return leaf.reshape(1, -1)
+  if leaf.ndim == 2 or conv_rows == "patch":
+    return leaf.reshape(-1, leaf.shape[-1])
+  axis = -2 if conv_rows == "in_channel" else -1
+  moved = jnp.moveaxis(leaf, axis, 0)
+  return moved.reshape(moved.shape[0], -1)
 
 
 def _regularised(params, regularize_bias: bool):
@@ -68,10 +97,10 @@ def row_dissimilarities(params, global_params, *, conv_rows="in_channel",
   for local, glob in zip(_regularised(params, regularize_bias),
                          _regularised(global_params, regularize_bias),
                          strict=True):
-    local = tree_math.kernel_rows(local, conv_rows)
-    glob = tree_math.kernel_rows(glob, conv_rows)
+    local = kernel_rows(local, conv_rows)
+    glob = kernel_rows(glob, conv_rows)
     same = jnp.all(local == glob, axis=-1)
-    cos = jnp.where(same, 1.0, tree_math.row_cosines(local, glob))
+    cos = jnp.where(same, 1.0, tree_math.cosines(local, glob))
     out.append(1.0 - cos)
   return out
 
@@ -80,7 +109,7 @@ def row_distances(params, global_params, *, conv_rows="in_channel",
                   regularize_bias=False) -> list[jax.Array]:
   """d_{l,j} = ||w^k_{l,j} - w^g_{l,j}||^2 per regularised leaf (Eq. 8)."""
   return [
-      jnp.sum(jnp.square(tree_math.kernel_rows(local - glob, conv_rows)), -1)
+      jnp.sum(jnp.square(kernel_rows(local - glob, conv_rows)), -1)
       for local, glob in zip(_regularised(params, regularize_bias),
                              _regularised(global_params, regularize_bias),
                              strict=True)]
@@ -96,7 +125,7 @@ def fedlap(q: float = 0.5, *, mu: float = 1.0, conv_rows: str = "in_channel",
       FedAvg, 0.5 is Eq. (10), 1 is FedProx with coefficient ``mu``.
     mu: FedProx's coefficient reached at q = 1 (unused for q <= 0.5).
     conv_rows: rows of a convolution kernel, one of
-      ``tree_math.KERNEL_ROWS`` ("in_channel", "patch", "out_channel").
+      ``KERNEL_ROWS`` ("in_channel", "patch", "out_channel").
     regularize_bias: also regularise vector leaves (biases), one row each.
     recompute: "epoch" (Algorithm 1: lambda fixed within a local epoch) or
       "step" (lambda recomputed, without gradient, at every step).
@@ -106,7 +135,7 @@ def fedlap(q: float = 0.5, *, mu: float = 1.0, conv_rows: str = "in_channel",
   """
   checks.check_range("q", q, 0, 1)
   checks.check_range("mu", mu, 0)
-  checks.check_choice("conv_rows", conv_rows, tree_math.KERNEL_ROWS)
+  checks.check_choice("conv_rows", conv_rows, KERNEL_ROWS)
   checks.check_bool("regularize_bias", regularize_bias)
   checks.check_choice("recompute", recompute, RECOMPUTE)
   if not checks.is_traced(q) and q == 0.0:

@@ -1,0 +1,172 @@
+"""Statistics of the client updates u_k = w_k - w of a stacked cohort.
+
+FedAdp and FedLayerWise weigh each client by the angle between u_k and the
+weighted mean update; FedNNNN by the norms of u_k and of the mean update.
+Both read the stacked client models [K, ...] through the two passes here:
+
+* ``update_moments``: the weighted mean update sum_k p_k u_k and the
+  per-client, per-leaf sums of squares of u_k;
+* ``update_cosines``: the per-client, per-layer cosine of u_k with another
+  tree (the mean update).
+
+Chunks. The updates are formed ``chunk`` clients at a time inside a loop
+(exact differences, one reused [chunk, ...] buffer) rather than as a
+[K, ...] array: on CPU that allocation costs more than the arithmetic, and
+it doubles peak memory. ``chunk=None`` picks ``CPU_CLIENT_CHUNK`` clients on
+CPU and the whole cohort (one vectorised step) on accelerators, where a long
+loop of small kernels would be the slow part.
+
+Padding. Rows with mask 0 read as zero updates whatever they hold (NaN and
+inf included), so they add nothing to any sum and get zero norms.
+
+Scale. Sums of squares and dot products are taken of power-of-two rescaled
+updates (``tree_math.SumOfSquares``): cosines do not overflow for updates of
+magnitude 1e38 nor underflow at 1e-30, and at ordinary magnitudes they are
+bit for bit those of the unscaled formulas.
+"""
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_agg import tree_math
+from fedjax_agg.types import Params, StackedParams
+
+CPU_CLIENT_CHUNK = 4
+
+
+def _chunk_width(chunk, num_clients: int) -> int:
+  if chunk is None:
+    chunk = (CPU_CLIENT_CHUNK if jax.default_backend() == "cpu"
+             else num_clients)
+  if not isinstance(chunk, int) or chunk < 1:
+    raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
+  return min(chunk, num_clients)
+
+
+def _over_client_chunks(stacked: StackedParams, offset: Params,
+                        mask: Optional[jax.Array], chunk, body, carry):
+  """Runs ``carry = body(rows, fresh, updates, carry)`` over client chunks.
+
+  ``rows`` [W] are the chunk's client indices, ``fresh`` [W] bool marks the
+  rows not seen by an earlier chunk (the last chunk is shifted back to stay
+  in range, so it may repeat rows), ``updates`` the list over leaves of
+  [W, size] flattened u_k, zero for the rows of mask 0.
+  """
+  leaves, offsets = jax.tree.leaves(stacked), jax.tree.leaves(offset)
+  num_clients = leaves[0].shape[0]
+  width = _chunk_width(chunk, num_clients)
+
+  def step_fn(step, carry):
+    start = jnp.minimum(step * width, num_clients - width)
+    rows = start + jnp.arange(width)
+    updates = [
+        (jax.lax.dynamic_slice_in_dim(x, start, width) - o[None]).reshape(
+            width, -1) for x, o in zip(leaves, offsets, strict=True)]
+    if mask is not None:
+      real = (mask[rows] > 0)[:, None]
+      updates = [jnp.where(real, u, jnp.zeros((), u.dtype)) for u in updates]
+    return body(rows, rows >= step * width, updates, carry)
+
+  return jax.lax.fori_loop(0, -(-num_clients // width), step_fn, carry)
+
+
+class UpdateMoments(NamedTuple):
+  """First and second moments of the client updates.
+
+  Attributes:
+    weighted_sum: sum_k weights[k] u_k (a plain tree like the params).
+    squares: ``tree_math.SumOfSquares`` of every u_k per leaf, [K, P] each
+      (``.norm()`` gives |u_k| per leaf; ``tree_math.layer_sums_of_squares``
+      combines leaves into layers).
+  """
+  weighted_sum: Params
+  squares: tree_math.SumOfSquares
+
+
+def update_moments(stacked: StackedParams, offset: Params,
+                   weights: jax.Array, mask: Optional[jax.Array] = None,
+                   chunk: Optional[int] = None) -> UpdateMoments:
+  """Weighted sum and per-leaf sums of squares of u_k = stacked[k] - offset.
+
+  Args:
+    stacked: tree with leaves [K, ...].
+    offset: plain tree (e.g. the global params).
+    weights: [K].
+    mask: [K]; rows with mask 0 are zero updates (None: every row real).
+    chunk: clients per loop step (None: see ``CPU_CLIENT_CHUNK``).
+  """
+  leaves = jax.tree.leaves(stacked)
+  num_clients, num_leaves = leaves[0].shape[0], len(leaves)
+  dtype = jnp.result_type(*leaves)
+
+  def body(rows, fresh, updates, carry):
+    sums, scales, scaled = carry
+    chunk_weights = jnp.where(fresh, weights[rows], 0.0)
+    sums = [s + chunk_weights.astype(u.dtype) @ u
+            for s, u in zip(sums, updates, strict=True)]
+    squares = [tree_math.sum_of_squares(u, axis=1) for u in updates]
+    chunk_scales = jnp.stack([q.scale for q in squares], axis=1)
+    chunk_scaled = jnp.stack([q.scaled for q in squares], axis=1)
+    return (sums, scales.at[rows].set(chunk_scales.astype(dtype)),
+            scaled.at[rows].set(chunk_scaled.astype(dtype)))
+
+  zeros = jnp.zeros((num_clients, num_leaves), dtype)
+  sums = [jnp.zeros((x[0].size,), x.dtype) for x in leaves]
+  sums, scales, scaled = _over_client_chunks(stacked, offset, mask, chunk,
+                                             body, (sums, zeros, zeros))
+  offsets, treedef = jax.tree.flatten(offset)
+  weighted = jax.tree.unflatten(treedef, [
+      s.reshape(o.shape) for s, o in zip(sums, offsets, strict=True)])
+  return UpdateMoments(weighted, tree_math.SumOfSquares(scales, scaled))
+
+
+def update_cosines(stacked: StackedParams, offset: Params, other: Params,
+                   squares: tree_math.SumOfSquares,
+                   structure: tree_math.LayerStructure,
+                   mask: Optional[jax.Array] = None,
+                   chunk: Optional[int] = None) -> jax.Array:
+  """cos(u_k, other) per client and layer, u_k = stacked[k] - offset.
+
+  Args:
+    stacked: tree with leaves [K, ...].
+    offset: plain tree.
+    other: plain tree (e.g. the mean update).
+    squares: ``update_moments(stacked, offset, ..., mask).squares``.
+    structure: the layer grouping (``tree_math.single_layer_structure``
+      for whole-model cosines).
+    mask: [K], as given to ``update_moments``.
+    chunk: clients per loop step.
+
+  Returns:
+    [K, L] cosines in [-1, 1]; 0 where u_k or ``other`` is zero on a layer.
+  """
+  other_squares = tree_math.leaf_sums_of_squares(other)
+  others = [tree_math.divide_by_scale(y.reshape(-1), scale) for y, scale in
+            zip(jax.tree.leaves(other), other_squares.scale, strict=True)]
+  leaves = jax.tree.leaves(stacked)
+
+  def body(rows, fresh, updates, dots):
+    del fresh  # repeated rows get the same values again
+    scales = squares.scale[rows]
+    chunk_dots = jnp.stack(
+        [tree_math.divide_by_scale(u, scales[:, p, None]) @ y
+         for p, (u, y) in enumerate(zip(updates, others, strict=True))],
+        axis=1)
+    return dots.at[rows].set(chunk_dots.astype(dots.dtype))
+
+  dots = jnp.zeros((leaves[0].shape[0], len(leaves)),
+                   jnp.result_type(*leaves))
+  dots = _over_client_chunks(stacked, offset, mask, chunk, body, dots)
+  # Rescale every leaf's dot to its layer's scales, then sum the layer.
+  client_layers = tree_math.layer_sums_of_squares(squares, structure)
+  other_layers = tree_math.layer_sums_of_squares(other_squares, structure)
+  layer_of = jnp.asarray(structure.leaf_to_layer)
+  ratio = (tree_math.divide_by_scale(
+      squares.scale, jnp.take(client_layers.scale, layer_of, axis=-1))
+           * tree_math.divide_by_scale(
+               other_squares.scale, other_layers.scale[layer_of]))
+  scaled_dots = tree_math.to_layers(ratio * dots, structure)
+  return tree_math.cosine(scaled_dots, client_layers,
+                          jax.tree.map(lambda a: a[None], other_layers))
