@@ -276,6 +276,11 @@ def layer_norms(tree: Params, structure: LayerStructure) -> jax.Array:
   return layer_sums_of_squares(leaf_sums_of_squares(tree), structure).norm()
 
 
+def tree_norm(tree: Params) -> jax.Array:
+  """L2 norm of all the leaves of one tree together. -> []."""
+  return layer_norms(tree, single_layer_structure(tree))[0]
+
+
 def cosine(scaled_dot: jax.Array, a: SumOfSquares,
            b: SumOfSquares) -> jax.Array:
   """cos(a, b) = <a/s_a, b/s_b> / (|a/s_a| |b/s_b|), in [-1, 1].

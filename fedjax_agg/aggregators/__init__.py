@@ -69,8 +69,8 @@ from fedjax_agg.aggregators._fedopt import fedopt
 from fedjax_agg.aggregators._fedopt import fedyogi
 from fedjax_agg.aggregators._fedopt import scale_by_reddi
 from fedjax_agg.aggregators._fedopt import ScaleByReddiState
-from fedjax_agg.aggregators._fedopt import ServerOptState
-from fedjax_agg.aggregators._fedopt import with_server_optimizer
+from fedjax_agg.aggregators._server_optimizer import ServerOptState
+from fedjax_agg.aggregators._server_optimizer import with_server_optimizer
 from fedjax_agg.aggregators._trimmed_mean import trimmed_mean
 from fedjax_agg.aggregators._trimmed_mean import TrimmedMeanState
 from fedjax_agg.registry import Registry

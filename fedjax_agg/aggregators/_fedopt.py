@@ -23,12 +23,8 @@ FedAdam). FedAvgM is SGD with heavy-ball momentum at the server
 (``optax.sgd(eta, momentum)``): m_t = beta m_{t-1} + Delta_t,
 w_{t+1} = w_t + eta m_t.
 
-A cohort with no real participant leaves the model and every state
-unchanged (no step on an empty pseudo-gradient).
-
-Streaming: the server step needs only the wrapped rule's output, so a
-wrapped rule with a streaming form (FedAvg, FedNNNN) keeps it; the round then
-holds a chunk of client models, never K.
+The server step, its empty-cohort rule and its streaming form are
+``with_server_optimizer``'s (``_server_optimizer.py``).
 """
 
 from typing import Any, NamedTuple, Optional
@@ -38,89 +34,11 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_agg import checks
-from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedavg import fedavg
-from fedjax_agg.types import Aggregator, StreamingForm
+from fedjax_agg.aggregators._server_optimizer import with_server_optimizer
+from fedjax_agg.types import Aggregator
 
 KINDS = ("adagrad", "adam", "yogi")
-
-
-class ServerOptState(NamedTuple):
-  """State of an aggregator wrapped by ``with_server_optimizer``.
-
-  Attributes:
-    base_state: the wrapped aggregator's state.
-    opt_state: the optax transformation's state.
-  """
-  base_state: Any
-  opt_state: optax.OptState
-
-  @property
-  def eval_params(self):
-    """The wrapped rule's evaluated model, if it keeps one (else None)."""
-    return getattr(self.base_state, "eval_params", None)
-
-
-def with_server_optimizer(aggregator: Aggregator,
-                          transformation: optax.GradientTransformation
-                          ) -> Aggregator:
-  """Feeds ``aggregator``'s output through a server optimizer.
-
-  Each round: target = aggregator's new global params; pseudo-gradient
-  w_t - target; w_{t+1} = optax.apply_updates(w_t, updates) where
-  ``updates`` come from ``transformation.update(pseudo_gradient, ...)``.
-  With ``optax.sgd(1.0)`` this returns ``aggregator`` unchanged.
-
-  Args:
-    aggregator: any ``Aggregator`` (e.g. ``fedavg()``).
-    transformation: an optax ``GradientTransformation`` (its ``update`` gets
-      the current global params as ``params``).
-
-  Returns:
-    An ``Aggregator`` with ``ServerOptState``; metrics are the wrapped
-    rule's plus "pseudo_gradient_norm" and "optimizer_update_norm". It has
-    a streaming form when ``aggregator`` has one (the same client
-    statistics; the server step runs on the finalized target).
-  """
-  if not isinstance(aggregator, Aggregator):
-    raise TypeError(
-        f"aggregator must be an Aggregator, got {type(aggregator).__name__}")
-  if not isinstance(transformation, optax.GradientTransformation):
-    raise TypeError(
-        "transformation must be an optax.GradientTransformation, got "
-        f"{type(transformation).__name__}")
-
-  def init(global_params):
-    return ServerOptState(aggregator.init(global_params),
-                          transformation.init(global_params))
-
-  def aggregate(global_params, client_params, info, state):
-    return server_step(global_params, aggregator.aggregate(
-        global_params, client_params, info, state.base_state), info, state)
-
-  def finalize(global_params, summed_stats, info, state):
-    return server_step(global_params, aggregator.stream.finalize(
-        global_params, summed_stats, info, state.base_state), info, state)
-
-  def server_step(global_params, base_output, info, state):
-    target, base_state, metrics = base_output
-    pseudo_gradient = tree_math.tree_sub(global_params, target)
-    updates, opt_state = transformation.update(
-        pseudo_gradient, state.opt_state, global_params)
-    new_global = optax.apply_updates(global_params, updates)
-    new_global, new_state = tree_math.keep_if_no_clients(
-        info.mask, (new_global, ServerOptState(base_state, opt_state)),
-        (global_params, state))
-    metrics = dict(metrics)
-    metrics["pseudo_gradient_norm"] = optax.tree.norm(pseudo_gradient)
-    metrics["optimizer_update_norm"] = optax.tree.norm(updates)
-    return new_global, new_state, metrics
-
-  stream = None
-  if aggregator.stream is not None:
-    stream = StreamingForm(aggregator.stream.client_stats, finalize)
-  return Aggregator(init, aggregate, stream,
-                    uses_losses=aggregator.uses_losses)
 
 
 class ScaleByReddiState(NamedTuple):
