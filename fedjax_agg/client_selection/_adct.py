@@ -251,7 +251,7 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
     accuracy = pick(candidate_accuracy.ravel())
     # Line 10: mean accuracy over this round's participants.
     weights = real.astype(jnp.float32)
-    mean = jnp.where(jnp.any(real), jnp.sum(accuracy * weights)
+    mean = jnp.where(jnp.any(real), jnp.sum(jnp.where(real, accuracy, 0.0))
                      / jnp.maximum(jnp.sum(weights), 1.0),
                      state.mean_accuracy)
     new_state = ADCTState(

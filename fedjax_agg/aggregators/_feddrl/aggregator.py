@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
@@ -185,8 +186,7 @@ def feddrl(num_participants: int = 10, *,
     mu, sigma = agent.act(agent_state, s, act_key, explore)
     alpha = networks_lib.impact_factors(sample_key, mu, sigma, info.mask)
     new_global = tree_math.weighted_sum(client_params, alpha[:num_clients])
-    keep = lambda new, old: jax.tree.map(
-        lambda a, b: jnp.where(real, a, b), new, old)
+    keep = lambda new, old: optax.tree.where(real, new, old)
     last = keep((s, jnp.concatenate([mu, sigma]), jnp.ones((), bool), key),
                 (state.last_state, state.last_action, state.has_last,
                  state.key))
