@@ -78,12 +78,19 @@ def weighted_leaf_sum(leaf: jax.Array, weights: jax.Array) -> jax.Array:
   """sum_k weights[k] leaf[k] over [K, ...]; rows of weight 0 are skipped.
 
   A skipped row contributes exactly 0 even if it holds NaN or inf (a
-  padding row), where ``0 * nan`` would be NaN.
+  padding row), where ``0 * nan`` would be NaN. Only a non-finite plain sum
+  can hold such a product, so the rows are selected out (a copy of the
+  leaf) only then.
   """
-  live = (weights != 0).reshape((-1,) + (1,) * (leaf.ndim - 1))
-  return jnp.tensordot(weights.astype(leaf.dtype),
-                       jnp.where(live, leaf, jnp.zeros((), leaf.dtype)),
-                       axes=(0, 0))
+  weights = weights.astype(leaf.dtype)
+  total = jnp.tensordot(weights, leaf, axes=(0, 0))
+
+  def without_skipped_rows():
+    live = (weights != 0).reshape((-1,) + (1,) * (leaf.ndim - 1))
+    return jnp.tensordot(weights, jnp.where(live, leaf, jnp.zeros_like(leaf)),
+                         axes=(0, 0))
+  return jax.lax.cond(jnp.all(jnp.isfinite(total)), lambda: total,
+                      without_skipped_rows)
 
 
 def weighted_sum(stacked: StackedParams, weights: jax.Array) -> Params:
@@ -240,6 +247,28 @@ def sum_of_squares(x: jax.Array, axis=-1) -> SumOfSquares:
   scale = power_of_two_scale(jnp.max(jnp.abs(x), axis=axis, keepdims=True))
   scaled = jnp.sum(jnp.square(divide_by_scale(x, scale)), axis=axis)
   return SumOfSquares(jnp.squeeze(scale, axis), scaled)
+
+
+# A plain sum of squares at or above this lost nothing to underflow that
+# matters (each square below float32's smallest normal, 1.2e-38, is at
+# most 1e-20 of it per million entries).
+SAFE_PLAIN_SUM = 2.0**-60
+
+
+def from_plain_sum(total: jax.Array) -> SumOfSquares:
+  """``SumOfSquares`` of a plain sum of squares known to be finite and 0 or
+  at least ``SAFE_PLAIN_SUM`` (scale: a power of two with total / scale^2
+  in [1, 8), so again exact)."""
+  _, exponent = jnp.frexp(total)
+  scale = jnp.ldexp(jnp.ones_like(total), (exponent - 1) // 2)
+  scale = jnp.where(total > 0, scale, jnp.zeros_like(total))
+  return SumOfSquares(scale, divide_by_scale(total, jnp.square(scale)))
+
+
+def plain_sum_is_safe(total: jax.Array) -> jax.Array:
+  """Whether ``from_plain_sum(total)`` is exact enough (finite, no lost
+  underflow; an exact 0 may be an underflowed tiny vector, so it is not)."""
+  return jnp.isfinite(total) & (total >= SAFE_PLAIN_SUM)
 
 
 def layer_sums_of_squares(per_leaf: SumOfSquares,

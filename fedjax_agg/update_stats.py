@@ -19,10 +19,13 @@ loop of small kernels would be the slow part.
 Padding. Rows with mask 0 read as zero updates whatever they hold (NaN and
 inf included), so they add nothing to any sum and get zero norms.
 
-Scale. Sums of squares and dot products are taken of power-of-two rescaled
+Scale. Sums of squares and dot products are those of power-of-two rescaled
 updates (``tree_math.SumOfSquares``): cosines do not overflow for updates of
-magnitude 1e38 nor underflow at 1e-30, and at ordinary magnitudes they are
-bit for bit those of the unscaled formulas.
+magnitude 1e38 nor underflow at 1e-30. A chunk first takes the plain sums
+(one pass, as fast as without rescaling) and rescales them exactly; only a
+chunk where a plain sum overflowed or came close to underflow is redone
+from rescaled updates (``jax.lax.cond``; under ``vmap`` both run). At
+ordinary magnitudes the results are bit for bit the unscaled formulas'.
 """
 
 from typing import NamedTuple, Optional
@@ -47,12 +50,13 @@ def _chunk_width(chunk, num_clients: int) -> int:
 
 def _over_client_chunks(stacked: StackedParams, offset: Params,
                         mask: Optional[jax.Array], chunk, body, carry):
-  """Runs ``carry = body(rows, fresh, updates, carry)`` over client chunks.
+  """Runs ``carry = body(rows, fresh, real, updates, carry)`` over chunks.
 
   ``rows`` [W] are the chunk's client indices, ``fresh`` [W] bool marks the
   rows not seen by an earlier chunk (the last chunk is shifted back to stay
-  in range, so it may repeat rows), ``updates`` the list over leaves of
-  [W, size] flattened u_k, zero for the rows of mask 0.
+  in range, so it may repeat rows), ``real`` [W] bool the rows of mask 1,
+  ``updates`` the list over leaves of [W, size] flattened u_k, zero for the
+  rows of mask 0.
   """
   leaves, offsets = jax.tree.leaves(stacked), jax.tree.leaves(offset)
   num_clients = leaves[0].shape[0]
@@ -64,10 +68,11 @@ def _over_client_chunks(stacked: StackedParams, offset: Params,
     updates = [
         (jax.lax.dynamic_slice_in_dim(x, start, width) - o[None]).reshape(
             width, -1) for x, o in zip(leaves, offsets, strict=True)]
+    real = jnp.ones((width,), bool) if mask is None else mask[rows] > 0
     if mask is not None:
-      real = (mask[rows] > 0)[:, None]
-      updates = [jnp.where(real, u, jnp.zeros((), u.dtype)) for u in updates]
-    return body(rows, rows >= step * width, updates, carry)
+      updates = [jnp.where(real[:, None], u, jnp.zeros((), u.dtype))
+                 for u in updates]
+    return body(rows, rows >= step * width, real, updates, carry)
 
   return jax.lax.fori_loop(0, -(-num_clients // width), step_fn, carry)
 
@@ -101,16 +106,24 @@ def update_moments(stacked: StackedParams, offset: Params,
   num_clients, num_leaves = leaves[0].shape[0], len(leaves)
   dtype = jnp.result_type(*leaves)
 
-  def body(rows, fresh, updates, carry):
+  def rescaled_squares(updates):
+    squares = [tree_math.sum_of_squares(u, axis=1) for u in updates]
+    return tree_math.SumOfSquares(
+        jnp.stack([q.scale for q in squares], axis=1).astype(dtype),
+        jnp.stack([q.scaled for q in squares], axis=1).astype(dtype))
+
+  def body(rows, fresh, real, updates, carry):
     sums, scales, scaled = carry
     chunk_weights = jnp.where(fresh, weights[rows], 0.0)
     sums = [s + chunk_weights.astype(u.dtype) @ u
             for s, u in zip(sums, updates, strict=True)]
-    squares = [tree_math.sum_of_squares(u, axis=1) for u in updates]
-    chunk_scales = jnp.stack([q.scale for q in squares], axis=1)
-    chunk_scaled = jnp.stack([q.scaled for q in squares], axis=1)
-    return (sums, scales.at[rows].set(chunk_scales.astype(dtype)),
-            scaled.at[rows].set(chunk_scaled.astype(dtype)))
+    plain = jnp.stack([jnp.sum(jnp.square(u), axis=1) for u in updates],
+                      axis=1).astype(dtype)
+    safe = jnp.all(tree_math.plain_sum_is_safe(plain) | ~real[:, None])
+    squares = jax.lax.cond(safe, lambda: tree_math.from_plain_sum(plain),
+                           lambda: rescaled_squares(updates))
+    return (sums, scales.at[rows].set(squares.scale),
+            scaled.at[rows].set(squares.scaled))
 
   zeros = jnp.zeros((num_clients, num_leaves), dtype)
   sums = [jnp.zeros((x[0].size,), x.dtype) for x in leaves]
@@ -147,13 +160,18 @@ def update_cosines(stacked: StackedParams, offset: Params, other: Params,
             zip(jax.tree.leaves(other), other_squares.scale, strict=True)]
   leaves = jax.tree.leaves(stacked)
 
-  def body(rows, fresh, updates, dots):
+  def body(rows, fresh, real, updates, dots):
     del fresh  # repeated rows get the same values again
-    scales = squares.scale[rows]
-    chunk_dots = jnp.stack(
-        [tree_math.divide_by_scale(u, scales[:, p, None]) @ y
-         for p, (u, y) in enumerate(zip(updates, others, strict=True))],
-        axis=1)
+    scales = squares.scale[rows]  # [W, P]
+    plain = jnp.stack([u @ y for u, y in zip(updates, others, strict=True)],
+                      axis=1)
+    safe = jnp.all(jnp.isfinite(plain) | ~real[:, None])
+    chunk_dots = jax.lax.cond(
+        safe, lambda: tree_math.divide_by_scale(plain, scales),
+        lambda: jnp.stack(
+            [tree_math.divide_by_scale(u, scales[:, p, None]) @ y
+             for p, (u, y) in enumerate(zip(updates, others, strict=True))],
+            axis=1))
     return dots.at[rows].set(chunk_dots.astype(dots.dtype))
 
   dots = jnp.zeros((leaves[0].shape[0], len(leaves)),
