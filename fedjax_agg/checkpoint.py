@@ -1,10 +1,21 @@
 """Checkpoint and resume of ``simulation.run`` with orbax.
 
-``simulation.run(..., checkpoint_dir=d, checkpoint_every=n)`` saves the
+``simulation.run(..., checkpointing=Checkpointing(d, every=n))`` saves the
 whole run every ``n`` rounds (and after the last round);
-``run(..., checkpoint_dir=d, checkpoint_every=n, resume=True)`` continues
-from the latest checkpoint in ``d`` and gives the history and final params
-of the uninterrupted run (every column but the wall-clock ``time_s``).
+``Checkpointing(d, every=n, resume=True)`` continues from the latest
+checkpoint in ``d`` and gives the history and final params of the
+uninterrupted run (every column but the wall-clock ``time_s``). Resuming
+with a larger ``num_rounds`` extends a finished run: the cohort keys of a
+run are a prefix of a longer run's, so the extended run equals the longer
+uninterrupted one.
+
+What must match. The checkpoint's config is a description of everything
+that decides the results (``simulation.run``'s fingerprint): the training
+configuration, seed, model, aggregator and local update (with the scalars
+their closures hold) and the CONTENT of the data -- CRC-32s of the pooled
+examples (another dataset or preprocessing differs), of every client's
+index row (another partition of equal sizes differs), of the validation
+split and of the test set. Each differing entry is named.
 
 What a checkpoint holds. One directory per saved round, ``<d>/<round>/``,
 with three orbax items written together:
@@ -18,7 +29,8 @@ with three orbax items written together:
 * ``history``: the History rows so far (JSON) and the client rows (each
   per-client field stacked over rounds into one array of ``state``, with
   its dtype and CRC-32; other values as JSON), so a restored history
-  equals the original bit for bit.
+  equals the original bit for bit; its CRC-32 is in ``meta``, so an
+  edited history is refused like a damaged array.
 * ``meta``: format version, round, the run's config (hyperparameters, a
   description of the aggregator / objective / optimizer including the
   scalars their closures hold, a fingerprint of the data) and the spec of
@@ -52,6 +64,7 @@ Saves are asynchronous: the state is copied to host memory before
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 import types
@@ -171,6 +184,10 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
   if isinstance(value, tuple) and hasattr(value, "_fields"):
     return {"type": type(value).__qualname__,
             **{f: recurse(getattr(value, f)) for f in value._fields}}
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return {"type": type(value).__qualname__,
+            **{f.name: recurse(getattr(value, f.name))
+               for f in dataclasses.fields(value)}}
   if isinstance(value, (list, tuple)):
     return [recurse(v) for v in value]
   if isinstance(value, dict):
@@ -181,11 +198,33 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
   return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
 
 
-def data_fingerprint(data) -> dict:
-  """Cheap fingerprint of a ``FederatedData``: sizes and per-client counts."""
-  return {"num_clients": int(data.num_clients),
-          "x": [list(data.x.shape), str(data.x.dtype)],
-          "num_examples": describe(np.asarray(data.num_examples))}
+def data_fingerprint(data) -> Any:
+  """Content fingerprint of a ``FederatedData`` or of (x, y) arrays.
+
+  Shapes, dtypes and CRC-32s of the pooled examples (so another dataset or
+  another preprocessing differs), of every client's index row and count
+  (so another partition with the same sizes differs) and of the
+  validation split. Computed once per run (one pass over the arrays).
+  """
+  if isinstance(data, (tuple, list)) and not hasattr(data, "_fields"):
+    return [describe(np.asarray(a)) for a in data]
+  out = {"num_clients": int(data.num_clients),
+         "x": describe(np.asarray(data.x)),
+         "y": describe(np.asarray(data.y)),
+         "client_indices": describe(np.asarray(data.client_indices)),
+         "num_examples": describe(np.asarray(data.num_examples))}
+  validation = getattr(data, "validation", None)
+  if validation is not None:
+    out["validation"] = {
+        "client_indices": describe(np.asarray(validation.client_indices)),
+        "num_examples": describe(np.asarray(validation.num_examples))}
+  return out
+
+
+def _history_crc(history: dict) -> int:
+  """CRC-32 of a checkpoint's history item (rows and client-row layout)."""
+  text = json.dumps(history, sort_keys=True, allow_nan=True)
+  return zlib.crc32(text.encode())
 
 
 def _flatten_dict(tree, prefix="") -> dict:
@@ -435,6 +474,7 @@ class RunCheckpointer:
     client_arrays, client_layout = _pack_client_rows(client_rows)
     arrays.update(client_arrays)
     history = {"rows": _encode(rows), "client_rows": client_layout}
+    meta["history_crc32"] = _history_crc(history)
     self._manager.save(int(round_num), args=ocp.args.Composite(
         state=ocp.args.StandardSave(arrays),
         history=ocp.args.JsonSave(history),
@@ -485,6 +525,10 @@ class RunCheckpointer:
                                         arrays or {}, where)
     except CorruptCheckpointError as e:
       raise CorruptCheckpointError(f"{e}.{hint}") from e
+    if meta.get("history_crc32") != _history_crc(history):
+      raise CorruptCheckpointError(
+          f"{where}: its history fails its check (edited or damaged)."
+          f"{hint}")
     rows = _decode(history["rows"])
     if len(rows) != round_num + 1 or len(client_rows) != round_num:
       raise CorruptCheckpointError(

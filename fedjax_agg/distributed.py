@@ -70,6 +70,30 @@ def use_cpu_devices(count: int) -> None:
         f"{_HOST_DEVICES_FLAG}={count}) before any JAX computation")
 
 
+def available_cores() -> int:
+  """CPU cores this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
+
+
+def use_all_cores() -> int:
+  """One XLA CPU device per available core (the fast layout on CPU).
+
+  Call it first thing in a script or notebook (before any JAX
+  computation). An explicit ``XLA_FLAGS=--xla_force_host_platform_device_
+  count=...`` in the environment wins. Harmless where an accelerator is
+  the default backend (rounds then run on it). Returns the CPU device
+  count.
+  """
+  if _HOST_DEVICES_FLAG in os.environ.get("XLA_FLAGS", ""):
+    return len(jax.devices("cpu"))
+  count = available_cores()
+  use_cpu_devices(count)
+  return count
+
+
 def _global_devices(count: Optional[int]) -> list:
   """The first ``count`` devices (all when None), the same number from
   each process when there are several."""

@@ -202,7 +202,7 @@ def _client_trainer(model: Model, training: LocalTraining):
             jnp.zeros((), jnp.int32), jnp.zeros(()))
     (params, _, steps_done, loss_sum), _ = jax.lax.scan(
         epoch, init, jnp.arange(num_epochs))
-    if training.compute_losses is True:
+    if training.compute_losses is not False:
       losses = functools.partial(mean_client_loss, model, x_all=x_all,
                                  y_all=y_all, indices=indices,
                                  num_examples=num_examples,
@@ -327,8 +327,9 @@ def make_local_trainer(
     training: what each client does (``config.LocalTraining``: epochs,
       batch size, optimizer, objective, unroll, per-client losses). The
       learning rate is an argument of the returned function, per client;
-      ``training.learning_rate`` is not read here, and ``compute_losses``
-      other than True ("auto" is resolved by the round) skips the losses.
+      ``training.learning_rate`` is not read here. The engine knows no
+      aggregator: ``compute_losses`` "auto" (which the round resolves from
+      the rule) computes the losses here; only False skips them.
     clients_per_step: W, the most clients trained side by side (vmap width);
       a cohort of K is cut into ceil(K / W) chunks of equal width. None:
       ``default_clients_per_step(mesh)`` (8 on accelerators; on CPU one

@@ -84,8 +84,8 @@ DATASET_DEFAULTS = {"source": "auto", "data_dir": None, "standardize": False,
                     "max_train_examples": None, "max_test_examples": None}
 TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
                   "batch_size": 16, "learning_rate": 0.01, "momentum": 0.0,
-                  "stragglers": 0.0, "eval_every": 1, "eval_clients": True,
-                  "clients_per_step": None, "compute_losses": True,
+                  "stragglers": 0.0, "eval_every": 1, "eval_clients": "auto",
+                  "clients_per_step": None, "compute_losses": "auto",
                   "devices": None}
 
 
@@ -228,6 +228,12 @@ def _check_compute_losses(path: str, value) -> None:
                           f"got {value!r}")
 
 
+def _check_eval_clients(path: str, value) -> None:
+  if value == "auto" or isinstance(value, bool):
+    return
+  _check_int(path, value, 1)
+
+
 def _check_int(path: str, value, low: int) -> None:
   _checked(path, checks.check_int, value, low)
 
@@ -248,7 +254,7 @@ TRAIN_CHECKS = {
                                   high_open=True),
     "stragglers": functools.partial(_check_number, low=0, high=1),
     "eval_every": functools.partial(_check_int, low=1),
-    "eval_clients": _check_bool,
+    "eval_clients": _check_eval_clients,
     "clients_per_step": functools.partial(_check_optional_int, low=1),
     "compute_losses": _check_compute_losses,
     "devices": functools.partial(_check_optional_int, low=1),

@@ -122,12 +122,6 @@ def from_stacked(x, y, num_examples=None, device=None) -> FederatedData:
                         indices, device)
 
 
-def client_labels(data: FederatedData, client: int) -> np.ndarray:
-  """The labels of client ``client`` (host numpy), for summaries and tests."""
-  n = int(data.num_examples[client])
-  return np.asarray(data.y)[np.asarray(data.client_indices[client, :n])]
-
-
 def from_assignment(x, y, client_of_example, num_clients: int,
                     device=None) -> FederatedData:
   """Builds a ``FederatedData`` from the owner of every pooled example.

@@ -15,50 +15,15 @@ so a run that dies keeps what it computed.
 
 import csv
 import dataclasses
-import json
-import math
 import os
-import tempfile
-from typing import Any, Optional
+from typing import Optional
 
-import jax
 import numpy as np
 
+from fedjax_agg import jsonio
+
 __all__ = ["History", "HistoryWriter", "client_row", "round_scalars",
-           "rounds_to_target", "to_json_value", "write_atomic"]
-
-
-def to_json_value(value: Any) -> Any:
-  """``value`` as strict JSON: arrays as lists, NaN/inf as None."""
-  if isinstance(value, dict):
-    return {str(k): to_json_value(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [to_json_value(v) for v in value]
-  if isinstance(value, (np.ndarray, jax.Array)):
-    return to_json_value(np.asarray(value).tolist())
-  if isinstance(value, np.generic):
-    return to_json_value(value.item())
-  if isinstance(value, float):
-    return value if math.isfinite(value) else None
-  if value is None or isinstance(value, (bool, int, str)):
-    return value
-  return str(value)
-
-
-def write_atomic(path: str, text: str) -> None:
-  """Writes ``text`` to ``path`` via a temporary file and a rename, so a
-  reader never sees a half-written file."""
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-",
-                             suffix=os.path.basename(path))
-  try:
-    with os.fdopen(fd, "w", newline="") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+           "rounds_to_target"]
 
 
 @dataclasses.dataclass
@@ -87,11 +52,24 @@ class History:
     writer = csv.DictWriter(lines, fieldnames=columns, restval="")
     writer.writeheader()
     writer.writerows(self.rows)
-    write_atomic(csv_path, lines.text)
-    write_atomic(json_path, json.dumps(to_json_value(
-        {"config": self.config, "rows": self.rows,
-         "clients": self.client_rows}), allow_nan=False))
+    _write_text(csv_path, lines.text)
+    jsonio.dump_json({"config": self.config, "rows": self.rows,
+                      "clients": self.client_rows}, json_path, indent=None)
     return {"csv": csv_path, "json": json_path}
+
+
+def _write_text(path: str, text: str) -> None:
+  """Writes ``text`` via a temporary file and a rename (never half a
+  file)."""
+  temporary = f"{path}.{os.getpid()}.tmp"
+  try:
+    with open(temporary, "w", newline="") as f:
+      f.write(text)
+    os.replace(temporary, path)
+  except BaseException:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+    raise
 
 
 class _CsvText:
@@ -145,26 +123,28 @@ def rounds_to_target(history: History, target: float,
   return None
 
 
-def round_scalars(out) -> dict[str, float]:
-  """A round's scalar outputs (a ``rounds.RoundOutput`` on the host)."""
+def round_scalars(out, with_losses: bool = True) -> dict[str, float]:
+  """A round's scalar outputs (a ``rounds.RoundOutput`` on the host);
+  ``with_losses``: the round computed per-client losses."""
   real = np.asarray(out.mask) > 0
-  losses_before = np.asarray(out.loss_before)
-  losses_after = np.asarray(out.loss_after)
-  row = {"train_loss": float(out.train_loss),
-         "cohort_loss_before": float(np.mean(losses_before)),
-         "cohort_loss_after": float(np.mean(losses_after)),
-         "nonfinite_clients": int(np.sum(real & ~np.asarray(out.finite)))}
+  row = {"train_loss": float(out.train_loss)}
+  if with_losses:
+    row["cohort_loss_before"] = float(np.mean(np.asarray(out.loss_before)))
+    row["cohort_loss_after"] = float(np.mean(np.asarray(out.loss_after)))
+  row["nonfinite_clients"] = int(np.sum(real & ~np.asarray(out.finite)))
   for name, value in out.metrics.items():
     if np.ndim(value) == 0:
       row[name] = float(value)
   return row
 
 
-def client_row(round_num: int, out) -> dict:
+def client_row(round_num: int, out, with_losses: bool = True) -> dict:
   """A round's per-client outputs, as ``History.client_rows`` holds them."""
-  return {"round": round_num, "client_ids": np.asarray(out.client_ids),
-          "loss_before": np.asarray(out.loss_before),
-          "loss_after": np.asarray(out.loss_after),
-          "steps_taken": np.asarray(out.steps_taken),
-          **{k: np.asarray(v) for k, v in out.metrics.items()
-             if np.ndim(v) > 0}}
+  row = {"round": round_num, "client_ids": np.asarray(out.client_ids)}
+  if with_losses:
+    row["loss_before"] = np.asarray(out.loss_before)
+    row["loss_after"] = np.asarray(out.loss_after)
+  row["steps_taken"] = np.asarray(out.steps_taken)
+  row.update({k: np.asarray(v) for k, v in out.metrics.items()
+              if np.ndim(v) > 0})
+  return row

@@ -102,7 +102,8 @@ class Driver:
     round_step: ``(state, cohorts) -> (state, outputs)`` for all members
       (outputs already on the host, numpy).
     sample: ``r -> cohorts`` of round r (0-based).
-    evaluate: ``(state) -> [one dict of test metrics per member]``.
+    evaluate: ``(state, with_clients) -> [one dict of test metrics per
+      member]``; ``with_clients``: also the losses on the clients' data.
     member_output: ``(outputs, m) -> member m's RoundOutput``.
     member_state: ``(state, m) -> member m's ServerState`` (for the
       non-finite checks).
@@ -110,12 +111,15 @@ class Driver:
     nonfinite: the ``config.NonFinite`` policy.
     progress: show a progress bar.
     callbacks: per member, called with each row (see the module docstring).
+    with_losses: the rounds compute per-client losses (else the rows have
+      no ``cohort_loss_*`` columns).
   """
 
   def __init__(self, *, round_step, sample, evaluate, member_output,
                member_state, num_members: int, nonfinite: NonFinite,
                evaluation: Evaluation, progress: bool,
-               callbacks: Sequence[Sequence[Callback]]):
+               callbacks: Sequence[Sequence[Callback]],
+               with_losses: bool = True):
     self.round_step = round_step
     self.sample = sample
     self.evaluate = evaluate
@@ -126,10 +130,12 @@ class Driver:
     self.evaluation = evaluation
     self.progress = progress
     self.callbacks = callbacks
+    self.with_losses = with_losses
 
-  def initial_rows(self, state) -> list[dict]:
+  def initial_rows(self, state, num_rounds: int) -> list[dict]:
+    with_clients = self.evaluation.clients_due(0, num_rounds)
     rows = [{"round": 0, "time_s": 0.0, **test}
-            for test in self.evaluate(state)]
+            for test in self.evaluate(state, with_clients)]
     for m, row in enumerate(rows):
       self._check_model(row, state, m)
       for callback in self.callbacks[m]:
@@ -171,15 +177,16 @@ class Driver:
       elapsed = time.perf_counter() - start
       round_num = r + 1
       if self.evaluation.due(round_num, num_rounds):
+        with_clients = self.evaluation.clients_due(round_num, num_rounds)
         new_rows = [{"round": round_num, "time_s": elapsed, **test}
-                    for test in self.evaluate(state)]
+                    for test in self.evaluate(state, with_clients)]
       else:
         new_rows = [{"round": round_num, "time_s": elapsed}
                     for _ in range(self.num_members)]
       for m, row in enumerate(new_rows):
         out = self.member_output(outputs, m)
-        row.update(history_lib.round_scalars(out))
-        client = history_lib.client_row(round_num, out)
+        row.update(history_lib.round_scalars(out, self.with_losses))
+        client = history_lib.client_row(round_num, out, self.with_losses)
         rows[m].append(row)
         client_rows[m].append(client)
         for callback in self.callbacks[m]:
@@ -294,6 +301,11 @@ def run(
     checkpointer, snapshot = checkpoint.open_run(
         checkpointing.directory, checkpointing.every, checkpointing.resume,
         fingerprint, state, run_key)
+    if snapshot is not None and snapshot.round > num_rounds:
+      checkpointer.close()
+      raise checkpoint.CheckpointMismatchError(
+          f"the checkpoint in {checkpointing.directory} is at round "
+          f"{snapshot.round}, past num_rounds={num_rounds}")
     if snapshot is not None:
       state, run_key = snapshot.state, snapshot.run_key
   mesh, device = distributed.round_mesh(execution.devices)
@@ -324,13 +336,13 @@ def run(
     jax.block_until_ready(state.params)
     return state, distributed.to_numpy(out)  # gathered from other hosts
 
-  def evaluate(state):
+  def evaluate(state, with_clients):
     params = aggregators.eval_params(state.aggregator_state, state.params)
     params = distributed.local_copy(params, device)
     test = evaluation_lib.evaluate(model, params, test_x, test_y,
                                    num_classes, evaluation.batch_size)
     row = {f"test_{k}": v for k, v in test.items()}
-    if evaluation.clients:
+    if with_clients:
       losses = np.asarray(evaluation_lib.client_losses(
           model, params, eval_data, evaluation.batch_size))
       row["client_loss_mean"] = float(losses.mean())
@@ -344,9 +356,10 @@ def run(
       evaluate=evaluate, member_output=lambda out, m: out,
       member_state=lambda state, m: state, num_members=1,
       nonfinite=nonfinite, evaluation=evaluation,
-      progress=execution.progress, callbacks=[list(callbacks)])
+      progress=execution.progress, callbacks=[list(callbacks)],
+      with_losses=training.losses_for(aggregator.uses_losses))
   if snapshot is None:
-    rows, client_rows = [driver.initial_rows(state)], [[]]
+    rows, client_rows = [driver.initial_rows(state, num_rounds)], [[]]
   else:
     rows, client_rows = [snapshot.rows], [snapshot.client_rows]
 

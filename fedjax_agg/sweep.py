@@ -299,13 +299,13 @@ def run_sweep(
   stacked_eval = evaluation_lib.stacked_per_example_fn(model)
   labels = np.asarray(test_y)
 
-  def evaluate(state) -> list[dict]:
+  def evaluate(state, with_clients) -> list[dict]:
     params = aggregators.eval_params(state.aggregator_state, state.params)
     losses, preds = evaluation_lib.map_batches(
         stacked_eval, params, test_x, test_y, evaluation.batch_size)
     mean_loss = np.asarray(jnp.mean(losses, axis=-1))
     preds = np.asarray(preds)
-    if evaluation.clients:
+    if with_clients:
       train_losses, _ = evaluation_lib.map_batches(
           stacked_eval, params, round_data.x, round_data.y,
           evaluation.batch_size)
@@ -320,7 +320,7 @@ def run_sweep(
                                                    num_classes)
       test["loss"] = float(mean_loss[m])
       row = {f"test_{k}": v for k, v in test.items()}
-      if evaluation.clients:
+      if with_clients:
         row["client_loss_mean"] = float(client_losses[m].mean())
         row["client_loss_var"] = float(client_losses[m].var())
       rows.append(row)
@@ -337,8 +337,10 @@ def run_sweep(
       num_members=len(members), nonfinite=nonfinite, evaluation=evaluation,
       progress=execution.progress,
       callbacks=[list(callbacks(m)) if callbacks else []
-                 for m in range(len(members))])
-  rows = [[row] for row in driver.initial_rows(state)]
+                 for m in range(len(members))],
+      with_losses=training.losses_for(any(
+          b[0].uses_losses for b in built)))
+  rows = [[row] for row in driver.initial_rows(state, num_rounds)]
   client_rows = [[] for _ in members]
   state = driver.loop(state, 0, num_rounds, rows, client_rows)
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg import aggregators
+from fedjax_agg import testing
 from fedjax_agg.types import ClientInfo
 from fedjax_agg.types import Model
 
@@ -22,10 +23,7 @@ SHAPES = {"conv": {"kernel": (3, 3, 1, 2), "bias": (2,)},
 
 def make_params(rng: np.random.Generator, shapes=None):
   """A params tree of float32 leaves with the given shapes."""
-  shapes = SHAPES if shapes is None else shapes
-  return jax.tree.map(
-      lambda s: jnp.asarray(rng.normal(size=s), jnp.float32), shapes,
-      is_leaf=lambda x: isinstance(x, tuple))
+  return testing.make_params(rng, SHAPES if shapes is None else shapes)
 
 
 def make_clients(rng: np.random.Generator, global_params, num: int,
@@ -40,17 +38,7 @@ def make_clients(rng: np.random.Generator, global_params, num: int,
 
 
 def make_info(client_ids, num_examples, mask=None, round_=1, seed=0):
-  client_ids = np.asarray(client_ids, np.int32)
-  num = client_ids.shape[0]
-  mask = np.ones(num) if mask is None else np.asarray(mask)
-  return ClientInfo(
-      client_ids=jnp.asarray(client_ids),
-      num_examples=jnp.asarray(num_examples, jnp.float32),
-      mask=jnp.asarray(mask, jnp.float32),
-      loss_before=jnp.ones((num,), jnp.float32),
-      loss_after=jnp.full((num,), 0.5, jnp.float32),
-      round=jnp.asarray(round_, jnp.int32),
-      key=jax.random.key(seed))
+  return testing.make_info(client_ids, num_examples, mask, round_, seed)
 
 
 def stack_rows(trees):

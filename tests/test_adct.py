@@ -17,8 +17,9 @@ from fedjax_agg.client_selection._adct import ADCTState
 from fedjax_agg.client_selection._adct import adct
 from fedjax_agg.client_selection._adct import search_mask
 from fedjax_agg.client_selection._adct import select_configs
-from fedjax_agg.client_selection import rounds
 from fedjax_agg import validation
+from fedjax_agg.config import Execution
+from fedjax_agg import drivers
 from tests.test_engine import reference_client
 from tests.test_engine import tiny_model
 
@@ -227,9 +228,9 @@ def test_run_records_choices_and_is_reproducible():
   tuner = _tuner()
 
   def go(seed):
-    return rounds.run(model, data, (x, y), aggregators.fedavg(), tuner,
-                      num_rounds=2, num_classes=3, participation=0.6,
-                      seed=seed, progress=False)
+    return drivers.run_adct(model, data, (x, y), aggregators.fedavg(), tuner,
+        num_rounds=2, participation=0.6, seed=seed,
+        execution=Execution(progress=False))
 
   first, second = go(0), go(0)
   assert len(first.history.client_rows) == 2
@@ -264,5 +265,5 @@ def test_bad_arguments_are_named():
     adct(model, trigger_accuracy="x")
   data, x, y = learnable_data()
   with pytest.raises(ValueError, match="measure_on"):
-    rounds.run(model, data, (x, y), aggregators.fedavg(), _tuner(),
-               num_rounds=1, num_classes=3, measure_on="test")
+    drivers.run_adct(model, data, (x, y), aggregators.fedavg(), _tuner(),
+        num_rounds=1, measure_on="test")

@@ -14,6 +14,8 @@ import optax
 import pytest
 
 from fedjax_agg import aggregators
+from fedjax_agg import testing
+from fedjax_agg.types import Aggregator
 
 from tests import agg_testutil as tu
 
@@ -233,3 +235,47 @@ def test_streaming_form_equals_stacked(name):
     got = streamed(params, clients, info, state)
     tu.assert_trees_close(got, expected, rtol=2e-5, atol=2e-6)
     params, state, _ = expected
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_testing_kit_passes_every_registered_rule(name):
+  # FedDRL's agent sees a fixed number of cohort slots (room for the kit's
+  # two padding rows, at the end as the engine pads). FedACS breaks
+  # accuracy ties by cohort position.
+  kwargs = {"num_participants": K + 2} if name == "feddrl" else {}
+  testing.check_aggregator(
+      tu.build(name, **kwargs), num_clients=tu.NUM_CLIENTS, cohort_size=K,
+      symmetric=name in PROPERTIES,
+      padding="end" if name == "feddrl" else "anywhere")
+
+
+def _leaky_mean() -> Aggregator:
+  """A broken rule: averages padding rows too."""
+  def aggregate(global_params, client_params, info, state):
+    del global_params, info
+    return jax.tree.map(lambda x: jnp.mean(x, axis=0), client_params), \
+        state, {}
+  return Aggregator(lambda params: (), aggregate)
+
+
+def _by_position() -> Aggregator:
+  """A broken rule: ignores padding but weights clients by position."""
+  def aggregate(global_params, client_params, info, state):
+    del global_params
+    real = info.mask > 0
+    weights = jnp.where(real, jnp.cumsum(info.mask), 0.0)
+    weights = weights / jnp.sum(weights)
+
+    def leaf(x):
+      shape = (-1,) + (1,) * (x.ndim - 1)
+      return jnp.sum(jnp.where(real.reshape(shape),
+                               weights.reshape(shape) * x, 0.0), axis=0)
+    return jax.tree.map(leaf, client_params), state, {}
+  return Aggregator(lambda params: (), aggregate)
+
+
+def test_the_testing_kit_names_the_broken_property():
+  with pytest.raises(AssertionError, match="padded clients"):
+    testing.check_aggregator(_leaky_mean())
+  with pytest.raises(AssertionError, match="permuting the clients"):
+    testing.check_aggregator(_by_position(), seed=3)

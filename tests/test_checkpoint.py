@@ -7,6 +7,7 @@ client row and the final state with an uninterrupted run.
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,9 +20,14 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
 from fedjax_agg import simulation
 from fedjax_agg import stragglers
 from fedjax_agg.aggregators._feddrl import AgentConfig
+from fedjax_agg.config import Checkpointing
+from fedjax_agg import rounds as rounds_lib
+from fedjax_agg import history as history_lib
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
@@ -43,9 +49,10 @@ def run_args(aggregator="feddrl", learning_rate=0.2):
           else aggregators.get(aggregator, num_clients=data.num_clients))
   return dict(
       model=MODEL, data=data, test_data=(x, y), aggregator=rule,
-      num_rounds=ROUNDS, num_classes=3, participation=0.6, local_epochs=1,
-      batch_size=3, learning_rate=learning_rate, clients_per_step=3,
-      local_steps_fn=stragglers.stragglers(0.5, 1), seed=4, progress=False)
+      num_rounds=ROUNDS, participation=0.6,
+      training=LocalTraining(batch_size=3, learning_rate=learning_rate,
+                             steps_fn=stragglers.stragglers(0.5, 1)),
+      execution=Execution(clients_per_step=3, progress=False), seed=4)
 
 
 def run_worker(directory: str, pause_s: float) -> None:
@@ -58,7 +65,8 @@ def run_worker(directory: str, pause_s: float) -> None:
     time.sleep(pause_s)
 
   checkpoint.RunCheckpointer.save = slow_save
-  simulation.run(**run_args(), checkpoint_dir=directory, checkpoint_every=1)
+  simulation.run(**run_args(),
+      checkpointing=Checkpointing(directory=directory, every=1))
 
 
 def strip_time(rows):
@@ -144,8 +152,8 @@ def test_killed_run_resumes_to_the_uninterrupted_history(
   written = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
   assert KILL_AFTER in written and written[-1] < ROUNDS  # killed mid-run
 
-  resumed = simulation.run(**run_args(), checkpoint_dir=directory,
-                           checkpoint_every=1, resume=True)
+  resumed = simulation.run(**run_args(),
+      checkpointing=Checkpointing(directory=directory, every=1, resume=True))
   assert_same_history(resumed.history, uninterrupted.history)
   assert_same_tree(resumed.state, uninterrupted.state)
   # No temporary folders left; only the latest checkpoints kept.
@@ -157,13 +165,13 @@ def test_killed_run_resumes_to_the_uninterrupted_history(
 def test_feddrl_state_round_trips_exactly(tmp_path, uninterrupted, caplog):
   directory = str(tmp_path / "ckpt")
   # resume=True with no checkpoint yet: starts at round 0 and says so.
-  result = simulation.run(**run_args(), checkpoint_dir=directory,
-                          checkpoint_every=4, resume=True)
+  result = simulation.run(**run_args(),
+      checkpointing=Checkpointing(directory=directory, every=4, resume=True))
   assert "no checkpoint" in caplog.text and "round 0" in caplog.text
   assert_same_history(result.history, uninterrupted.history)
   assert_same_tree(result.state, uninterrupted.state)
   args = run_args()
-  template = simulation.init_state(args["model"].init(jax.random.key(0)),
+  template = rounds_lib.init_state(args["model"].init(jax.random.key(0)),
                                    args["aggregator"])
   checkpointer = checkpoint.RunCheckpointer(directory, 0, {})
   assert checkpointer.all_rounds() == [4, ROUNDS]  # every 4 and the last
@@ -178,11 +186,11 @@ def test_feddrl_state_round_trips_exactly(tmp_path, uninterrupted, caplog):
   agent_state = snapshot.state.aggregator_state
   assert int(agent_state.buffer.size) == ROUNDS - 1  # one per round but 1st
   assert_same_history(
-      simulation.History(snapshot.rows, snapshot.client_rows, {}),
+      history_lib.History(snapshot.rows, snapshot.client_rows, {}),
       result.history)
   # A finished run resumed does no more rounds and returns the same.
-  again = simulation.run(**run_args(), checkpoint_dir=directory,
-                         checkpoint_every=4, resume=True)
+  again = simulation.run(**run_args(),
+      checkpointing=Checkpointing(directory=directory, every=4, resume=True))
   assert_same_history(again.history, result.history)
   assert_same_tree(again.state, result.state)
 
@@ -190,8 +198,8 @@ def test_feddrl_state_round_trips_exactly(tmp_path, uninterrupted, caplog):
 @pytest.fixture(scope="module")
 def saved_fedavgm_run(tmp_path_factory):
   directory = str(tmp_path_factory.mktemp("fedavgm") / "ckpt")
-  simulation.run(**run_args("fedavgm"), checkpoint_dir=directory,
-                 checkpoint_every=3)
+  simulation.run(**run_args("fedavgm"),
+      checkpointing=Checkpointing(directory=directory, every=3))
   return directory
 
 
@@ -235,29 +243,29 @@ def test_corrupt_checkpoint_raises(saved_run, damage):
         f.write(bytes([byte[0] ^ 0xFF]))
   with pytest.raises(checkpoint.CorruptCheckpointError,
                      match=r"round 6 .*Earlier checkpoints: rounds \[3\]"):
-    simulation.run(**run_args("fedavgm"), checkpoint_dir=saved_run,
-                   checkpoint_every=3, resume=True)
+    simulation.run(**run_args("fedavgm"),
+        checkpointing=Checkpointing(directory=saved_run, every=3, resume=True))
 
 
 def test_mismatched_checkpoint_names_the_difference(saved_run):
   with pytest.raises(checkpoint.CheckpointMismatchError,
                      match=r"learning_rate: checkpoint 0.2, now 0.1"):
     simulation.run(**run_args("fedavgm", learning_rate=0.1),
-                   checkpoint_dir=saved_run, checkpoint_every=3, resume=True)
+        checkpointing=Checkpointing(directory=saved_run, every=3, resume=True))
   with pytest.raises(checkpoint.CheckpointMismatchError,
                      match=r"aggregator\.(.|\n)*server/aggregator_state/"
                      r"opt_state/0/m/params/Dense_0/bias: not in the "):
-    simulation.run(**run_args("fedadam"), checkpoint_dir=saved_run,
-                   checkpoint_every=3, resume=True)
+    simulation.run(**run_args("fedadam"),
+        checkpointing=Checkpointing(directory=saved_run, every=3, resume=True))
   # Starting afresh in a folder that holds checkpoints is refused.
   with pytest.raises(checkpoint.CheckpointError, match="resume=True"):
-    simulation.run(**run_args("fedavgm"), checkpoint_dir=saved_run,
-                   checkpoint_every=3)
+    simulation.run(**run_args("fedavgm"),
+        checkpointing=Checkpointing(directory=saved_run, every=3))
 
 
 def test_mismatched_model_shape_names_the_leaf(tmp_path):
   args = run_args("fedavg")
-  template = simulation.init_state(args["model"].init(jax.random.key(0)),
+  template = rounds_lib.init_state(args["model"].init(jax.random.key(0)),
                                    args["aggregator"])
   checkpointer = checkpoint.RunCheckpointer(str(tmp_path), 1, {"a": 1},
                                             async_save=False)
@@ -278,18 +286,68 @@ def test_mismatched_model_shape_names_the_leaf(tmp_path):
 
 
 def test_bad_arguments():
-  args = run_args("fedavg")
-  with pytest.raises(ValueError, match="checkpoint_every"):
-    simulation.run(**args, checkpoint_dir="x", checkpoint_every=-1)
-  with pytest.raises(ValueError, match="checkpoint_every"):
-    simulation.run(**args, checkpoint_dir="x", checkpoint_every=1.5)
-  with pytest.raises(ValueError, match="resume=True needs checkpoint_dir"):
-    simulation.run(**args, resume=True)
-  with pytest.raises(ValueError, match="checkpoint_every=2 needs "
-                     "checkpoint_dir"):
-    simulation.run(**args, checkpoint_every=2)
-  with pytest.raises(ValueError, match="resume must be a bool"):
-    simulation.run(**args, checkpoint_dir="x", resume="yes")
+  with pytest.raises(ValueError, match="every"):
+    Checkpointing(directory="x", every=-1)
+  with pytest.raises(TypeError, match="every"):
+    Checkpointing(directory="x", every=1.5)
+  with pytest.raises(TypeError, match="directory"):
+    Checkpointing(directory="", resume=True)
+  with pytest.raises(TypeError, match="resume"):
+    Checkpointing(directory="x", resume="yes")
+
+
+def _other_partition(args):
+  """The same clients' sizes, other examples: client 0 and 1 swap one."""
+  data = args["data"]
+  indices = np.array(data.client_indices)
+  indices[0, 0], indices[1, 0] = indices[1, 0], indices[0, 0]
+  return dict(args, data=data._replace(client_indices=indices))
+
+
+def _rescaled(args):
+  data = args["data"]
+  return dict(args, data=data._replace(x=np.asarray(data.x) * 2.0))
+
+
+@pytest.mark.parametrize("change,entry", [
+    (_other_partition, "data.client_indices"),
+    (_rescaled, "data.x"),
+    (lambda a: dict(a, test_data=(np.asarray(a["test_data"][0])[:-1],
+                                  np.asarray(a["test_data"][1])[:-1])),
+     "test_data"),
+])
+def test_resume_refuses_other_data(saved_run, change, entry):
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match=re.escape(entry)):
+    simulation.run(**change(run_args("fedavgm")), checkpointing=Checkpointing(
+        directory=saved_run, every=3, resume=True))
+
+
+def test_tampered_history_is_refused(saved_run):
+  path = os.path.join(saved_run, str(ROUNDS), "history", "metadata")
+  with open(path) as f:
+    text = f.read()
+  edited = re.sub(r'("test_accuracy": )0\.(\d)', r"\g<1>0.9\2", text,
+                  count=1)
+  assert edited != text
+  with open(path, "w") as f:
+    f.write(edited)
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="history"):
+    simulation.run(**run_args("fedavgm"), checkpointing=Checkpointing(
+        directory=saved_run, every=3, resume=True))
+
+
+def test_finished_run_extends_to_the_longer_run(saved_run):
+  longer = dict(run_args("fedavgm"), num_rounds=ROUNDS + 2)
+  extended = simulation.run(**longer, checkpointing=Checkpointing(
+      directory=saved_run, every=3, resume=True))
+  straight = simulation.run(**longer)
+  assert len(extended.history.rows) == ROUNDS + 3
+  assert_same_history(extended.history, straight.history)
+  assert_same_tree(extended.state, straight.state)
+  with pytest.raises(checkpoint.CheckpointMismatchError, match="past"):
+    simulation.run(**dict(longer, num_rounds=2), checkpointing=Checkpointing(
+        directory=saved_run, every=3, resume=True))
 
 
 def test_describe_sees_closure_hyperparameters():

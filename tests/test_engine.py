@@ -13,6 +13,7 @@ from fedjax_agg import engine
 from fedjax_agg import federated
 from fedjax_agg import objectives
 from fedjax_agg.types import Model
+from fedjax_agg.config import LocalTraining
 
 
 class _MLP(nn.Module):
@@ -40,7 +41,7 @@ def tiny_data(sizes=SIZES, seed=0):
   y = rng.integers(0, 3, size=total)
   perm = rng.permutation(total)
   bounds = np.cumsum((0,) + tuple(sizes))
-  parts = [perm[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+  parts = [perm[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
   return federated.from_partition(x, y, parts), x, y, parts
 
 
@@ -91,9 +92,9 @@ def test_engine_matches_reference_loop(clients_per_step, limit_steps):
     num_steps = engine.full_steps(data, client_ids, batch_size, num_epochs)
   objective = objectives.fedprox(mu=0.3)
   optimizer = functools.partial(optax.sgd, momentum=0.5)
-  train = engine.make_local_trainer(
-      model, batch_size=batch_size, num_epochs=num_epochs,
-      objective=objective, client_optimizer=optimizer,
+  train = engine.make_local_trainer(model,
+      LocalTraining(batch_size=batch_size, epochs=num_epochs,
+                    objective=objective, optimizer=optimizer),
       clients_per_step=clients_per_step)
   key = jax.random.key(7)
   result = train(params, data, client_ids, lrs, num_steps, key)
@@ -103,7 +104,7 @@ def test_engine_matches_reference_loop(clients_per_step, limit_steps):
         float(lrs[k]), batch_size, num_epochs, int(num_steps[k]), objective,
         optimizer)
     assert int(result.steps_taken[k]) == ref_steps
-    got = jax.tree.map(lambda a: a[k], result.client_params)
+    got = jax.tree.map(lambda a, k=k: a[k], result.client_params)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
         got, ref)
@@ -113,8 +114,9 @@ def test_losses_before_and_after_match_numpy():
   data, x, y, parts = tiny_data()
   model = tiny_model()
   params = model.init(jax.random.key(1))
-  train = engine.make_local_trainer(model, batch_size=4, num_epochs=3,
-                                    clients_per_step=2, eval_batch_size=3)
+  train = engine.make_local_trainer(model,
+      LocalTraining(batch_size=4, epochs=3, eval_batch_size=3),
+      clients_per_step=2)
   ids = jnp.arange(5)
   result = train(params, data, ids, jnp.full(5, 0.5),
                  engine.full_steps(data, ids, 4, 3), jax.random.key(0))
@@ -129,7 +131,7 @@ def test_losses_before_and_after_match_numpy():
     np.testing.assert_allclose(result.loss_before[k], np_loss(params,
                                                               parts[k]),
                                rtol=1e-5)
-    after = jax.tree.map(lambda a: a[k], result.client_params)
+    after = jax.tree.map(lambda a, k=k: a[k], result.client_params)
     np.testing.assert_allclose(result.loss_after[k], np_loss(after, parts[k]),
                                rtol=1e-5)
   # Training lowered every client's own loss.
@@ -140,13 +142,13 @@ def test_zero_steps_leave_params_unchanged_and_no_retrace():
   data, *_ = tiny_data()
   model = tiny_model()
   params = model.init(jax.random.key(1))
-  train = engine.make_local_trainer(model, batch_size=3, num_epochs=1,
-                                    clients_per_step=2)
+  train = engine.make_local_trainer(model,
+      LocalTraining(batch_size=3, epochs=1), clients_per_step=2)
   ids = jnp.array([0, 1, 2])
   result = train(params, data, ids, jnp.full(3, 0.1), jnp.zeros(3, jnp.int32),
                  jax.random.key(0))
   for leaf, ref in zip(jax.tree.leaves(result.client_params),
-                       jax.tree.leaves(params)):
+                       jax.tree.leaves(params), strict=True):
     np.testing.assert_array_equal(leaf, np.broadcast_to(ref, leaf.shape))
   train(params, data, jnp.array([2, 3, 4]), jnp.full(3, 0.2),
         jnp.ones(3, jnp.int32), jax.random.key(1))
@@ -155,6 +157,7 @@ def test_zero_steps_leave_params_unchanged_and_no_retrace():
 
 def test_bad_arguments_are_named():
   with pytest.raises(ValueError, match="batch_size"):
-    engine.make_local_trainer(tiny_model(), batch_size=0, num_epochs=1)
+    engine.make_local_trainer(tiny_model(),
+        LocalTraining(batch_size=0, epochs=1))
   with pytest.raises(ValueError, match="client_indices"):
     federated.from_partition(np.zeros((3, 2)), np.zeros(3), [np.array([5])])

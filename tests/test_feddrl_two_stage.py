@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from fedjax_agg.aggregators._feddrl import AgentConfig, make_agent
-from fedjax_agg.aggregators._feddrl import two_stage as two_stage_lib
+from fedjax_agg import drivers as two_stage_lib
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
 from fedjax_agg.types import ClientInfo
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
@@ -15,8 +17,8 @@ from tests.test_engine import tiny_model
 K, ROUNDS, WORKERS, CALLS = 3, 6, 2, 5
 CONFIG = AgentConfig(policy_hidden=(16, 16, 16), value_hidden=(16, 16),
                      batch_size=4, updates_per_round=2, min_buffer_size=2)
-ROUND_KWARGS = dict(batch_size=3, local_epochs=1, learning_rate=0.2,
-                    clients_per_step=3)
+ROUND_KWARGS = dict(training=LocalTraining(batch_size=3, learning_rate=0.2),
+                    execution=Execution(clients_per_step=3))
 
 
 @pytest.fixture(scope="module")

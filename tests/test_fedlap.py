@@ -13,6 +13,7 @@ from fedjax_agg import engine
 from fedjax_agg import objectives
 from fedjax_agg.objectives._fedlap import row_dissimilarities
 from fedjax_agg.objectives._fedlap import row_distances
+from fedjax_agg.config import LocalTraining
 from tests.test_engine import reference_client
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
@@ -207,8 +208,9 @@ def _train(objective):
   model = tiny_model()
   params = model.init(jax.random.key(0))
   ids = jnp.arange(5)
-  train = engine.make_local_trainer(model, batch_size=3, num_epochs=2,
-                                    objective=objective, clients_per_step=5)
+  train = engine.make_local_trainer(model,
+      LocalTraining(batch_size=3, epochs=2, objective=objective),
+      clients_per_step=5)
   return [train(params, data, ids, jnp.full(5, 0.3),
                 engine.full_steps(data, ids, 3, epochs),
                 jax.random.key(3)).client_params for epochs in (2, 1)]
@@ -240,8 +242,9 @@ def test_engine_with_fedlap_matches_reference_loop():
   params = model.init(jax.random.key(1))
   objective = objectives.fedlap(0.7, mu=0.5, regularize_bias=True)
   ids = jnp.array([1, 3])
-  train = engine.make_local_trainer(model, batch_size=3, num_epochs=3,
-                                    objective=objective, clients_per_step=2)
+  train = engine.make_local_trainer(model,
+      LocalTraining(batch_size=3, epochs=3, objective=objective),
+      clients_per_step=2)
   key = jax.random.key(9)
   result = train(params, data, ids, jnp.full(2, 0.4),
                  engine.full_steps(data, ids, 3, 3), key)

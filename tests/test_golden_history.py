@@ -17,6 +17,7 @@ from fedjax_agg import aggregators
 from fedjax_agg import client_selection
 from fedjax_agg import drivers
 from fedjax_agg import simulation
+from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from tests.test_engine import SIZES
@@ -53,7 +54,9 @@ def _history(name):
     history = simulation.run(
         model, data, (x, y), aggregator, num_rounds=ROUNDS,
         participation=0.6,
-        training=LocalTraining(epochs=2, batch_size=3, learning_rate=0.2),
+        training=LocalTraining(epochs=2, batch_size=3, learning_rate=0.2,
+                               compute_losses=True),
+        evaluation=Evaluation(clients=True),
         execution=Execution(clients_per_step=2, progress=False),
         seed=4).history
   rows = [{k: v for k, v in row.items() if k != "time_s"}

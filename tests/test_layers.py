@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fedjax_agg.models import layers
+from fedjax_agg.config import LocalTraining
 
 # (batch, height, width, in, out, kh, kw, padding): odd and unequal sizes,
 # a kernel wider than tall, an asymmetric explicit padding, C = 1 (a first
@@ -280,9 +281,9 @@ def test_engine_trains_the_same_clients_with_every_impl():
     net = _TinyCNN(impl)
     model = Model(init=lambda key, net=net: net.init(key, x[0, :1]),
                   apply=lambda v, xb, train, net=net: (net.apply(v, xb), v))
-    train = engine.make_local_trainer(model, batch_size=4, num_epochs=1,
-                                      clients_per_step=2,
-                                      compute_losses=False)
+    train = engine.make_local_trainer(model,
+        LocalTraining(batch_size=4, epochs=1, compute_losses=False),
+        clients_per_step=2)
     results[impl] = train(model.init(jax.random.key(0)), data, ids,
                           jnp.full(3, 0.1), engine.full_steps(data, ids, 4, 1),
                           jax.random.key(1))

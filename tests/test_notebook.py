@@ -29,3 +29,19 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
       for o in cell.get("outputs", []))
   assert "fedlayerwise" in outputs
   assert (tmp_path / "quickstart_accuracy.png").stat().st_size > 0
+  # Every cell that draws shows its figure (no backend swallowed it).
+  for cell in nb.cells:
+    if cell.cell_type == "code" and any(
+        call in cell.source for call in ("plt.show()", "Image(", "display(")):
+      assert any("image/png" in o.get("data", {})
+                 for o in cell.get("outputs", [])), cell.source[:80]
+
+
+def test_committed_notebook_shows_its_figures():
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  drawing = [cell for cell in nb.cells if cell.cell_type == "code" and any(
+      call in cell.source for call in ("plt.show()", "Image(", "display("))]
+  assert drawing
+  for cell in drawing:
+    assert any("image/png" in o.get("data", {})
+               for o in cell.get("outputs", [])), cell.source[:80]

@@ -10,6 +10,10 @@ from fedjax_agg import aggregators
 from fedjax_agg import federated
 from fedjax_agg import sampling
 from fedjax_agg import simulation
+from fedjax_agg.config import Evaluation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
+from fedjax_agg import rounds as rounds_lib
 
 from tests.test_engine import tiny_model
 
@@ -80,7 +84,7 @@ def test_auto_method_and_bad_arguments():
   assert sampling.resolve_method(1000, 10) == "permutation"
   assert sampling.resolve_method(100_000, 100) == "rejection"
   assert sampling.resolve_method(100_000, 60_000) == "permutation"
-  ids = simulation.sample_cohort(jax.random.key(3), 1000, 10)
+  ids = rounds_lib.sample_cohort(jax.random.key(3), 1000, 10)
   np.testing.assert_array_equal(  # the historical cohorts are kept
       ids, jax.random.choice(jax.random.key(3), 1000, (10,), replace=False))
   for args, match in (((10, 11), "cohort_size"), ((0, 1), "num_clients"),
@@ -100,11 +104,11 @@ def test_one_round_over_a_population_of_100k_clients():
   data = federated.from_assignment(x, y, owner, num_clients)
   assert data.num_clients == num_clients and data.max_examples == 3
   np.testing.assert_array_equal(data.num_examples, sizes)
-  result = simulation.run(
-      tiny_model(), data, (x[:64], y[:64]),
+  result = simulation.run(tiny_model(), data, (x[:64], y[:64]),
       aggregators.get("fedadp", num_clients=num_clients), num_rounds=1,
-      num_classes=3, participation=cohort / num_clients, batch_size=2,
-      learning_rate=0.1, eval_clients=False, progress=False)
+      participation=cohort / num_clients,
+      training=LocalTraining(batch_size=2, learning_rate=0.1),
+      execution=Execution(progress=False), evaluation=Evaluation(clients=False))
   ids = result.history.client_rows[0]["client_ids"]
   assert len(set(ids.tolist())) == cohort
   assert result.history.config["cohort_size"] == cohort

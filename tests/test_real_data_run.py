@@ -16,6 +16,8 @@ from fedjax_agg import federated
 from fedjax_agg import models
 from fedjax_agg import partitions
 from fedjax_agg import simulation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +34,11 @@ def test_three_cnn_rounds_improve_accuracy(fashion):
                          samples_per_client=150)
   data = federated.from_partition(fashion.train_x[:3000], labels, parts)
   model = models.get("cnn_fednnnn_mnist", num_classes=10)
-  result = simulation.run(
-      model, data, (fashion.test_x[:2000], fashion.test_y[:2000]),
-      aggregators.fedavg(), num_rounds=3, num_classes=10, participation=0.5,
-      local_epochs=1, batch_size=16, learning_rate=0.05, seed=0,
-      progress=False)
+  result = simulation.run(model, data,
+      (fashion.test_x[:2000], fashion.test_y[:2000]), aggregators.fedavg(),
+      num_rounds=3, participation=0.5, seed=0,
+      training=LocalTraining(epochs=1, batch_size=16, learning_rate=0.05),
+      execution=Execution(progress=False))
   accuracy = result.history.column("test_accuracy")
   assert accuracy[0] < 0.25  # an untrained 10-class model
   assert accuracy[-1] > accuracy[0] + 0.3, accuracy

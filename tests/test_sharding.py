@@ -21,6 +21,8 @@ COMMON = textwrap.dedent("""
     import inspect
     import jax, jax.numpy as jnp, numpy as np
     from fedjax_agg import aggregators, distributed, simulation
+    from fedjax_agg import rounds as rounds_lib
+    from fedjax_agg.config import Execution, LocalTraining
     from fedjax_agg.types import Aggregator
     from tests.test_engine import tiny_data, tiny_model
 
@@ -35,7 +37,9 @@ COMMON = textwrap.dedent("""
         kwargs["num_participants"] = cohort
       if name == "feddrl":  # a small replay buffer: it is replicated
         kwargs["buffer_capacity"] = 256
-      return aggregators.get(name, num_clients=data.num_clients, **kwargs)
+      # FedACS evaluates the client models on server data.
+      return aggregators.get(name, num_clients=data.num_clients, model=model,
+                             x_eval=x[:20], y_eval=y[:20], **kwargs)
 
     ALL_RULES = ("fedavg",) + tuple(sorted(set(aggregators.REGISTRY)
                                            - {"fedavg"}))
@@ -61,13 +65,15 @@ COMMON = textwrap.dedent("""
       return Aggregator(init, aggregate)
 
     def run(name, devices, rounds=2, participation=0.8):
-      cohort = simulation.num_sampled(data.num_clients, participation)
+      cohort = rounds_lib.num_sampled(data.num_clients, participation)
       several = isinstance(name, tuple)
       rule = side_by_side(name, cohort) if several else build(name, cohort)
       return simulation.run(
-          model, data, (x, y), rule, num_rounds=rounds, num_classes=3,
-          participation=participation, batch_size=3, learning_rate=0.2,
-          seed=3, compute_losses=several, progress=False, devices=devices)
+          model, data, (x, y), rule, num_rounds=rounds,
+          participation=participation,
+          training=LocalTraining(batch_size=3, learning_rate=0.2,
+                                 compute_losses=several),
+          execution=Execution(progress=False, devices=devices), seed=3)
 
     def host(tree):
       tree = jax.tree.map(lambda a: jax.random.key_data(a) if jnp.issubdtype(
@@ -106,10 +112,12 @@ EIGHT_DEVICES = COMMON + textwrap.dedent("""
     mesh = distributed.client_mesh()
     assert mesh.axis_names == ("clients",) and mesh.size == 8
     sharded = engine.make_local_trainer(
-        model, batch_size=3, num_epochs=2, clients_per_step=8, mesh=mesh)(
+        model, LocalTraining(batch_size=3, epochs=2), clients_per_step=8,
+        mesh=mesh)(
             *args)
     plain = engine.make_local_trainer(
-        model, batch_size=3, num_epochs=2, clients_per_step=8)(*args)
+        model, LocalTraining(batch_size=3, epochs=2), clients_per_step=8)(
+            *args)
     for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(plain)):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     leaf = jax.tree.leaves(sharded.client_params)[0]
@@ -164,7 +172,7 @@ EIGHT_DEVICES = COMMON + textwrap.dedent("""
         raise AssertionError(f"expected {error.__name__} for {bad!r}")
     try:
       simulation.run(model, data, (x, y), aggregators.fedavg(), num_rounds=1,
-                     num_classes=3, clients_per_step=4, progress=False)
+                     execution=Execution(clients_per_step=4, progress=False))
     except ValueError as e:
       assert "clients_per_step" in str(e)
     else:

@@ -9,8 +9,10 @@ import pytest
 from fedjax_agg import aggregators
 from fedjax_agg import engine
 from fedjax_agg import objectives
-from fedjax_agg import simulation
 from fedjax_agg import stragglers
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
+from fedjax_agg import rounds as rounds_lib
 from tests.test_engine import reference_client
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
@@ -77,9 +79,10 @@ def test_straggler_params_equal_training_alone_for_its_steps():
                                          num_epochs, unit="steps")
   assert int(jnp.sum(num_steps != full)) >= 1
   objective = objectives.fedprox(mu=0.1)
-  train = engine.make_local_trainer(model, batch_size=batch_size,
-                                    num_epochs=num_epochs,
-                                    objective=objective, clients_per_step=4)
+  train = engine.make_local_trainer(model,
+      LocalTraining(batch_size=batch_size, epochs=num_epochs,
+                    objective=objective),
+      clients_per_step=4)
   key = jax.random.key(8)
   result = train(params, data, ids, jnp.full(4, 0.2), num_steps, key)
   np.testing.assert_array_equal(result.steps_taken, num_steps)
@@ -98,10 +101,11 @@ def test_hook_drives_the_round_function():
   model = tiny_model()
   aggregator = aggregators.fedavg()
   hook = stragglers.stragglers(0.5, 2)
-  round_fn = simulation.make_round_fn(
-      model, aggregator, batch_size=3, local_epochs=2, learning_rate=0.1,
-      clients_per_step=4, local_steps_fn=hook)
-  state = simulation.init_state(model.init(jax.random.key(0)), aggregator,
+  round_fn = rounds_lib.make_round_fn(model, aggregator,
+      training=LocalTraining(batch_size=3, epochs=2, learning_rate=0.1,
+                             steps_fn=hook),
+      execution=Execution(clients_per_step=4))
+  state = rounds_lib.init_state(model.init(jax.random.key(0)), aggregator,
                                 seed=1)
   cohort = jnp.array([4, 1, 2, 0])
   _, out = round_fn(state, data, cohort, jnp.ones(4))

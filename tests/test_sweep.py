@@ -1,5 +1,6 @@
 """Sweeps: S members in one vmapped round equal S separate runs."""
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,12 +16,20 @@ from fedjax_agg import federated
 from fedjax_agg import objectives
 from fedjax_agg import simulation
 from fedjax_agg import sweep
+from fedjax_agg.config import Evaluation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
 MODEL = tiny_model()  # one instance: evaluation compiles once per module
-TRAIN = dict(num_rounds=2, num_classes=3, participation=0.6, local_epochs=2,
-             batch_size=3, clients_per_step=2, progress=False)
+TRAINING = LocalTraining(epochs=2, batch_size=3)
+TRAIN = dict(num_rounds=2, participation=0.6,
+             execution=Execution(clients_per_step=2, progress=False))
+
+
+def _training(**changes):
+  return dataclasses.replace(TRAINING, **changes)
 
 
 def _assert_same_run(member, solo):
@@ -63,14 +72,13 @@ def test_seeds_with_their_own_partitions_equal_separate_runs():
   _, x, y, _ = tiny_data()
   seeds = [0, 3]
   data = [_partition(0), _partition(1, sizes=(15, 5, 4, 10, 1))]
-  members = sweep.run_sweep(
-      lambda hparams: aggregators.fedavg(), seeds=seeds, model=MODEL,
-      data=data, test_data=(x, y), learning_rate=0.2, **TRAIN)
+  members = sweep.run_sweep(lambda hparams: aggregators.fedavg(), seeds=seeds,
+      model=MODEL, data=data, test_data=(x, y), **TRAIN,
+      training=_training(learning_rate=0.2))
   assert [m.seed for m in members] == seeds
   for member, member_data in zip(members, data, strict=True):
-    solo = simulation.run(MODEL, member_data, (x, y),
-                          aggregators.fedavg(), learning_rate=0.2,
-                          seed=member.seed, **TRAIN)
+    solo = simulation.run(MODEL, member_data, (x, y), aggregators.fedavg(),
+        seed=member.seed, **TRAIN, training=_training(learning_rate=0.2))
     _assert_same_run(member, solo)
   # Different seeds really differ (cohorts and models).
   assert not np.array_equal(members[0].history.client_rows[0]["client_ids"],
@@ -86,8 +94,8 @@ def test_grid_of_fedadp_alpha_fedprox_mu_and_client_lr_equals_runs():
     return (aggregators.fedadp(hparams["alpha"], num_clients=5),
             objectives.fedprox(hparams["mu"]))
 
-  members = sweep.run_sweep(build, grid, seeds=[0, 1], model=MODEL,
-                            data=data, test_data=(x, y), **TRAIN)
+  members = sweep.run_sweep(build, grid, seeds=[0, 1], model=MODEL, data=data,
+      test_data=(x, y), **TRAIN, training=TRAINING)
   assert len(members) == 16
   assert [m.hparams for m in members[:4]] == [
       {"alpha": 1.0, "mu": 0.0, "learning_rate": 0.1}] * 2 + [
@@ -97,10 +105,10 @@ def test_grid_of_fedadp_alpha_fedprox_mu_and_client_lr_equals_runs():
   # member, and another seed (a solo run compiles its own round: one only).
   member = members[-1]
   aggregator, objective = build(member.hparams)
-  solo = simulation.run(
-      MODEL, data, (x, y), aggregator, objective=objective,
-      learning_rate=member.hparams["learning_rate"], seed=member.seed,
-      **TRAIN)
+  solo = simulation.run(MODEL, data, (x, y), aggregator, seed=member.seed,
+      **TRAIN, training=_training(
+          objective=objective,
+          learning_rate=member.hparams["learning_rate"]))
   _assert_same_run(member, solo)
   finals = {m.hparams["alpha"]: m.history.rows[-1]["train_loss"]
             for m in members if m.seed == 0 and m.hparams["mu"] == 0.5
@@ -121,21 +129,22 @@ def test_fednnnn_beta_gamma_server_lr_and_fedlap_q_equal_runs():
         base=aggregators.fednnnn(hparams["beta"], hparams["gamma"]))
     return rule, objectives.fedlap(hparams["q"], mu=1.0)
 
-  train = dict(TRAIN, local_epochs=1, eval_clients=False)
+  train = dict(TRAIN, training=_training(epochs=1),
+               evaluation=Evaluation(clients=False))
   members = sweep.run_sweep(build, grid, seeds=[2], model=MODEL, data=data,
-                            test_data=(x, y), **train)
+      test_data=(x, y), **train)
   assert len(members) == 16
   aggregator, objective = build(members[-1].hparams)
-  solo = simulation.run(MODEL, data, (x, y), aggregator,
-                        objective=objective, seed=2, **train)
+  solo = simulation.run(MODEL, data, (x, y), aggregator, seed=2,
+                        **dict(train, training=_training(
+                            epochs=1, objective=objective)))
   _assert_same_run(members[-1], solo)
 
 
 def test_bad_grid_values_raise_the_factory_error_before_running():
   data, x, y, _ = tiny_data()
-  run = lambda build, grid, **kw: sweep.run_sweep(
-      build, grid, model=MODEL, data=data, test_data=(x, y), **kw,
-      **TRAIN)
+  run = lambda build, grid, **kw: sweep.run_sweep(build, grid, model=MODEL,
+      data=data, test_data=(x, y), **kw, **TRAIN, training=TRAINING)
   fedadp = lambda h: aggregators.fedadp(h["alpha"], num_clients=5)
   with pytest.raises(ValueError, match="alpha must be > 0, got -1"):
     run(fedadp, {"alpha": [5.0, -1]})
@@ -156,9 +165,8 @@ def test_bad_grid_values_raise_the_factory_error_before_running():
   with pytest.raises(TypeError, match="build"):
     run(lambda h: "fedavg", None)
   with pytest.raises(ValueError, match="one per seed"):
-    sweep.run_sweep(lambda h: aggregators.fedavg(), seeds=[0, 1],
-                    model=MODEL, data=[data], test_data=(x, y),
-                    **TRAIN)
+    sweep.run_sweep(lambda h: aggregators.fedavg(), seeds=[0, 1], model=MODEL,
+        data=[data], test_data=(x, y), **TRAIN, training=TRAINING)
   # A hyperparameter that sets a state shape cannot be swept in one call.
   with pytest.raises(ValueError, match="differs in shape"):
     run(lambda h: aggregators.fedadp(num_clients=int(h["n"])),

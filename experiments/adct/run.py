@@ -13,7 +13,7 @@ three differences, since ADCT and FedACS are not plain registry rules:
 
 * an algorithm may hold ``"adct": {accuracy_threshold, search_step, ...}``
   (ADCT's client side, ``client_selection.adct``, driven by
-  ``client_selection.rounds.run``; its ``aggregator`` is the server rule),
+  ``drivers.run_adct``; its ``aggregator`` is the server rule),
   or name ``"aggregator": "fedacs"`` (``aggregators.fedacs``, whose
   server evaluation set is the union of the clients' held-out parts);
 * ``train.client_optimizer`` is "adam" or "sgd" (the paper's learning rates,
@@ -52,8 +52,12 @@ from fedjax_agg import experiment
 from fedjax_agg import models
 from fedjax_agg import plotting
 from fedjax_agg import simulation
-from fedjax_agg.client_selection import rounds
 from fedjax_agg import validation
+from fedjax_agg.config import Evaluation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
+from fedjax_agg import history as history_lib
+from fedjax_agg import drivers
 # pylint: enable=wrong-import-position
 
 TRAIN_DEFAULTS = {"rounds": 50, "participation": 1.0, "local_epochs": 1,
@@ -111,21 +115,22 @@ def run_one(config: dict, name: str, seed: int, prepared, model):
         model, batch_size=train["batch_size"], client_optimizer=optimizer,
         clients_per_step=train["clients_per_step"], **spec["adct"])
     # rounds.run does the same holdout split (same fraction and seed).
-    return rounds.run(
-        model, data, test, aggregator, tuner, num_rounds=train["rounds"],
-        num_classes=num_classes, participation=train["participation"],
+    return drivers.run_adct(model, data, test, aggregator, tuner,
+        num_rounds=train["rounds"], participation=train["participation"],
         validation_fraction=train["validation_fraction"],
-        split_seed=train["split_seed"], seed=seed,
-        eval_every=train["eval_every"], progress=False,
-        config=record).history
-  return simulation.run(
-      model, train_data, test, aggregator, num_rounds=train["rounds"],
-      num_classes=num_classes, participation=train["participation"],
-      local_epochs=train["local_epochs"], batch_size=train["batch_size"],
-      learning_rate=train["learning_rate"], client_optimizer=optimizer,
-      clients_per_step=train["clients_per_step"], seed=seed,
-      eval_every=train["eval_every"], eval_clients=False, progress=False,
-      config=record).history
+        split_seed=train["split_seed"], seed=seed, config=record,
+        execution=Execution(progress=False),
+        evaluation=Evaluation(every=train["eval_every"])).history
+  return simulation.run(model, train_data, test, aggregator,
+      num_rounds=train["rounds"], participation=train["participation"],
+      seed=seed, config=record,
+      training=LocalTraining(epochs=train["local_epochs"],
+                             batch_size=train["batch_size"],
+                             learning_rate=train["learning_rate"],
+                             optimizer=optimizer),
+      execution=Execution(clients_per_step=train["clients_per_step"],
+                          progress=False),
+      evaluation=Evaluation(every=train["eval_every"], clients=False)).history
 
 
 def load_saved(path: str, config: dict, name: str, seed: int):
@@ -143,7 +148,7 @@ def load_saved(path: str, config: dict, name: str, seed: int):
   same = same and saved["config"].get("seed") == seed
   if not same:
     return None
-  return simulation.History(saved["rows"], saved["clients"], saved["config"])
+  return history_lib.History(saved["rows"], saved["clients"], saved["config"])
 
 
 def adct_choices(history) -> dict:
@@ -154,7 +159,7 @@ def adct_choices(history) -> dict:
   for row in history.client_rows:
     for cid, lr, ep, s in zip(*(np.asarray(row[k]).tolist() for k in (
         "client_ids", "adct_learning_rate", "adct_local_epochs",
-        "adct_searched"))):
+        "adct_searched")), strict=True):
       pick = f"lr={lr:.0e},epochs={int(ep)}"
       kept[int(cid)][pick] += 1
       searched[int(cid)] += int(bool(s))

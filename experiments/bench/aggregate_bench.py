@@ -38,6 +38,7 @@ from fedjax_agg import engine
 from fedjax_agg import federated
 from fedjax_agg import models
 from fedjax_agg.types import ClientInfo
+from fedjax_agg.config import LocalTraining
 
 EXAMPLES_PER_CLIENT = 600
 BATCH_SIZE = 16
@@ -86,10 +87,10 @@ def time_training(model, global_params, num_clients: int,
   indices = [rng.choice(POOL, EXAMPLES_PER_CLIENT, replace=False)
              for _ in range(num_clients)]
   data = federated.from_partition(x, y, indices)
-  train = engine.make_local_trainer(
-      model, batch_size=BATCH_SIZE, num_epochs=1,
-      client_optimizer=optax.sgd, clients_per_step=clients_per_step,
-      compute_losses=False)
+  train = engine.make_local_trainer(model,
+      LocalTraining(batch_size=BATCH_SIZE, epochs=1, optimizer=optax.sgd,
+                    compute_losses=False),
+      clients_per_step=clients_per_step)
   ids = jnp.arange(num_clients, dtype=jnp.int32)
   steps = engine.full_steps(data, ids, BATCH_SIZE, 1)
   lrs = jnp.full((num_clients,), LEARNING_RATE)

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 from fedjax_agg import aggregators  # noqa: E402
 from fedjax_agg import checkpoint  # noqa: E402
 from fedjax_agg import models  # noqa: E402
-from fedjax_agg import simulation  # noqa: E402
+from fedjax_agg import rounds as rounds_lib
 
 
 def folder_bytes(path: str) -> int:
@@ -65,7 +65,7 @@ def bench(model_name: str, aggregator_name: str, args) -> dict:
   aggregator = aggregators.get(aggregator_name, num_clients=100,
                                **({"num_participants": args.cohort}
                                   if aggregator_name == "feddrl" else {}))
-  state = simulation.init_state(model.init(jax.random.key(0)), aggregator)
+  state = rounds_lib.init_state(model.init(jax.random.key(0)), aggregator)
   # Random floats everywhere (moments, a full replay buffer): fresh states
   # are mostly zeros, which orbax's compression would make look small.
   rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """Round time and peak memory vs cohort size: streaming vs stacked FedAvg.
 
-One FedAvg round (``simulation.make_round_fn``) of the 2-layer MLP
+One FedAvg round (``rounds_lib.make_round_fn``) of the 2-layer MLP
 (``models.get("mlp2")``: 784-200-10 on Fashion-MNIST, 60-200-10 on
 Synthetic(1,1)) over cohorts of K = 10, 100, 1,000 and 10,000 clients, run
 two ways:
@@ -122,15 +122,17 @@ def worker(args) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from fedjax_agg import aggregators  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import simulation  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import rounds as rounds_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_agg.config import Execution, LocalTraining  # pylint: disable=g-import-not-at-top
 
   data, model = federation(args)
   rule = aggregators.fedavg()
-  round_fn = simulation.make_round_fn(
-      model, rule, batch_size=args.batch_size, local_epochs=1,
-      learning_rate=0.05, clients_per_step=args.clients_per_step,
-      stream=args.mode == "stream")
-  state = simulation.init_state(model.init(jax.random.key(args.seed)), rule,
+  round_fn = rounds_lib.make_round_fn(model, rule,
+      training=LocalTraining(batch_size=args.batch_size, epochs=1,
+                             learning_rate=0.05),
+      execution=Execution(clients_per_step=args.clients_per_step,
+                          stream=args.mode == "stream"))
+  state = rounds_lib.init_state(model.init(jax.random.key(args.seed)), rule,
                                 seed=args.seed)
   cohort = jnp.arange(args.clients, dtype=jnp.int32)
   mask = jnp.ones((args.clients,), jnp.float32)

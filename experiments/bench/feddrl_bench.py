@@ -52,6 +52,7 @@ from fedjax_agg.aggregators._feddrl import make_agent  # noqa: E402
 from fedjax_agg.aggregators._feddrl import networks  # noqa: E402
 from fedjax_agg.aggregators._feddrl import replay  # noqa: E402
 from fedjax_agg.types import ClientInfo  # noqa: E402
+from fedjax_agg.config import LocalTraining
 
 
 def timed(fn, *args, repeats: int) -> float:
@@ -116,8 +117,8 @@ def bench(num_clients: int, args) -> dict:
       rng.uniform(size=(total,) + shape).astype(np.float32),
       rng.integers(0, 10, total),
       list(np.arange(total).reshape(num_clients, args.samples)))
-  trainer = engine.make_local_trainer(
-      model, batch_size=args.batch_size, num_epochs=args.epochs,
+  trainer = engine.make_local_trainer(model,
+      LocalTraining(batch_size=args.batch_size, epochs=args.epochs),
       clients_per_step=min(args.clients_per_step, num_clients))
   cohort = jnp.arange(num_clients)
   steps = engine.full_steps(data, cohort, args.batch_size, args.epochs)

@@ -9,7 +9,7 @@ int array. Reports the seconds of
 * ``from_partition``: the list-of-index-arrays constructor, given the N
   arrays (building the list itself is not counted), unless
   ``--skip-partition``;
-* cohort sampling (``simulation.sample_cohort``) of K clients with the
+* cohort sampling (``rounds_lib.sample_cohort``) of K clients with the
   permutation and the rejection sampler: first call (with compilation) and
   the median of ``--repeats`` further calls.
 
@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from fedjax_agg import federated
-from fedjax_agg import simulation
+from fedjax_agg import rounds as rounds_lib
 
 
 def _seconds(fn, *args):
@@ -72,9 +72,9 @@ def main(argv=None):
       for method in ("permutation", "rejection"):
         keys = jax.random.split(jax.random.key(1), args.repeats + 1)
         draw = (data.num_clients, cohort, method)
-        first_s, ids = _seconds(simulation.sample_cohort, keys[0], *draw)
+        first_s, ids = _seconds(rounds_lib.sample_cohort, keys[0], *draw)
         assert len(set(np.asarray(ids).tolist())) == cohort
-        times = [_seconds(simulation.sample_cohort, k, *draw)[0]
+        times = [_seconds(rounds_lib.sample_cohort, k, *draw)[0]
                  for k in keys[1:]]
         row[f"{method}_first_s"] = round(first_s, 4)
         row[f"{method}_s"] = round(statistics.median(times), 5)

@@ -54,6 +54,7 @@ from fedjax_agg import federated
 from fedjax_agg import models
 from fedjax_agg.models import layers
 from fedjax_agg.types import ClientInfo, Model
+from fedjax_agg.config import LocalTraining
 
 SAMPLES_PER_CLIENT = 600
 BATCH_SIZE = 16
@@ -112,8 +113,8 @@ def engine_rounds(args, model, params, client_data):
             if "mesh" in options else None)
   data = federated.from_stacked(x, y, device=device)
   del x, y
-  trainer = engine.make_local_trainer(
-      model, batch_size=BATCH_SIZE, num_epochs=LOCAL_EPOCHS, **options)
+  trainer = engine.make_local_trainer(model,
+      LocalTraining(batch_size=BATCH_SIZE, epochs=LOCAL_EPOCHS), **options)
   aggregator = aggregators.fedavg()
   ids = jnp.arange(n, dtype=jnp.int32)
   num_steps = engine.full_steps(data, ids, BATCH_SIZE, LOCAL_EPOCHS)
@@ -176,12 +177,13 @@ def loop_rounds(args, model, params, client_data):
         p, loss = train_step(p, xc[sl], yc[sl])
         losses.append(loss)
       w = float(len(xc))
-      weighted_sum = (jax.tree.map(lambda a: w * a, p) if weighted_sum is None
-                      else jax.tree.map(lambda acc, a: acc + w * a,
+      weighted_sum = (jax.tree.map(lambda a, w=w: w * a, p)
+                      if weighted_sum is None
+                      else jax.tree.map(lambda acc, a, w=w: acc + w * a,
                                         weighted_sum, p))
       total += w
     params = jax.block_until_ready(
-        jax.tree.map(lambda acc: acc / total, weighted_sum))
+        jax.tree.map(lambda acc, total=total: acc / total, weighted_sum))
     yield (time.perf_counter() - start, time.process_time() - cpu_start,
            params, float(np.mean([float(v) for v in losses])))
 
@@ -241,8 +243,9 @@ def main(argv=None):
 
   rounds = engine_rounds if args.mode == "engine" else loop_rounds
   times, cpu_times, train_loss = [], [], float("nan")
-  for r, (seconds, cpu_seconds, params, train_loss) in enumerate(
+  for r, (seconds, cpu_seconds, trained, train_loss) in enumerate(
       rounds(args, model, params, client_data)):
+    del trained
     times.append(seconds)
     cpu_times.append(cpu_seconds)
     print(f"{args.mode} N={args.clients} round {r}: {seconds:.3f}s "

@@ -44,7 +44,9 @@ from fedjax_agg import aggregators
 from fedjax_agg import distributed
 from fedjax_agg import federated
 from fedjax_agg import models
-from fedjax_agg import simulation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
+from fedjax_agg import rounds as rounds_lib
 
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
@@ -65,12 +67,13 @@ def time_rounds(args, model, aggregator, data, devices):
   mesh, device = distributed.round_mesh(devices)
   place = ((lambda tree: distributed.replicate(tree, mesh)) if mesh
            else (lambda tree: jax.device_put(tree, device)))
-  round_fn = simulation.make_round_fn(
-      model, aggregator, batch_size=args.batch_size, local_epochs=1,
-      learning_rate=LEARNING_RATE, clients_per_step=args.clients_per_step,
-      mesh=mesh, donate_state=True)
+  round_fn = rounds_lib.make_round_fn(model, aggregator, mesh=mesh,
+      donate_state=True,
+      training=LocalTraining(batch_size=args.batch_size, epochs=1,
+                             learning_rate=LEARNING_RATE),
+      execution=Execution(clients_per_step=args.clients_per_step))
   params = model.init(jax.random.key(args.seed))
-  state = place(simulation.init_state(params, aggregator, args.seed))
+  state = place(rounds_lib.init_state(params, aggregator, args.seed))
   data = place(data)
   cohort = place(jnp.arange(data.num_clients, dtype=jnp.int32))
   mask = place(jnp.ones((data.num_clients,), jnp.float32))

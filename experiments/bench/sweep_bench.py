@@ -45,6 +45,7 @@ from fedjax_agg import models  # noqa: E402  pylint: disable=wrong-import-positi
 from fedjax_agg import partitions  # noqa: E402  pylint: disable=wrong-import-position
 from fedjax_agg import simulation  # noqa: E402  pylint: disable=wrong-import-position
 from fedjax_agg import sweep  # noqa: E402  pylint: disable=wrong-import-position
+from fedjax_agg import rounds as rounds_lib
 
 
 def main(argv=None) -> None:
@@ -84,14 +85,13 @@ def main(argv=None) -> None:
   print("sequential ...", file=sys.stderr, flush=True)
   start = time.perf_counter()
   solo = [simulation.run(model, data, test, aggregators.fedavg(), seed=s,
-                         **train) for s in seeds]
+      **train) for s in seeds]
   sequential_s = time.perf_counter() - start
 
   print("sweep ...", file=sys.stderr, flush=True)
   start = time.perf_counter()
-  members = sweep.run_sweep(lambda hparams: aggregators.fedavg(),
-                            seeds=seeds, model=model, data=data,
-                            test_data=test, **train)
+  members = sweep.run_sweep(lambda hparams: aggregators.fedavg(), seeds=seeds,
+      model=model, data=data, test_data=test, **train)
   sweep_s = time.perf_counter() - start
 
   accuracy_diff = max(
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
                       jax.tree.leaves(r.state.params), strict=True))
   later = lambda times: statistics.median(times[1:]) if len(times) > 1 \
       else float("nan")
-  cohort = simulation.num_sampled(args.clients, args.participation)
+  cohort = rounds_lib.num_sampled(args.clients, args.participation)
   print(json.dumps({
       "bench": "sweep", "seeds": args.seeds, "rounds": args.rounds,
       "clients": args.clients, "cohort": cohort, "epochs": args.epochs,

@@ -40,9 +40,10 @@ import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 from fedjax_agg import experiment  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import plotting  # pylint: disable=wrong-import-position
-from fedjax_agg import simulation  # pylint: disable=wrong-import-position
 from fedjax_agg.aggregators._feddrl import agent as agent_lib  # pylint: disable=wrong-import-position
 from fedjax_agg.aggregators._feddrl import two_stage  # pylint: disable=wrong-import-position
+from fedjax_agg import rounds as rounds_lib
+from fedjax_agg import history as history_lib
 
 # Fig. 6 normalises by this algorithm's curves (config key "reference").
 REFERENCE = "FedDRL"
@@ -109,7 +110,7 @@ def table3(columns: dict, reference: str = REFERENCE) -> dict:
         entry[f"late_{col}_over_{reference}"] = float(
             np.nanmean(cols[col][:, half]) / np.nanmean(ref[:, half]))
     reached = [first_round(c, t)
-               for c, t in zip(cols["test_accuracy"], targets)]
+               for c, t in zip(cols["test_accuracy"], targets, strict=True)]
     hits = [r for r in reached if r is not None]
     entry["rounds_to_target"] = reached
     entry["rounds_to_target_mean"] = float(np.mean(hits)) if hits else None
@@ -121,7 +122,8 @@ def plot_fig6(config: dict, columns: dict, path: str,
               reference: str = REFERENCE) -> str:
   """Client-loss mean / variance per round over FedDRL's (Fig. 6)."""
   fig, axes = plt.subplots(2, 1, figsize=(6, 6.5), sharex=True)
-  for ax, col in zip(axes, ("client_loss_mean", "client_loss_var")):
+  for ax, col in zip(axes, ("client_loss_mean", "client_loss_var"),
+                     strict=True):
     ref = np.nanmean(columns[reference][col], axis=0)
     for name, cols in columns.items():
       curve = np.nanmean(cols[col], axis=0) / ref
@@ -155,7 +157,7 @@ def two_stage_aggregator(config: dict, name: str, seed: int, prepared):
   mcfg = config["model"]
   model = models.get(mcfg["name"], num_classes=num_classes,
                      input_shape=input_shape, **mcfg.get("args", {}))
-  cohort = simulation.num_sampled(data.num_clients, train["participation"])
+  cohort = rounds_lib.num_sampled(data.num_clients, train["participation"])
   agent_config = agent_lib.AgentConfig()._replace(
       **spec.get("aggregator_args", {}))
   result = two_stage.two_stage(
@@ -213,7 +215,7 @@ def main(argv=None) -> None:
       with open(os.path.join(out_dir, name, f"seed{seed}.json")) as f:
         saved = json.load(f)
       histories[name].append(
-          simulation.History(saved["rows"], [], saved["config"]))
+          history_lib.History(saved["rows"], [], saved["config"]))
   with open(os.path.join(out_dir, "summary.json"), "w") as f:
     json.dump({"name": config.get("name"), "algorithms": experiment.summarize(
         histories, config.get("target_accuracy"))}, f, indent=2)

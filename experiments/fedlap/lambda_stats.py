@@ -92,10 +92,10 @@ def local_compare(model, objective_args, params, x, y, train, seed):
       state = step(state, batch, params, context)
     penalty, pen_norm, data_norm = diagnose(state[1][0], batch, params,
                                             context)
-    epochs.append({"lambda_mean_per_layer": [float(jnp.mean(l))
-                                             for l in lambdas],
-                   "lambda_max_per_layer": [float(jnp.max(l))
-                                            for l in lambdas],
+    epochs.append({"lambda_mean_per_layer": [float(jnp.mean(lam))
+                                             for lam in lambdas],
+                   "lambda_max_per_layer": [float(jnp.max(lam))
+                                            for lam in lambdas],
                    "penalty_end": float(penalty),
                    "penalty_grad_norm_end": float(pen_norm),
                    "data_grad_norm_end": float(data_norm)})

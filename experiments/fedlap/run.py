@@ -77,7 +77,7 @@ def plot_panels(config: dict, curves: dict, path: str) -> str:
   levels = sorted({straggler_level(config, n) for n in curves})
   fig, axes = plt.subplots(len(levels), 1, figsize=(6, 3.4 * len(levels)),
                            squeeze=False)
-  for ax, level in zip(axes[:, 0], levels):
+  for ax, level in zip(axes[:, 0], levels, strict=True):
     for name, runs in curves.items():
       if straggler_level(config, name) != level:
         continue

@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from fedjax_agg import experiment  # pylint: disable=wrong-import-position
-from fedjax_agg import simulation  # pylint: disable=wrong-import-position
+from fedjax_agg import history as history_lib
 
 # Table I's target and lower ones (the shrunk runs may not reach 95 %).
 TARGETS = (0.95, 0.90, 0.85, 0.80, 0.75)
@@ -41,13 +41,13 @@ def rounds_table(out_dir: str, config: dict) -> list[dict]:
       path = os.path.join(out_dir, algorithm, f"seed{seed}.json")
       with open(path) as f:
         saved = json.load(f)
-      history = simulation.History(saved["rows"], saved["clients"],
+      history = history_lib.History(saved["rows"], saved["clients"],
                                    saved["config"])
       row = {"algorithm": algorithm, "seed": seed,
              "final_accuracy": float(history.column("test_accuracy")[-1]),
              "best_accuracy": float(max(history.column("test_accuracy")))}
       for target in TARGETS:
-        row[f"rounds_to_{target:.2f}"] = simulation.rounds_to_target(
+        row[f"rounds_to_{target:.2f}"] = history_lib.rounds_to_target(
             history, target)
       rows.append(row)
   with open(os.path.join(out_dir, "rounds_to_target.csv"), "w",

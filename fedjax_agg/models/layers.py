@@ -102,7 +102,8 @@ def _conv(x, kernel, pads):
 
 def _output_hw(input_hw, kernel_hw, pads):
   return tuple(n + lo + hi - k + 1
-               for n, k, (lo, hi) in zip(input_hw, kernel_hw, pads))
+               for n, k, (lo, hi) in zip(input_hw, kernel_hw, pads,
+                                        strict=True))
 
 
 def _patches(x, kernel_hw, pads):
