@@ -76,6 +76,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+__all__ = ["CheckpointError", "CheckpointMismatchError",
+    "CorruptCheckpointError", "FORMAT_VERSION", "ITEMS", "MAX_TO_KEEP",
+    "RunCheckpointer", "Snapshot", "check_arguments", "config_differences",
+    "data_fingerprint", "describe", "open_run", "spec_differences"]
+
 FORMAT_VERSION = 1
 MAX_TO_KEEP = 2
 ITEMS = ("state", "history", "meta")

@@ -31,6 +31,9 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
+__all__ = ["check_bool", "check_choice", "check_cohort", "check_int",
+    "check_range", "check_stacked", "describe_range", "is_traced"]
+
 
 def is_traced(value) -> bool:
   """Whether ``value`` is a tracer (its value unknown at trace time)."""

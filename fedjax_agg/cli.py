@@ -53,6 +53,10 @@ from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import partitions
 
+__all__ = ["CONFIG_KEYS", "LISTS", "UsageError", "build_parser",
+    "config_from_args", "describe", "main", "parse", "parse_grid", "parse_kv",
+    "parse_seeds", "resolve", "single_main", "sweep_main"]
+
 LISTS = ("aggregators", "objectives", "partitions", "models", "datasets")
 
 # argparse dest -> the config key its flag sets ("{algorithm}": the
@@ -263,6 +267,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
       "\"auto\")")
   add("--out", default="results/run", help="output folder")
   add("--no-progress", action="store_true", help="no progress bar")
+  add("--tensorboard", default=None, metavar="DIR",
+      help="also write every history scalar as TensorBoard events to DIR "
+      "(needs tensorboardX: pip install 'fedjax_agg[tensorboard]')")
   add("--checkpoint-dir", default=None,
       help="checkpoint folder (default <out>/checkpoint when "
       "--checkpoint-every or --resume is given)")
@@ -641,13 +648,26 @@ def single_main(args, config: dict, algorithm: str, prepared) -> int:
   from fedjax_agg import checkpoint  # pylint: disable=g-import-not-at-top
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  callbacks = []
+  if _is_writer(args):
+    # The history files stay current as the run goes (a run that dies
+    # keeps what it computed).
+    callbacks.append(history.HistoryWriter(args.out, {"partial": True}))
+    if args.tensorboard:
+      callbacks.append(history.TensorBoardWriter(args.tensorboard))
   try:
     result = experiment.run_algorithm(
         config, algorithm, config["seeds"][0], prepared,
         progress=not args.no_progress, checkpoint_dir=_checkpoint_dir(args),
-        checkpoint_every=args.checkpoint_every, resume=args.resume)
+        checkpoint_every=args.checkpoint_every, resume=args.resume,
+        callbacks=callbacks)
   except checkpoint.CheckpointError as error:
     raise UsageError(f"--resume/--checkpoint-dir: {error}") from None
+  finally:
+    for callback in callbacks:
+      if hasattr(callback, "close"):
+        callback.close()
   if not _is_writer(args):
     return 0  # Every process holds the same history; process 0 writes it.
   paths = result.history.save(args.out)
@@ -681,13 +701,21 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
     rows.append({"member": name, "hparams": member.hparams,
                  "seed": member.seed, "final_test_accuracy":
                  member.history.rows[-1].get("test_accuracy"), **paths})
+  # One band per grid point: mean +- std over its seeds, and a summary CSV.
+  by_point = {}
+  for member in members:
+    label = sweep.member_name(member.hparams, 0).rsplit("_seed", 1)[0]
+    by_point.setdefault(label or algorithm, []).append(member.history)
   plot_path = os.path.join(args.out, "accuracy.png")
-  plotting.plot_history(histories, plot_path,
-                        title=_title(config, algorithm))
+  plotting.plot_mean_curves(by_point, plot_path,
+                            title=_title(config, algorithm))
+  summary = experiment.summarize(by_point, config.get("target_accuracy"))
+  summary_path = os.path.join(args.out, "summary.csv")
+  experiment.write_summary_csv(summary, summary_path)
   print(json.dumps({"members": rows,
                     "rounds": members[0].history.rows[-1].get("round"),
                     "config": os.path.join(args.out, "config.json"),
-                    "plot": plot_path}))
+                    "summary": summary_path, "plot": plot_path}))
   return 0
 
 

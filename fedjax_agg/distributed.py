@@ -33,10 +33,15 @@ CNN took 30.1 s on 2 host devices against 59.6 s on one on a 2-core CPU
 """
 
 import os
+import warnings
 from typing import Any, Optional, Sequence, Union
 
 import jax
 import numpy as np
+
+__all__ = ["CLIENT_AXIS", "Devices", "available_cores", "client_mesh",
+    "compile_together", "local_copy", "replicate", "round_mesh", "to_numpy",
+    "use_all_cores", "use_cpu_devices"]
 
 CLIENT_AXIS = "clients"
 
@@ -82,7 +87,8 @@ def use_all_cores() -> int:
   """One XLA CPU device per available core (the fast layout on CPU).
 
   Call it first thing in a script or notebook (before any JAX
-  computation). An explicit ``XLA_FLAGS=--xla_force_host_platform_device_
+  computation); called later, it warns and keeps the devices JAX started
+  with. An explicit ``XLA_FLAGS=--xla_force_host_platform_device_
   count=...`` in the environment wins. Harmless where an accelerator is
   the default backend (rounds then run on it). Returns the CPU device
   count.
@@ -90,7 +96,12 @@ def use_all_cores() -> int:
   if _HOST_DEVICES_FLAG in os.environ.get("XLA_FLAGS", ""):
     return len(jax.devices("cpu"))
   count = available_cores()
-  use_cpu_devices(count)
+  try:
+    use_cpu_devices(count)
+  except RuntimeError as error:
+    # Too late in this process (JAX already runs): keep its devices, say so.
+    warnings.warn(f"use_all_cores: {error}", stacklevel=2)
+    return len(jax.devices("cpu"))
   return count
 
 

@@ -55,6 +55,7 @@ import importlib.metadata
 import inspect
 import json
 import os
+import warnings
 import platform
 import sys
 from typing import Any, Optional, Sequence
@@ -79,6 +80,20 @@ from fedjax_agg.config import Checkpointing
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
+
+__all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
+    "ConfigError", "ConfigTypeError",
+    "DATASET_DEFAULTS", "MODEL_KEYS", "PARTITION_KEYS",
+    "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "TOP_KEYS", "TRAIN_CHECKS",
+    "TRAIN_DEFAULTS", "build_rule", "check_config", "check_output_dir",
+    "config_path", "describe_data", "describe_parameters", "environment",
+    "load_config", "load_dataset", "model_parameters", "model_takes_options",
+    "output_names", "override", "parse_sets", "partition_indices",
+    "partition_parameters", "plot_partition", "prepare_data", "resolve_config",
+    "rule_arguments", "run_algorithm", "run_arguments", "run_config",
+    "run_record", "script_config", "script_parser", "setting_title",
+    "summarize", "sweep_algorithm", "takes_any_keyword", "write_run_config",
+    "write_summary_csv"]
 
 DATASET_DEFAULTS = {"source": "auto", "data_dir": None, "standardize": False,
                     "max_train_examples": None, "max_test_examples": None}
@@ -750,13 +765,15 @@ def setting_title(config: dict) -> str:
 def run_algorithm(config: dict, algorithm: str, seed: int,
                   prepared=None, progress: bool = False,
                   aggregator=None, checkpoint_dir: Optional[str] = None,
-                  checkpoint_every: int = 0, resume: bool = False):
+                  checkpoint_every: int = 0, resume: bool = False,
+                  callbacks=()):
   """Runs one algorithm of ``config`` with one seed. -> RunResult.
 
   ``aggregator``, when given, replaces the one the algorithm's spec names
   (e.g. a rule built from a pre-trained state); everything else still
   comes from ``config``. ``checkpoint_dir``, ``checkpoint_every`` and
-  ``resume``: see ``simulation.run``.
+  ``resume``: ``config.Checkpointing``; ``callbacks``: see
+  ``simulation.run``.
   """
   arguments = run_arguments(config, algorithm,
                             prepared or prepare_data(config, seed))
@@ -774,8 +791,40 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
   elif checkpoint_every or resume:
     raise ValueError("checkpoint_every / resume need checkpoint_dir (where "
                      "the checkpoints are)")
+  warn_short_feddrl(config, algorithm)
   return simulation.run(aggregator=built, seed=seed,
-                        checkpointing=checkpointing, **arguments)
+                        checkpointing=checkpointing, callbacks=callbacks,
+                        **arguments)
+
+
+# Fewer DDPG steps than this over a run leave FedDRL's agent near its
+# initial policy (the paper's agent trains continuously; it reports FedDRL
+# behind FedAvg for the first 200-300 rounds).
+FEDDRL_MIN_AGENT_STEPS = 200
+
+
+def warn_short_feddrl(config: dict, algorithm: str) -> Optional[str]:
+  """Warns (and returns the message) when a FedDRL algorithm's run gives
+  its agent fewer than ``FEDDRL_MIN_AGENT_STEPS`` learning steps."""
+  spec = config["algorithms"][algorithm]
+  if spec.get("aggregator") != "feddrl":
+    return None
+  args = spec.get("aggregator_args", {})
+  defaults = aggregators.AgentConfig()
+  per_round = args.get("updates_per_round", defaults.updates_per_round)
+  start = args.get("min_buffer_size", defaults.min_buffer_size)
+  rounds = _train_config(config, algorithm)["rounds"]
+  # One experience per round from round 2 on; learning once enough.
+  steps = max(0, rounds - 1 - start) * per_round
+  if steps >= FEDDRL_MIN_AGENT_STEPS:
+    return None
+  message = (f"{algorithm}: FedDRL's agent gets {steps} learning steps in "
+             f"{rounds} rounds ({per_round} per round once its buffer holds "
+             f"{start}), fewer than {FEDDRL_MIN_AGENT_STEPS}: its impact "
+             "factors stay close to an untrained policy. Run more rounds or "
+             "raise aggregator_args.updates_per_round.")
+  warnings.warn(message, stacklevel=2)
+  return message
 
 
 def _train_config(config: dict, algorithm: str) -> dict:
@@ -892,6 +941,22 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
 def _parameters(factory) -> set[str]:
   import inspect  # pylint: disable=g-import-not-at-top
   return set(inspect.signature(factory).parameters)
+
+
+def write_summary_csv(summary: dict, path: str) -> str:
+  """``summarize``'s result as a CSV, one row per algorithm (or grid
+  point): seeds, final / best mean and std, rounds to target."""
+  import csv  # pylint: disable=g-import-not-at-top
+  columns = ["name"] + sorted({key for entry in summary.values()
+                               for key, value in entry.items()
+                               if not isinstance(value, list)})
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=columns, restval="")
+    writer.writeheader()
+    for name, entry in summary.items():
+      writer.writerow({"name": name, **{
+          k: v for k, v in entry.items() if not isinstance(v, list)}})
+  return path
 
 
 def summarize(histories: dict[str, list], target: Optional[float],

@@ -13,6 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["FederatedData", "from_assignment", "from_partition",
+    "from_stacked"]
+
 
 class FederatedData(NamedTuple):
   """Pooled examples and per-client index lists.

@@ -22,8 +22,8 @@ import numpy as np
 
 from fedjax_agg import jsonio
 
-__all__ = ["History", "HistoryWriter", "client_row", "round_scalars",
-           "rounds_to_target"]
+__all__ = ["History", "HistoryWriter", "TensorBoardWriter", "client_row",
+           "round_scalars", "rounds_to_target"]
 
 
 @dataclasses.dataclass
@@ -111,6 +111,37 @@ class HistoryWriter:
 
   def flush(self) -> None:
     History(self.rows, self.client_rows, self.config).save(self.directory)
+
+
+class TensorBoardWriter:
+  """Round callback that writes every scalar of each row as a TensorBoard
+  event (``tensorboard --logdir DIR``), step = round.
+
+  Needs the optional ``tensorboardX`` package (``pip install
+  'fedjax_agg[tensorboard]'``). ``close`` flushes the event file.
+  """
+
+  def __init__(self, logdir: str):
+    try:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError("TensorBoardWriter needs tensorboardX: pip install "
+                        "'fedjax_agg[tensorboard]'") from e
+    self.logdir = logdir
+    self._writer = tensorboardX.SummaryWriter(logdir)
+
+  def __call__(self, row: dict, client: Optional[dict]) -> None:
+    del client
+    step = int(row["round"])
+    for name, value in row.items():
+      if name == "round" or isinstance(value, bool) or not isinstance(
+          value, (int, float, np.number)):
+        continue
+      self._writer.add_scalar(name, float(value), step)
+
+  def close(self) -> None:
+    self._writer.flush()
+    self._writer.close()
 
 
 def rounds_to_target(history: History, target: float,

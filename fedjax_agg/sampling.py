@@ -27,6 +27,9 @@ import jax.numpy as jnp
 
 from fedjax_agg.types import PRNGKey
 
+__all__ = ["AUTO_THRESHOLD", "METHODS", "resolve_method",
+    "sample_without_replacement"]
+
 METHODS = ("auto", "permutation", "rejection")
 AUTO_THRESHOLD = 2 ** 16
 

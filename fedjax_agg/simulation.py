@@ -22,6 +22,7 @@ per-client arrays; ``history.HistoryWriter`` writes the history files that
 way as the run goes.
 """
 
+import sys
 import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -133,6 +134,11 @@ class Driver:
     self.with_losses = with_losses
 
   def initial_rows(self, state, num_rounds: int) -> list[dict]:
+    if self.progress:
+      # The bar appears after the first evaluation; say what runs first.
+      print("fedjax_agg: evaluating the initial model, then compiling the "
+            "round (the first round's time includes compilation) ...",
+            file=sys.stderr, flush=True)
     with_clients = self.evaluation.clients_due(0, num_rounds)
     rows = [{"round": 0, "time_s": 0.0, **test}
             for test in self.evaluate(state, with_clients)]

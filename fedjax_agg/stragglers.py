@@ -24,6 +24,9 @@ import jax.numpy as jnp
 from fedjax_agg import checks
 from fedjax_agg.types import PRNGKey
 
+__all__ = ["UNITS", "num_stragglers", "straggler_mask", "straggler_steps",
+    "stragglers"]
+
 UNITS = ("epochs", "steps")
 
 

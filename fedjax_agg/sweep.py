@@ -33,7 +33,9 @@ aligned with ``seeds`` over the same pooled examples. The members'
 changes no result: a client's shuffle and losses do not depend on the
 padded width).
 
-The sweep runs on the default device; the member axis is not sharded.
+Devices and checkpoints. With several devices (``Execution.devices``) the
+member axis is sharded over them (a multiple of their number of members);
+checkpoints (``Checkpointing``) hold all members at once.
 """
 
 import dataclasses
@@ -45,11 +47,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg import aggregators
+from fedjax_agg import checkpoint
 from fedjax_agg import checks
+from fedjax_agg import distributed
 from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import rounds
 from fedjax_agg import simulation
-from fedjax_agg.config import Evaluation, Execution, LocalTraining, NonFinite
+from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
+                               LocalTraining, NonFinite)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.types import Aggregator, LocalObjective, Model, Params
@@ -58,6 +63,7 @@ __all__ = ["CLIENT_LEARNING_RATE", "SweepMember", "grid_points",
            "member_name", "run_sweep", "stack_data"]
 
 CLIENT_LEARNING_RATE = "learning_rate"
+MEMBER_AXIS = "members"
 
 HParams = dict[str, Any]
 Build = Callable[[HParams], Any]  # -> (Aggregator, LocalObjective | None)
@@ -162,6 +168,32 @@ def _data_axes(stacked: bool) -> FederatedData:
   return FederatedData(None, None, axis, axis, None)
 
 
+def _pack_rows(rows, client_rows):
+  """Members' rows -> one row per round (as a checkpoint holds a run's):
+  ``{"round": r, "members": [...]}`` and client rows keyed ``m:name``."""
+  packed = [{"round": r, "members": [member[r] for member in rows]}
+            for r in range(len(rows[0]))]
+  packed_clients = [
+      {f"{m}:{name}": value for m, member in enumerate(client_rows)
+       for name, value in member[r].items()}
+      for r in range(len(client_rows[0]))]
+  return packed, packed_clients
+
+
+def _unpack_rows(packed, packed_clients, num_members: int):
+  """The inverse of ``_pack_rows``."""
+  rows = [[row["members"][m] for row in packed] for m in range(num_members)]
+  client_rows = [[] for _ in range(num_members)]
+  for row in packed_clients:
+    split = [{} for _ in range(num_members)]
+    for key, value in row.items():
+      m, name = key.split(":", 1)
+      split[int(m)][name] = value
+    for m in range(num_members):
+      client_rows[m].append(split[m])
+  return rows, client_rows
+
+
 def _stack(trees):
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
@@ -185,6 +217,7 @@ def run_sweep(
     evaluation: Evaluation = Evaluation(),
     nonfinite: NonFinite = NonFinite(),
     init_params: Optional[Params] = None,
+    checkpointing: Optional[Checkpointing] = None,
     callbacks: Optional[Callable[[int], Sequence[Any]]] = None,
     config: Optional[dict] = None,
 ) -> list[SweepMember]:
@@ -207,8 +240,12 @@ def run_sweep(
     num_rounds, participation, training, evaluation, nonfinite,
       init_params, config: as ``simulation.run`` (``training.learning_rate``
       is the client rate of members whose grid has no "learning_rate").
-    execution: as ``simulation.run``; the sweep runs on the default device
-      (``devices`` must be None) and never streams.
+    execution: as ``simulation.run``; with several ``devices`` the
+      members are sharded over them (their number must be a multiple of
+      the devices'); the rounds never stream.
+    checkpointing: as ``simulation.run``: the stacked members' states and
+      rows are saved together; a resume refuses another grid, seeds, data
+      or settings, and a larger ``num_rounds`` extends the sweep.
     callbacks: ``callbacks(member_index) -> callables`` called with each of
       that member's rows (see ``simulation``).
 
@@ -221,9 +258,6 @@ def run_sweep(
       factories reject, or members whose aggregator states differ in shape.
   """
   simulation._check_rounds(num_rounds)  # pylint: disable=protected-access
-  if execution.devices is not None:
-    raise ValueError("run_sweep runs on one device: execution.devices must "
-                     "be None")
   seeds = list(seeds)
   if not seeds:
     raise ValueError("seeds must be a non-empty list of ints")
@@ -259,6 +293,40 @@ def run_sweep(
           f"from that of {points[0]}: those hyperparameters set shapes and "
           "cannot be swept in one call")
   state = _stack(states)
+  run_key = jnp.stack(run_keys)
+  checkpointer = snapshot = None
+  if checkpointing is not None:
+    fingerprint = checkpoint.describe({
+        "sweep": {"build": build, "grid": points, "seeds": seeds},
+        "participation": participation, "training": training,
+        "evaluation": evaluation, "model": model, "nonfinite": nonfinite,
+        "init_params": init_params,
+        "data": [checkpoint.data_fingerprint(d) for d in data]
+                if per_seed_data else checkpoint.data_fingerprint(data),
+        "test_data": checkpoint.data_fingerprint(test_data),
+        "config": config})
+    checkpointer, snapshot = checkpoint.open_run(
+        checkpointing.directory, checkpointing.every, checkpointing.resume,
+        fingerprint, state, run_key)
+    if snapshot is not None and snapshot.round > num_rounds:
+      checkpointer.close()
+      raise checkpoint.CheckpointMismatchError(
+          f"the checkpoint in {checkpointing.directory} is at round "
+          f"{snapshot.round}, past num_rounds={num_rounds}")
+    if snapshot is not None:
+      state = snapshot.state
+  mesh, _ = distributed.round_mesh(execution.devices,
+                                   axis_name=MEMBER_AXIS)
+  if mesh is not None and len(members) % mesh.size:
+    raise ValueError(
+        f"execution.devices: the {len(members)} members must be a multiple "
+        f"of the {mesh.size} devices they are sharded over")
+  by_member = (lambda tree: tree) if mesh is None else (
+      lambda tree: jax.device_put(tree, jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec(MEMBER_AXIS))))
+  replicated = (lambda tree: tree) if mesh is None else (
+      lambda tree: distributed.replicate(tree, mesh))
+  state = by_member(state)
   test_x, test_y = (jnp.asarray(a) for a in test_data)
   num_classes = simulation.num_classes_of(model, states[0].params, test_x)
   simulation.check_labels(test_y, num_classes, "test_data")
@@ -267,13 +335,15 @@ def run_sweep(
     by_seed = stack_data(data)
     seed_of = np.array([s for _, s in members])
     round_data = by_seed._replace(
-        client_indices=by_seed.client_indices[seed_of],
-        num_examples=by_seed.num_examples[seed_of])
+        client_indices=by_member(by_seed.client_indices[seed_of]),
+        num_examples=by_member(by_seed.num_examples[seed_of]),
+        x=replicated(by_seed.x), y=replicated(by_seed.y))
   else:
-    round_data = data
+    round_data = replicated(data)
   data_axes = _data_axes(per_seed_data)
-  hparams = {name: jnp.asarray([points[p][name] for p, _ in members],
-                               jnp.float32) for name in points[0]}
+  hparams = by_member({
+      name: jnp.asarray([points[p][name] for p, _ in members], jnp.float32)
+      for name in points[0]})
   member_execution = dataclasses.replace(execution, stream=False)
 
   def member_round(hp, member_state, member_data, cohort, mask):
@@ -332,7 +402,8 @@ def run_sweep(
     return state, jax.device_get(out)
 
   driver = simulation.Driver(
-      round_step=round_step, sample=lambda r: sample(sample_keys[:, r]),
+      round_step=round_step,
+      sample=lambda r: by_member(sample(sample_keys[:, r])),
       evaluate=evaluate, member_output=_member, member_state=_member,
       num_members=len(members), nonfinite=nonfinite, evaluation=evaluation,
       progress=execution.progress,
@@ -340,9 +411,25 @@ def run_sweep(
                  for m in range(len(members))],
       with_losses=training.losses_for(any(
           b[0].uses_losses for b in built)))
-  rows = [[row] for row in driver.initial_rows(state, num_rounds)]
-  client_rows = [[] for _ in members]
-  state = driver.loop(state, 0, num_rounds, rows, client_rows)
+  if snapshot is None:
+    rows = [[row] for row in driver.initial_rows(state, num_rounds)]
+    client_rows = [[] for _ in members]
+  else:
+    rows, client_rows = _unpack_rows(snapshot.rows, snapshot.client_rows,
+                                     len(members))
+
+  def after_round(round_num, state):
+    if checkpointer is not None and checkpointer.should_save(round_num,
+                                                             num_rounds):
+      checkpointer.save(round_num, state, run_key,
+                        *_pack_rows(rows, client_rows))
+
+  try:
+    state = driver.loop(state, len(rows[0]) - 1, num_rounds, rows,
+                        client_rows, after_round)
+  finally:
+    if checkpointer is not None:
+      checkpointer.close()
 
   results = []
   for m, (p, s) in enumerate(members):

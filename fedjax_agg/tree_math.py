@@ -30,6 +30,17 @@ import optax
 
 from fedjax_agg.types import Params, StackedParams
 
+__all__ = ["LayerStructure", "MaskedSums", "SAFE_PLAIN_SUM", "SumOfSquares",
+    "add_update", "broadcast_to_clients", "client_sums", "cosine", "cosines",
+    "divide_by_scale", "from_plain_sum", "gather_clients",
+    "keep_if_no_clients", "layer_norms", "layer_structure",
+    "layer_sums_of_squares", "leaf_sums_of_squares", "max_to_layers",
+    "mean_from_sums", "normalize_weights", "plain_sum_is_safe",
+    "power_of_two_scale", "scatter_clients", "single_layer_structure",
+    "sum_of_squares", "sum_over_clients", "to_layers", "tree_norm",
+    "tree_scale", "tree_sub", "vector_norm", "weighted_leaf_sum",
+    "weighted_sum"]
+
 
 def tree_sub(a: Params, b: Params) -> Params:
   return optax.tree.sub(a, b)

@@ -9,6 +9,11 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol
 import jax
 import optax
 
+__all__ = ["AggregateFn", "Aggregator", "AggregatorState", "Batch",
+    "ClientInfo", "LocalObjective", "LocalUpdate", "Metrics", "Model",
+    "PRNGKey", "Params", "StackedParams", "StreamingForm",
+    "softmax_cross_entropy"]
+
 Params = Any  # A pytree of arrays (flax variables dict, possibly with stats).
 StackedParams = Any  # Same tree as Params, every leaf with a leading [K] axis.
 PRNGKey = jax.Array

@@ -36,6 +36,9 @@ import jax.numpy as jnp
 from fedjax_agg import tree_math
 from fedjax_agg.types import Params, StackedParams
 
+__all__ = ["CPU_CLIENT_CHUNK", "UpdateMoments", "update_cosines",
+    "update_moments"]
+
 CPU_CLIENT_CHUNK = 4
 
 

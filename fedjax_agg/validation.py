@@ -15,6 +15,8 @@ import numpy as np
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Model, Params
 
+__all__ = ["client_accuracies", "holdout_split"]
+
 
 def _pack(rows: list[np.ndarray]) -> tuple[jax.Array, jax.Array]:
   counts = np.array([len(r) for r in rows], np.int32)

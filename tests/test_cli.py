@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from fedjax_agg import cli
@@ -297,3 +298,19 @@ def test_tiny_run_writes_config_json(tmp_path, capsys):
   assert provenance["command"][:3] == ["python", "-m", "fedjax_agg"]
   assert "--seed" in provenance["command"]
   assert provenance["execution"]["out"] == str(out)
+
+
+def test_tiny_sweep_writes_bands_and_a_summary_csv(tmp_path, capsys):
+  out = tmp_path / "sweep"
+  argv = [a for a in TINY if a != "fedavg"] + [
+      "--aggregator", "fedadp", "--seeds", "0,1", "--sweep", "alpha=1,8",
+      "--out", str(out)]
+  assert cli.main(argv) == 0
+  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert len(printed["members"]) == 4
+  frame = pd.read_csv(printed["summary"])
+  assert sorted(frame["name"]) == ["alpha1", "alpha8"]
+  assert list(frame["seeds"]) == [2, 2]
+  assert {"final_test_accuracy_mean", "final_test_accuracy_std"} <= set(
+      frame.columns)
+  assert os.path.getsize(out / "accuracy.png") > 0

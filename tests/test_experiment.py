@@ -157,3 +157,16 @@ def test_run_config_checks_the_output_folder_before_the_data(tmp_path,
     experiment.run_config(MNIST_5K, str(tmp_path), progress=False)
   with pytest.raises(ValueError, match="algorithms \\['Nope'\\]"):
     experiment.run_config(MNIST_5K, str(tmp_path), algorithms=["Nope"])
+
+
+def test_a_feddrl_run_too_short_for_its_agent_says_so():
+  config = {"algorithms": {"D": {"aggregator": "feddrl"},
+                           "Long": {"aggregator": "feddrl",
+                                    "aggregator_args": {
+                                        "updates_per_round": 20}},
+                           "A": {"aggregator": "fedavg"}},
+            "train": {"rounds": 20}}
+  with pytest.warns(UserWarning, match="19 learning steps in 20 rounds"):
+    experiment.warn_short_feddrl(config, "D")
+  assert experiment.warn_short_feddrl(config, "Long") is None  # 380 steps
+  assert experiment.warn_short_feddrl(config, "A") is None

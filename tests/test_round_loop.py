@@ -1,16 +1,21 @@
 """The one round loop: layering, plug-in local updates, non-finite policy."""
 
+import json
+import os
 import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 
 from fedjax_agg import aggregators
+from fedjax_agg import distributed
 from fedjax_agg import engine
 from fedjax_agg import federated
+from fedjax_agg import history as history_lib
 from fedjax_agg import rounds
 from fedjax_agg import simulation
 from fedjax_agg.config import Execution
@@ -139,3 +144,48 @@ def test_bad_configuration_values_are_named():
     NonFinite(clients="drop")
   with pytest.raises(ValueError, match="seed"):
     simulation.seed_keys(-1)
+
+
+def test_callbacks_write_the_history_as_the_run_goes(tmp_path):
+  data, x, y, _ = tiny_data()
+
+  class Dies:
+    def __call__(self, row, client):
+      if row["round"] == 2:
+        raise KeyboardInterrupt  # the run dies after round 2's row
+
+  writer = history_lib.HistoryWriter(str(tmp_path / "run"), {"seed": 0})
+  board = history_lib.TensorBoardWriter(str(tmp_path / "tb"))
+  with pytest.raises(KeyboardInterrupt):
+    simulation.run(tiny_model(), data, (x, y), aggregators.fedavg(),
+                   num_rounds=4, training=TRAINING, execution=QUIET,
+                   callbacks=[writer, board, Dies()])
+  board.close()
+  frame = pd.read_csv(tmp_path / "run" / "history.csv")
+  assert list(frame["round"]) == [0, 1, 2]
+  with open(tmp_path / "run" / "history.json") as f:
+    saved = json.load(f)  # strict JSON
+  assert [row["round"] for row in saved["rows"]] == [0, 1, 2]
+  assert len(saved["clients"]) == 2
+  events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+  assert events and b"test_accuracy" in events[0].read_bytes()
+
+
+def test_use_all_cores_gives_one_device_per_core_in_a_fresh_process(
+    monkeypatch):
+  code = ("from fedjax_agg import distributed\n"
+          "n = distributed.use_all_cores()\n"
+          "import jax\n"
+          "assert n == distributed.available_cores() == len(jax.devices()),"
+          " (n, jax.devices())\n")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  subprocess.run([sys.executable, "-c", code], check=True, env={
+      **env, "JAX_PLATFORMS": "cpu"})
+  # Too late in this process: a warning, and the devices JAX runs with.
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  started = len(jax.devices("cpu"))
+  if started != distributed.available_cores():
+    with pytest.warns(UserWarning, match="already started"):
+      assert distributed.use_all_cores() == started
+  else:
+    assert distributed.use_all_cores() == started

@@ -1,6 +1,11 @@
 """Sweeps: S members in one vmapped round equal S separate runs."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +13,7 @@ import pandas as pd
 import pytest
 
 from fedjax_agg import aggregators
+from fedjax_agg import checkpoint
 from fedjax_agg import checks
 from fedjax_agg import cli
 from fedjax_agg import data as data_lib
@@ -16,12 +22,14 @@ from fedjax_agg import federated
 from fedjax_agg import objectives
 from fedjax_agg import simulation
 from fedjax_agg import sweep
+from fedjax_agg.config import Checkpointing
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = tiny_model()  # one instance: evaluation compiles once per module
 TRAINING = LocalTraining(epochs=2, batch_size=3)
 TRAIN = dict(num_rounds=2, participation=0.6,
@@ -260,3 +268,64 @@ def test_cli_and_script_flags():
   assert args.vmap_seeds
   assert sweep.member_name({"alpha": 5.0, "mu": 0.25}, 3) == (
       "alpha5_mu0.25_seed3")
+
+
+def _member_key(member):
+  return (tuple(sorted(member.hparams.items())), member.seed)
+
+
+def test_sweep_resumes_and_extends_from_its_checkpoint(tmp_path):
+  data, x, y, _ = tiny_data()
+  grid = {"alpha": [1.0, 8.0]}
+  build = lambda h: aggregators.fedadp(h["alpha"], num_clients=5)
+  kwargs = dict(seeds=[0, 1], model=MODEL, data=data, test_data=(x, y),
+                participation=0.6, training=TRAINING,
+                execution=Execution(clients_per_step=2, progress=False))
+  directory = str(tmp_path / "ckpt")
+  sweep.run_sweep(build, grid, num_rounds=2, checkpointing=Checkpointing(
+      directory, every=1), **kwargs)
+  extended = sweep.run_sweep(build, grid, num_rounds=3,
+                             checkpointing=Checkpointing(directory, every=1,
+                                                         resume=True),
+                             **kwargs)
+  straight = sweep.run_sweep(build, grid, num_rounds=3, **kwargs)
+  assert [_member_key(m) for m in extended] == [
+      _member_key(m) for m in straight]
+  for got, want in zip(extended, straight, strict=True):
+    _assert_same_run(got, want)
+  with pytest.raises(checkpoint.CheckpointMismatchError, match="grid"):
+    sweep.run_sweep(build, {"alpha": [1.0, 9.0]}, num_rounds=3,
+                    checkpointing=Checkpointing(directory, every=1,
+                                                resume=True), **kwargs)
+
+
+SHARDED_SWEEP = textwrap.dedent("""
+    import jax
+    import numpy as np
+    from fedjax_agg import aggregators, sweep
+    from fedjax_agg.config import Execution, LocalTraining
+    from tests.test_engine import tiny_data
+    from tests.test_sweep import MODEL, _assert_same_run
+    assert jax.device_count() == 4, jax.devices()
+    data, x, y, _ = tiny_data()
+    kwargs = dict(seeds=[0, 1], model=MODEL, data=data, test_data=(x, y),
+                  num_rounds=2, participation=0.6,
+                  training=LocalTraining(epochs=2, batch_size=3))
+    build = lambda h: aggregators.fedadp(h["alpha"], num_clients=5)
+    grid = {"alpha": [1.0, 8.0]}
+    plain = sweep.run_sweep(build, grid, **kwargs, execution=Execution(
+        progress=False, devices=1))
+    sharded = sweep.run_sweep(build, grid, **kwargs, execution=Execution(
+        progress=False, devices=4))
+    for a, b in zip(sharded, plain, strict=True):
+      _assert_same_run(a, b)
+    print("OK")
+""")
+
+
+def test_sweep_members_shard_over_devices():
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  proc = subprocess.run([sys.executable, "-c", SHARDED_SWEEP], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

@@ -113,8 +113,10 @@ def engine_rounds(args, model, params, client_data):
             if "mesh" in options else None)
   data = federated.from_stacked(x, y, device=device)
   del x, y
-  trainer = engine.make_local_trainer(model,
-      LocalTraining(batch_size=BATCH_SIZE, epochs=LOCAL_EPOCHS), **options)
+  training = LocalTraining(batch_size=BATCH_SIZE, epochs=LOCAL_EPOCHS,
+                           compute_losses=options.pop("compute_losses"),
+                           unroll=options.pop("unroll", 1))
+  trainer = engine.make_local_trainer(model, training, **options)
   aggregator = aggregators.fedavg()
   ids = jnp.arange(n, dtype=jnp.int32)
   num_steps = engine.full_steps(data, ids, BATCH_SIZE, LOCAL_EPOCHS)
@@ -189,7 +191,9 @@ def loop_rounds(args, model, params, client_data):
 
 
 def engine_options(args) -> dict:
-  options = {"compute_losses": bool(args.compute_losses)}
+  # The library's default ("auto") computes the per-client losses only for
+  # rules that read them; FedAvg does not.
+  options = {"compute_losses": args.compute_losses == "1"}
   devices = min(args.host_devices, jax.device_count())
   if jax.default_backend() == "cpu" and devices > 1 and args.mode == "engine":
     options["mesh"] = jax.sharding.Mesh(np.array(jax.devices()[:devices]),
@@ -224,9 +228,11 @@ def main(argv=None):
                  "devices and shard each chunk of clients over them (a "
                  "device mesh; each device trains its own clients). Default: "
                  "the number of cores; 1 = one device")
-  p.add_argument("--compute-losses", type=int, choices=(0, 1), default=1,
-                 help="engine: compute loss_before/loss_after (the "
-                 "engine's default is on)")
+  p.add_argument("--compute-losses", choices=("0", "1", "auto"),
+                 default="auto",
+                 help="engine: compute loss_before/loss_after (default: the "
+                 "library's 'auto', i.e. only for rules that read them; "
+                 "FedAvg does not)")
   args = p.parse_args(argv)
   if args.mode == "engine" and args.host_devices > 1:
     # Before the first device query; GPUs/TPUs are unaffected by the split.

@@ -46,6 +46,9 @@ from fedjax_agg import partitions  # noqa: E402  pylint: disable=wrong-import-po
 from fedjax_agg import simulation  # noqa: E402  pylint: disable=wrong-import-position
 from fedjax_agg import sweep  # noqa: E402  pylint: disable=wrong-import-position
 from fedjax_agg import rounds as rounds_lib
+from fedjax_agg.config import Evaluation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
 
 
 def main(argv=None) -> None:
@@ -72,11 +75,13 @@ def main(argv=None) -> None:
   model = models.get("mlp2", num_classes=ds.num_classes,
                      input_shape=ds.input_shape)
   seeds = list(range(args.seeds))
-  train = dict(num_rounds=args.rounds, num_classes=ds.num_classes,
-               participation=args.participation, local_epochs=args.epochs,
-               batch_size=args.batch_size, learning_rate=args.lr,
-               clients_per_step=args.clients_per_step, eval_clients=False,
-               progress=False)
+  train = dict(
+      num_rounds=args.rounds, participation=args.participation,
+      training=LocalTraining(epochs=args.epochs, batch_size=args.batch_size,
+                             learning_rate=args.lr),
+      execution=Execution(clients_per_step=args.clients_per_step,
+                          progress=False),
+      evaluation=Evaluation(clients=False))
   test = (ds.test_x, ds.test_y)
 
   def round_times(history):

@@ -41,7 +41,8 @@ from fedjax_agg import experiment  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import plotting  # pylint: disable=wrong-import-position
 from fedjax_agg.aggregators._feddrl import agent as agent_lib  # pylint: disable=wrong-import-position
-from fedjax_agg.aggregators._feddrl import two_stage  # pylint: disable=wrong-import-position
+from fedjax_agg import drivers as two_stage  # pylint: disable=wrong-import-position
+from fedjax_agg.config import LocalTraining  # pylint: disable=wrong-import-position
 from fedjax_agg import rounds as rounds_lib
 from fedjax_agg import history as history_lib
 
@@ -165,9 +166,10 @@ def two_stage_aggregator(config: dict, name: str, seed: int, prepared):
       online_rounds=stages.get("online_rounds", train["rounds"]),
       offline_calls=stages["offline_calls"],
       num_workers=stages.get("num_workers", 2), config=agent_config,
-      seed=seed, batch_size=train["batch_size"],
-      local_epochs=train["local_epochs"],
-      learning_rate=train["learning_rate"])
+      seed=seed,
+      training=LocalTraining(batch_size=train["batch_size"],
+                             epochs=train["local_epochs"],
+                             learning_rate=train["learning_rate"]))
   return two_stage.decider(result, cohort, config=agent_config, seed=seed)
 
 

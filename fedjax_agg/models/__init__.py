@@ -37,6 +37,7 @@ by the engine between rounds.
 
 import dataclasses
 import functools
+import inspect
 from typing import Callable, Optional
 
 import flax.linen as nn
@@ -45,7 +46,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg.models import networks
+from fedjax_agg.registry import Registry
 from fedjax_agg.types import Model
+
+__all__ = ["NAMES", "REGISTRY", "count_params", "default_input_shape", "get",
+           "module"]
 
 _MNIST_SHAPE = (28, 28, 1)
 _CIFAR_SHAPE = (32, 32, 3)
@@ -140,6 +145,36 @@ def get(name: str, num_classes: int = 10,
     return net.apply(variables, x, train=train), variables
 
   return Model(init, apply)
+
+
+def _factory(name: str) -> Callable[..., Model]:
+  """``get`` for network ``name``, with its own options in its signature
+  (so ``REGISTRY.describe`` and config checks see them)."""
+  build, _ = _BUILDERS[name]
+  cls = getattr(build, "func", build)
+  fields = {f.name: f.default for f in dataclasses.fields(cls)}
+
+  def factory(**kwargs) -> Model:
+    return get(name, **kwargs)
+
+  common = [inspect.Parameter("num_classes", inspect.Parameter.KEYWORD_ONLY,
+                              default=10),
+            inspect.Parameter("input_shape", inspect.Parameter.KEYWORD_ONLY,
+                              default=None),
+            inspect.Parameter("conv_impl", inspect.Parameter.KEYWORD_ONLY,
+                              default="auto")]
+  options = [inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY,
+                               default=fields.get(option))
+             for option in _OPTIONS.get(name, ())]
+  factory.__signature__ = inspect.Signature(common + options)
+  factory.__name__ = factory.__qualname__ = name
+  factory.__doc__ = f"``get({name!r}, ...)``."
+  return factory
+
+
+# Every network, by name; ``REGISTRY.build(name, num_classes=C, ...)``.
+REGISTRY = Registry("model", {name: _factory(name) for name in _BUILDERS},
+                    context=("num_classes", "input_shape"))
 
 
 def count_params(variables, collection: str = "params") -> int:

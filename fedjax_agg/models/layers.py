@@ -53,6 +53,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+__all__ = ["CONV_IMPLS", "Conv", "Padding", "conv2d", "explicit_padding",
+    "max_pool", "resolve_impl"]
+
 CONV_IMPLS = ("xla", "im2col", "conv", "auto")
 
 Padding = Union[str, Sequence[tuple[int, int]]]

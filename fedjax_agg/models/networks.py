@@ -13,6 +13,9 @@ import flax.linen as nn
 
 from fedjax_agg.models import layers
 
+__all__ = ["FedNNNNCifarCNN", "MLP2", "TFTutorialCNN", "TwoConvCNN", "VGG11",
+    "VGG11_CONFIG"]
+
 
 def _pool(x):
   # 2x2 stride-2 max pool; layers.max_pool has a fast gradient on CPU.

@@ -33,6 +33,9 @@ from fedjax_agg import checks
 from fedjax_agg.aggregators._feddrl import networks as networks_lib
 from fedjax_agg.aggregators._feddrl import replay
 
+__all__ = ["Agent", "AgentConfig", "AgentState", "TD_PRIORITIES",
+    "check_config", "make_agent"]
+
 TD_PRIORITIES = ("paper", "target")
 
 

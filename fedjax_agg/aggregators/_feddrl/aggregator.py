@@ -53,6 +53,8 @@ from fedjax_agg.aggregators._feddrl import networks as networks_lib
 from fedjax_agg.aggregators._feddrl import replay
 from fedjax_agg.types import Aggregator, ClientInfo
 
+__all__ = ["FedDRLState", "LOSS_FLOOR", "feddrl", "observation", "reward_cost"]
+
 # Losses are floored here before the log of the state (1e-6 -> -13.8).
 LOSS_FLOOR = 1e-6
 

@@ -28,6 +28,9 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+__all__ = ["FINAL_LAYER_INIT", "Networks", "impact_factors", "make_networks",
+    "mlp_apply", "mlp_init", "project_action"]
+
 # Final layers start small so the first actions sit mid-range (as in DDPG).
 FINAL_LAYER_INIT = 3e-3
 

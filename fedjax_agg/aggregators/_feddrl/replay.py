@@ -21,6 +21,9 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 
+__all__ = ["ReplayBuffer", "Transition", "add", "add_many", "gather", "init",
+    "merge", "rank_probabilities", "sample_indices"]
+
 
 class Transition(NamedTuple):
   """One (or a batch of) experience(s); leading axes are batch axes.
