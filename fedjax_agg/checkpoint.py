@@ -7,7 +7,10 @@ checkpoint in ``d`` and gives the history and final params of the
 uninterrupted run (every column but the wall-clock ``time_s``). Resuming
 with a larger ``num_rounds`` extends a finished run: the cohort keys of a
 run are a prefix of a longer run's, so the extended run equals the longer
-uninterrupted one.
+uninterrupted one (every column, given an evaluation schedule that does not
+depend on R: the last round of the shorter run was evaluated as a last
+round -- on the test set, and on the clients' data under the default
+``Evaluation(clients="auto")``).
 
 What must match. The checkpoint's config is a description of everything
 that decides the results (``simulation.run``'s fingerprint): the training

@@ -263,8 +263,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
       help="evaluate the global model every this many rounds")
   add("--no-client-eval", action="store_true",
       help="skip the global model's loss on every client's data (by default "
-      "computed at about ten of the test evaluations: train.eval_clients "
-      "\"auto\")")
+      "computed before the first and after the last round: "
+      "train.eval_clients \"auto\"; true or an int n in a --config file "
+      "for every or every n-th evaluation)")
   add("--out", default="results/run", help="output folder")
   add("--no-progress", action="store_true", help="no progress bar")
   add("--tensorboard", default=None, metavar="DIR",
@@ -339,7 +340,8 @@ def _config_value(dest: str, value):
   if dest in _PAIRS:
     return parse_kv(value, _flag(dest))
   if dest == "no_client_eval":
-    return not value
+    # Absent: the library's schedule ("auto"), never a forced True.
+    return False if value else "auto"
   if dest == "seed":
     return [value]
   if dest == "seeds":

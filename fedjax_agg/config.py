@@ -162,10 +162,11 @@ class Evaluation:
       last round, and before the first).
     clients: also compute the global model's mean loss on every client's
       training data (``client_loss_mean`` / ``client_loss_var``), a pass
-      over the whole training set: True, False, or an int ``n``: at test
-      evaluations whose round is a multiple of ``n`` (and before the first
-      and after the last round). The default "auto" takes ``n`` = a tenth
-      of the run's rounds (at least ``every``).
+      over the whole training set (as costly as several rounds of a small
+      cohort): True (at every test evaluation), False, or an int ``n``: at
+      the test evaluations whose round is a multiple of ``n``, before the
+      first and after the last round. The default "auto" does it before
+      the first and after the last round only.
     batch_size: examples per forward pass of the evaluation.
   """
   every: int = 1
@@ -188,11 +189,9 @@ class Evaluation:
     """Whether that evaluation also covers every client's training data."""
     if isinstance(self.clients, bool):
       return self.clients
-    every = self.clients
-    if self.clients == "auto":  # about ten times per run, with the tests
-      every = self.every * max(1, round(num_rounds / 10 / self.every))
-    return (round_num == 0 or round_num % every == 0
-            or round_num == num_rounds)
+    if round_num in (0, num_rounds):
+      return True
+    return self.clients != "auto" and round_num % self.clients == 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,13 +46,18 @@ def stacked_per_example_fn(model: Model) -> Callable:
   return _FNS[key]
 
 
-def map_batches(fn, params, x, y, batch_size: int):
+def map_batches(fn, params, x, y, batch_size: int, sharding=None):
   """``fn(params, x_batch, y_batch) -> (losses, preds)`` over (x, y).
 
   Runs ``fn`` on batches of ``batch_size`` (the last one padded, so ``fn``
   compiles once) and concatenates along the last axis: [..., M] each (a
-  leading axis is kept, e.g. the members of a sweep).
+  leading axis is kept, e.g. the members of a sweep). ``sharding``: where
+  each batch goes (e.g. split over the devices of a mesh, ``params``
+  replicated there): the forward passes then run on every device.
   """
+  if sharding is not None:
+    devices = len(sharding.device_set)
+    batch_size = -(-batch_size // devices) * devices
   total = x.shape[0]
   losses, preds = [], []
   for start in range(0, total, batch_size):
@@ -62,6 +67,8 @@ def map_batches(fn, params, x, y, batch_size: int):
     if short:  # pad the last batch so the function compiles once
       xb = jnp.concatenate([xb, jnp.zeros((short,) + xb.shape[1:], xb.dtype)])
       yb = jnp.concatenate([yb, jnp.zeros((short,), yb.dtype)])
+    if sharding is not None:
+      xb, yb = jax.device_put((xb, yb), sharding)
     loss_b, pred_b = fn(params, xb, yb)
     losses.append(loss_b[..., :batch_size - short])
     preds.append(pred_b[..., :batch_size - short])
@@ -69,9 +76,12 @@ def map_batches(fn, params, x, y, batch_size: int):
 
 
 def per_example_losses(model: Model, params: Params, x, y,
-                       batch_size: int = 1024):
-  """Per-example loss and prediction of ``params`` on (x, y). -> [M], [M]."""
-  return map_batches(per_example_fn(model), params, x, y, batch_size)
+                       batch_size: int = 2048, sharding=None):
+  """Per-example loss and prediction of ``params`` on (x, y). -> [M], [M].
+
+  ``sharding``: see ``map_batches``."""
+  return map_batches(per_example_fn(model), params, x, y, batch_size,
+                     sharding)
 
 
 def classification_metrics(labels, predictions, num_classes: int
@@ -92,21 +102,29 @@ def classification_metrics(labels, predictions, num_classes: int
 
 
 def evaluate(model: Model, params: Params, x, y, num_classes: int,
-             batch_size: int = 1024) -> dict[str, float]:
-  """Test loss, accuracy and macro-F1 of ``params`` on (x, y)."""
-  losses, preds = per_example_losses(model, params, x, y, batch_size)
+             batch_size: int = 2048, sharding=None) -> dict[str, float]:
+  """Test loss, accuracy and macro-F1 of ``params`` on (x, y).
+
+  ``sharding``: see ``map_batches``."""
+  losses, preds = per_example_losses(model, params, x, y, batch_size,
+                                     sharding)
   out = classification_metrics(y, preds, num_classes)
   out["loss"] = float(jnp.mean(losses))
   return out
 
 
 def client_losses(model: Model, params: Params, data: FederatedData,
-                  batch_size: int = 1024) -> jax.Array:
+                  batch_size: int = 2048, sharding=None) -> jax.Array:
   """Mean loss of ``params`` on each client's training data. -> [N].
 
   Computes each pooled example's loss once, then averages per client.
+  ``sharding``: see ``map_batches``.
   """
-  losses, _ = per_example_losses(model, params, data.x, data.y, batch_size)
+  losses, _ = per_example_losses(model, params, data.x, data.y, batch_size,
+                                 sharding)
+  losses = jax.device_put(losses, data.client_indices.sharding
+                          if hasattr(data.client_indices, "sharding")
+                          else None)
   return per_client_mean(losses, data.client_indices, data.num_examples)
 
 

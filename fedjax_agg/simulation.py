@@ -43,8 +43,8 @@ from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.types import Aggregator, Model, Params
 
-__all__ = ["Driver", "NonFiniteError", "RunResult", "num_classes_of",
-           "run", "seed_keys"]
+__all__ = ["Driver", "NonFiniteError", "RunResult", "loop_with_checkpoints",
+           "num_classes_of", "open_checkpoints", "run", "seed_keys"]
 
 Callback = Callable[[dict, Optional[dict]], None]
 
@@ -88,6 +88,46 @@ def check_labels(y, num_classes: int, where: str) -> None:
     raise ValueError(
         f"{where} holds labels outside [0, {num_classes}) (the model's "
         f"{num_classes} outputs): {sorted(set(y[bad].tolist()))[:10]}")
+
+
+def open_checkpoints(checkpointing: Optional[Checkpointing],
+                     fingerprint: Callable[[], dict], state, run_key,
+                     num_rounds: int):
+  """-> (checkpointer or None, snapshot or None) for a run of
+  ``num_rounds`` rounds; refuses a checkpoint past ``num_rounds``.
+  ``fingerprint()`` (called only with ``checkpointing``) describes what a
+  checkpoint must match."""
+  if checkpointing is None:
+    return None, None
+  checkpointer, snapshot = checkpoint.open_run(
+      checkpointing.directory, checkpointing.every, checkpointing.resume,
+      checkpoint.describe(fingerprint()), state, run_key)
+  if snapshot is not None and snapshot.round > num_rounds:
+    checkpointer.close()
+    raise checkpoint.CheckpointMismatchError(
+        f"the checkpoint in {checkpointing.directory} is at round "
+        f"{snapshot.round}, past num_rounds={num_rounds}")
+  return checkpointer, snapshot
+
+
+def loop_with_checkpoints(driver: "Driver", checkpointer, state, run_key,
+                          num_rounds: int, rows, client_rows,
+                          pack=lambda rows, client_rows: (rows[0],
+                                                          client_rows[0])):
+  """``driver.loop`` from the rows' last round, saving as ``checkpointer``
+  says (``pack`` turns the members' rows into what a checkpoint holds)."""
+  def after_round(round_num, state):
+    if checkpointer is not None and checkpointer.should_save(round_num,
+                                                             num_rounds):
+      checkpointer.save(round_num, state, run_key,
+                        *pack(rows, client_rows))
+
+  try:
+    return driver.loop(state, len(rows[0]) - 1, num_rounds, rows,
+                       client_rows, after_round)
+  finally:
+    if checkpointer is not None:
+      checkpointer.close()
 
 
 def _check_rounds(num_rounds) -> None:
@@ -292,28 +332,19 @@ def run(
   # Rounds donate their input state; copy it so that the caller's
   # ``init_params`` (which the state may alias) stay valid.
   state = jax.tree.map(jnp.copy, state._replace(key=run_key))
-  checkpointer = snapshot = None
-  if checkpointing is not None:
-    # What must match for a checkpoint to continue this run: everything
-    # that decides its results (not how rounds are executed, nor R).
-    fingerprint = checkpoint.describe({
+  # What must match for a checkpoint to continue this run: everything that
+  # decides its results (not how rounds are executed, nor R).
+  checkpointer, snapshot = open_checkpoints(
+      checkpointing, lambda: {
         "participation": participation, "training": training,
         "seed": seed, "evaluation": evaluation, "model": model,
         "aggregator": aggregator, "local_update": local_update,
         "nonfinite": nonfinite, "init_params": init_params,
         "data": checkpoint.data_fingerprint(data),
         "test_data": checkpoint.data_fingerprint(test_data),
-        "config": config})
-    checkpointer, snapshot = checkpoint.open_run(
-        checkpointing.directory, checkpointing.every, checkpointing.resume,
-        fingerprint, state, run_key)
-    if snapshot is not None and snapshot.round > num_rounds:
-      checkpointer.close()
-      raise checkpoint.CheckpointMismatchError(
-          f"the checkpoint in {checkpointing.directory} is at round "
-          f"{snapshot.round}, past num_rounds={num_rounds}")
-    if snapshot is not None:
-      state, run_key = snapshot.state, snapshot.run_key
+        "config": config}, state, run_key, num_rounds)
+  if snapshot is not None:
+    state, run_key = snapshot.state, snapshot.run_key
   mesh, device = distributed.round_mesh(execution.devices)
   place = ((lambda tree: distributed.replicate(tree, mesh)) if mesh
            else (lambda tree: jax.device_put(tree, device)))
@@ -342,15 +373,27 @@ def run(
     jax.block_until_ready(state.params)
     return state, distributed.to_numpy(out)  # gathered from other hosts
 
+  # One process: every evaluation batch is split over the round's devices
+  # (params replicated there). Several: evaluated on one local device.
+  batch_sharding = None
+  if mesh is not None and jax.process_count() == 1:
+    batch_sharding = jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
+
   def evaluate(state, with_clients):
     params = aggregators.eval_params(state.aggregator_state, state.params)
-    params = distributed.local_copy(params, device)
+    if batch_sharding is None:
+      params = distributed.local_copy(params, device)
+    else:
+      params = place(params)
     test = evaluation_lib.evaluate(model, params, test_x, test_y,
-                                   num_classes, evaluation.batch_size)
+                                   num_classes, evaluation.batch_size,
+                                   batch_sharding)
     row = {f"test_{k}": v for k, v in test.items()}
     if with_clients:
       losses = np.asarray(evaluation_lib.client_losses(
-          model, params, eval_data, evaluation.batch_size))
+          model, params, data if batch_sharding is not None else eval_data,
+          evaluation.batch_size, batch_sharding))
       row["client_loss_mean"] = float(losses.mean())
       row["client_loss_var"] = float(losses.var())
     return [row]
@@ -369,17 +412,8 @@ def run(
   else:
     rows, client_rows = [snapshot.rows], [snapshot.client_rows]
 
-  def after_round(round_num, state):
-    if checkpointer is not None and checkpointer.should_save(round_num,
-                                                             num_rounds):
-      checkpointer.save(round_num, state, run_key, rows[0], client_rows[0])
-
-  try:
-    state = driver.loop(state, len(rows[0]) - 1, num_rounds, rows,
-                        client_rows, after_round)
-  finally:
-    if checkpointer is not None:
-      checkpointer.close()
+  state = loop_with_checkpoints(driver, checkpointer, state, run_key,
+                                num_rounds, rows, client_rows)
   base_config = {"num_rounds": num_rounds, "participation": participation,
                  "cohort_size": cohort_size,
                  "local_epochs": training.epochs,

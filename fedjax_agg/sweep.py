@@ -294,27 +294,18 @@ def run_sweep(
           "cannot be swept in one call")
   state = _stack(states)
   run_key = jnp.stack(run_keys)
-  checkpointer = snapshot = None
-  if checkpointing is not None:
-    fingerprint = checkpoint.describe({
-        "sweep": {"build": build, "grid": points, "seeds": seeds},
-        "participation": participation, "training": training,
-        "evaluation": evaluation, "model": model, "nonfinite": nonfinite,
-        "init_params": init_params,
-        "data": [checkpoint.data_fingerprint(d) for d in data]
-                if per_seed_data else checkpoint.data_fingerprint(data),
-        "test_data": checkpoint.data_fingerprint(test_data),
-        "config": config})
-    checkpointer, snapshot = checkpoint.open_run(
-        checkpointing.directory, checkpointing.every, checkpointing.resume,
-        fingerprint, state, run_key)
-    if snapshot is not None and snapshot.round > num_rounds:
-      checkpointer.close()
-      raise checkpoint.CheckpointMismatchError(
-          f"the checkpoint in {checkpointing.directory} is at round "
-          f"{snapshot.round}, past num_rounds={num_rounds}")
-    if snapshot is not None:
-      state = snapshot.state
+  checkpointer, snapshot = simulation.open_checkpoints(
+      checkpointing, lambda: {
+          "sweep": {"build": build, "grid": points, "seeds": seeds},
+          "participation": participation, "training": training,
+          "evaluation": evaluation, "model": model, "nonfinite": nonfinite,
+          "init_params": init_params,
+          "data": [checkpoint.data_fingerprint(d) for d in data]
+                  if per_seed_data else checkpoint.data_fingerprint(data),
+          "test_data": checkpoint.data_fingerprint(test_data),
+          "config": config}, state, run_key, num_rounds)
+  if snapshot is not None:
+    state = snapshot.state
   mesh, _ = distributed.round_mesh(execution.devices,
                                    axis_name=MEMBER_AXIS)
   if mesh is not None and len(members) % mesh.size:
@@ -418,18 +409,9 @@ def run_sweep(
     rows, client_rows = _unpack_rows(snapshot.rows, snapshot.client_rows,
                                      len(members))
 
-  def after_round(round_num, state):
-    if checkpointer is not None and checkpointer.should_save(round_num,
-                                                             num_rounds):
-      checkpointer.save(round_num, state, run_key,
-                        *_pack_rows(rows, client_rows))
-
-  try:
-    state = driver.loop(state, len(rows[0]) - 1, num_rounds, rows,
-                        client_rows, after_round)
-  finally:
-    if checkpointer is not None:
-      checkpointer.close()
+  state = simulation.loop_with_checkpoints(
+      driver, checkpointer, state, run_key, num_rounds, rows, client_rows,
+      pack=_pack_rows)
 
   results = []
   for m, (p, s) in enumerate(members):

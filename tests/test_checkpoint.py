@@ -20,6 +20,7 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from fedjax_agg import simulation
@@ -52,7 +53,10 @@ def run_args(aggregator="feddrl", learning_rate=0.2):
       num_rounds=ROUNDS, participation=0.6,
       training=LocalTraining(batch_size=3, learning_rate=learning_rate,
                              steps_fn=stragglers.stragglers(0.5, 1)),
-      execution=Execution(clients_per_step=3, progress=False), seed=4)
+      execution=Execution(clients_per_step=3, progress=False),
+      # Client losses every round: a schedule that does not depend on R,
+      # so that an extended run equals the longer one column for column.
+      evaluation=Evaluation(clients=True), seed=4)
 
 
 def run_worker(directory: str, pause_s: float) -> None:

@@ -57,7 +57,7 @@ BAD = [
      "partition.args.num_iid"),
     ({"model.arg": {}}, ValueError, "model.arg"),
     ({"model.name": "resnet"}, ValueError, "model.name"),
-    ({"model.args.hiden": 16}, ValueError, "model.args"),
+    ({"model.args.hiden": 16}, ValueError, "model.args.hiden"),
     ({"model.args.conv_impl": "fast"}, ValueError, "model.args.conv_impl"),
     ({"train.learning_rte": 0.1}, ValueError, "train.learning_rte"),
     ({"train.rounds": -2}, ValueError, "train.rounds"),

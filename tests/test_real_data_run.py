@@ -16,6 +16,7 @@ from fedjax_agg import federated
 from fedjax_agg import models
 from fedjax_agg import partitions
 from fedjax_agg import simulation
+from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 
@@ -38,7 +39,8 @@ def test_three_cnn_rounds_improve_accuracy(fashion):
       (fashion.test_x[:2000], fashion.test_y[:2000]), aggregators.fedavg(),
       num_rounds=3, participation=0.5, seed=0,
       training=LocalTraining(epochs=1, batch_size=16, learning_rate=0.05),
-      execution=Execution(progress=False))
+      execution=Execution(progress=False),
+      evaluation=Evaluation(clients=True))
   accuracy = result.history.column("test_accuracy")
   assert accuracy[0] < 0.25  # an untrained 10-class model
   assert accuracy[-1] > accuracy[0] + 0.3, accuracy

@@ -280,7 +280,8 @@ def test_sweep_resumes_and_extends_from_its_checkpoint(tmp_path):
   build = lambda h: aggregators.fedadp(h["alpha"], num_clients=5)
   kwargs = dict(seeds=[0, 1], model=MODEL, data=data, test_data=(x, y),
                 participation=0.6, training=TRAINING,
-                execution=Execution(clients_per_step=2, progress=False))
+                execution=Execution(clients_per_step=2, progress=False),
+                evaluation=Evaluation(clients=True))
   directory = str(tmp_path / "ckpt")
   sweep.run_sweep(build, grid, num_rounds=2, checkpointing=Checkpointing(
       directory, every=1), **kwargs)

@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from fedjax_agg import aggregators
 from fedjax_agg import client_selection
 from fedjax_agg import experiment
+from fedjax_agg import jsonio
 from fedjax_agg import models
 from fedjax_agg import plotting
 from fedjax_agg import simulation
@@ -199,8 +200,8 @@ def run_config(config: dict, out_dir: str, resume: bool = False,
   config = {**config, "algorithms": {n: config["algorithms"][n]
                                      for n in names}}
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(config, f, indent=2)
+  jsonio.dump_json({**config, "environment": experiment.environment()},
+                   os.path.join(out_dir, "config.json"))
   histories = {name: [] for name in names}
   seeds = config.get("seeds", [0])
   for seed in seeds:
@@ -223,14 +224,13 @@ def run_config(config: dict, out_dir: str, resume: bool = False,
             f"{history.rows[-1]['test_accuracy']:.4f} F1 "
             f"{history.rows[-1]['test_macro_f1']:.4f}", flush=True)
   summary = summarize(histories, config.get("target_accuracy"))
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump({"name": config.get("name"), "algorithms": summary}, f,
-              indent=2)
+  jsonio.dump_json({"name": config.get("name"), "algorithms": summary},
+                   os.path.join(out_dir, "summary.json"))
   choices = {name: adct_choices(runs[0]) for name, runs in histories.items()
              if "adct" in config["algorithms"][name]}
   if choices:
-    with open(os.path.join(out_dir, "adct_choices.json"), "w") as f:
-      json.dump({"seed": seeds[0], "algorithms": choices}, f, indent=2)
+    jsonio.dump_json({"seed": seeds[0], "algorithms": choices},
+                     os.path.join(out_dir, "adct_choices.json"))
   plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
                             metrics=METRICS, title=config.get("name", ""))
   return summary

@@ -37,7 +37,8 @@ import matplotlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
-from fedjax_agg import experiment  # pylint: disable=wrong-import-position
+from fedjax_agg import experiment
+from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import plotting  # pylint: disable=wrong-import-position
 from fedjax_agg.aggregators._feddrl import agent as agent_lib  # pylint: disable=wrong-import-position
@@ -203,8 +204,8 @@ def main(argv=None) -> None:
     experiment.check_config(config)
     os.makedirs(out_dir, exist_ok=True)
     run_two_stage(config, staged, out_dir)
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(config, f, indent=2)
+  if not plain:  # run_config wrote the resolved config.json otherwise
+    experiment.write_run_config(out_dir, config)
   # The tables cover every algorithm of the config that has saved runs
   # (a later ``--algorithms`` call adds to an earlier one).
   done = [n for n in config["algorithms"]
@@ -218,9 +219,10 @@ def main(argv=None) -> None:
         saved = json.load(f)
       histories[name].append(
           history_lib.History(saved["rows"], [], saved["config"]))
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump({"name": config.get("name"), "algorithms": experiment.summarize(
-        histories, config.get("target_accuracy"))}, f, indent=2)
+  jsonio.dump_json({"name": config.get("name"),
+                    "algorithms": experiment.summarize(
+                        histories, config.get("target_accuracy"))},
+                   os.path.join(out_dir, "summary.json"))
   plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
                             title=config.get("name", ""))
   columns = load_columns(config, out_dir, done)
@@ -230,8 +232,7 @@ def main(argv=None) -> None:
     eff = effective_clients(config, out_dir, name)
     if eff is not None:
       result["algorithms"][name]["effective_clients"] = _stat(eff)
-  with open(os.path.join(out_dir, "table3.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  jsonio.dump_json(result, os.path.join(out_dir, "table3.json"))
   if reference in columns:
     plot_fig6(config, columns, os.path.join(out_dir, "fig6.png"), reference)
   print(f"target accuracy per seed (lowest best): "

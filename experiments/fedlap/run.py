@@ -30,7 +30,8 @@ import matplotlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
-from fedjax_agg import experiment  # pylint: disable=wrong-import-position
+from fedjax_agg import experiment
+from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 
 
 def load_histories(config: dict, out_dir: str) -> dict:
@@ -109,7 +110,8 @@ def main(argv=None) -> None:
   curves = load_histories(config, out_dir)
   early = early_summary(config, curves)
   with open(os.path.join(out_dir, "early.json"), "w") as f:
-    json.dump({"name": config.get("name"), "algorithms": early}, f, indent=2)
+    f.write(json.dumps(jsonio.jsonable(
+        {"name": config.get("name"), "algorithms": early}), indent=2))
   plot_panels(config, curves, os.path.join(out_dir, "panels.png"))
   for name in curves:
     entry, late = early[name], summary[name]
