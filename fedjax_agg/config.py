@@ -41,18 +41,6 @@ ComputeLosses = Union[bool, str]
 CHUNK_LOOPS = ("map", "unroll")
 
 
-def _check_int(name: str, value, low: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
-  if value < low:
-    raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-
-
-def _check_bool(name: str, value) -> None:
-  if not isinstance(value, bool):
-    raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class LocalTraining:
   """What every client of a round does.
@@ -91,9 +79,9 @@ class LocalTraining:
   steps_fn: Optional[LocalStepsFn] = None
 
   def __post_init__(self):
-    _check_int("epochs", self.epochs, 1)
-    _check_int("batch_size", self.batch_size, 1)
-    _check_int("eval_batch_size", self.eval_batch_size, 1)
+    checks.check_int("epochs", self.epochs, 1)
+    checks.check_int("batch_size", self.batch_size, 1)
+    checks.check_int("eval_batch_size", self.eval_batch_size, 1)
     checks.check_range("learning_rate", self.learning_rate, 0,
                        low_open=True)
     if not callable(self.optimizer):
@@ -107,7 +95,7 @@ class LocalTraining:
       raise ValueError(f"compute_losses must be True, False or 'auto', got "
                        f"{self.compute_losses!r}")
     if not isinstance(self.unroll, bool):
-      _check_int("unroll", self.unroll, 1)
+      checks.check_int("unroll", self.unroll, 1)
     if self.steps_fn is not None and not callable(self.steps_fn):
       raise TypeError(f"steps_fn must be callable, got {self.steps_fn!r}")
 
@@ -144,13 +132,13 @@ class Execution:
 
   def __post_init__(self):
     if self.clients_per_step is not None:
-      _check_int("clients_per_step", self.clients_per_step, 1)
+      checks.check_int("clients_per_step", self.clients_per_step, 1)
     if self.chunk_loop not in CHUNK_LOOPS:
       raise ValueError(f"chunk_loop must be one of {CHUNK_LOOPS}, got "
                        f"{self.chunk_loop!r}")
     if self.stream is not None:
-      _check_bool("stream", self.stream)
-    _check_bool("progress", self.progress)
+      checks.check_bool("stream", self.stream)
+    checks.check_bool("progress", self.progress)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,10 +162,10 @@ class Evaluation:
   batch_size: int = 2048
 
   def __post_init__(self):
-    _check_int("every", self.every, 1)
+    checks.check_int("every", self.every, 1)
     if self.clients != "auto" and not isinstance(self.clients, bool):
-      _check_int("clients", self.clients, 1)
-    _check_int("batch_size", self.batch_size, 1)
+      checks.check_int("clients", self.clients, 1)
+    checks.check_int("batch_size", self.batch_size, 1)
 
   def due(self, round_num: int, num_rounds: int) -> bool:
     """Whether round ``round_num`` (1-based; 0 = before the first) is
@@ -215,8 +203,8 @@ class Checkpointing:
         self.directory):
       raise TypeError(f"directory must be a non-empty path string, got "
                       f"{self.directory!r}")
-    _check_int("every", self.every, 0)
-    _check_bool("resume", self.resume)
+    checks.check_int("every", self.every, 0)
+    checks.check_bool("resume", self.resume)
 
 
 NONFINITE_CLIENTS = ("exclude", "raise", "propagate")

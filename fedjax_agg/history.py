@@ -52,24 +52,10 @@ class History:
     writer = csv.DictWriter(lines, fieldnames=columns, restval="")
     writer.writeheader()
     writer.writerows(self.rows)
-    _write_text(csv_path, lines.text)
+    jsonio.write_text(csv_path, lines.text)
     jsonio.dump_json({"config": self.config, "rows": self.rows,
                       "clients": self.client_rows}, json_path, indent=None)
     return {"csv": csv_path, "json": json_path}
-
-
-def _write_text(path: str, text: str) -> None:
-  """Writes ``text`` via a temporary file and a rename (never half a
-  file)."""
-  temporary = f"{path}.{os.getpid()}.tmp"
-  try:
-    with open(temporary, "w", newline="") as f:
-      f.write(text)
-    os.replace(temporary, path)
-  except BaseException:
-    if os.path.exists(temporary):
-      os.remove(temporary)
-    raise
 
 
 class _CsvText:

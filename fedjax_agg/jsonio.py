@@ -17,7 +17,7 @@ import uuid
 
 import numpy as np
 
-__all__ = ["dump_json", "jsonable"]
+__all__ = ["dump_json", "jsonable", "write_text"]
 
 
 def jsonable(value: Any) -> Any:
@@ -62,14 +62,20 @@ def dump_json(obj: Any, path: str, indent: int | None = 2) -> str:
     indent: spaces per nesting level (None: one line).
   """
   text = json.dumps(jsonable(obj), indent=indent, allow_nan=False)
+  return write_text(path, text + "\n")
+
+
+def write_text(path: str, text: str) -> str:
+  """Writes ``text`` to ``path`` atomically: to a temporary file in the same
+  folder, then renamed over ``path``. Returns ``path``."""
   # A name of our own rather than ``tempfile.mkstemp``, whose 0600 mode the
   # rename would carry over: the file gets the umask's permissions.
   directory, name = os.path.split(os.path.abspath(path))
   temporary = os.path.join(directory,
                            f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
   try:
-    with open(temporary, "x") as f:
-      f.write(text + "\n")
+    with open(temporary, "x", newline="") as f:
+      f.write(text)
     os.replace(temporary, path)
   except BaseException:
     if os.path.exists(temporary):
