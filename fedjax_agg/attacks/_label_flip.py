@@ -1,0 +1,79 @@
+"""Label flipping, a data-poisoning attack.
+
+Malicious clients train on their own examples with labels mapped through a
+permutation π of the classes (default π(y) = C − 1 − y, which maps every
+class to another one when C is even), as in Tolpegin, Truex, Gursoy, Liu,
+"Data Poisoning Attacks Against Federated Learning Systems", ESORICS 2020.
+
+Inside the round the cohort trains on a copy of the pooled labels in which
+the examples of the malicious clients (their first ``num_examples`` index
+entries; never those of padding rows) hold π(y); the inputs and every other
+label are shared untouched. Where clients share pooled examples (an
+overlapping partition), an example held by a malicious and an honest client
+of the same round is flipped for both (the recipes of
+``fedjax_agg.partitions`` give no example to two clients). The
+``validation`` split is left clean.
+"""
+
+from typing import Optional, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_agg import checks
+from fedjax_agg.attacks._attack import Attack
+from fedjax_agg.attacks._attack import Cohort
+from fedjax_agg.federated import FederatedData
+
+__all__ = ["label_flip"]
+
+
+def label_flip(permutation: Optional[Sequence[int]] = None, *,
+               num_classes: Optional[int] = None) -> Attack:
+  """Malicious clients train on labels π(y).
+
+  Args:
+    permutation: π as a sequence, ``permutation[c]`` the label that class c
+      becomes (a permutation of 0 .. C−1); None: π(y) = C − 1 − y.
+    num_classes: C for the default map; None: 1 + the largest pooled label
+      (computed inside the round). With ``permutation`` it must be
+      ``len(permutation)`` when given.
+
+  Returns:
+    An ``Attack`` with a data side only.
+  """
+  if num_classes is not None:
+    checks.check_int("num_classes", num_classes, 1)
+  table = None
+  if permutation is not None:
+    table = np.asarray(permutation)
+    if table.ndim != 1 or table.size == 0 or table.dtype.kind not in "iu":
+      raise TypeError(f"permutation must be a non-empty sequence of ints, "
+                      f"got {permutation!r}")
+    if not np.array_equal(np.sort(table), np.arange(table.size)):
+      raise ValueError(f"permutation must be a permutation of 0 .. "
+                       f"{table.size - 1}, got {permutation!r}")
+    if num_classes is not None and num_classes != table.size:
+      raise ValueError(f"num_classes={num_classes} must equal "
+                       f"len(permutation)={table.size}")
+    table = jnp.asarray(table, jnp.int32)
+
+  def flip(labels, all_labels):
+    if table is not None:
+      return table[labels]
+    classes = (jnp.max(all_labels) + 1 if num_classes is None
+               else num_classes)
+    return (classes - 1 - labels).astype(labels.dtype)
+
+  def poison(data: FederatedData, cohort: Cohort) -> FederatedData:
+    y = data.y
+    indices = data.client_indices[cohort.client_ids]  # [K, L]
+    counts = data.num_examples[cohort.client_ids]
+    held = jnp.arange(indices.shape[1])[None, :] < counts[:, None]
+    write = cohort.malicious[:, None] & held
+    # Rows that must not write are sent out of bounds and dropped.
+    targets = jnp.where(write, indices, y.shape[0]).reshape(-1)
+    labels = y[indices.reshape(-1)]
+    return data._replace(y=y.at[targets].set(flip(labels, y), mode="drop"))
+
+  return Attack(data=poison)

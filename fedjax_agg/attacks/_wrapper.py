@@ -1,0 +1,140 @@
+"""Malicious clients as a wrapper around any local update.
+
+``with_attack(attack, adversaries, local_update)`` is a ``LocalUpdate``
+that, inside the jitted round: picks the malicious rows of the cohort
+(``adversaries``, real rows only), hands the inner update the data as
+``attack.data`` poisoned it, trains every client with the inner update
+(its client state passed through), then replaces the malicious rows' models
+by ``attack.update``'s. Honest rows train on the same data with the same
+key as without the wrapper, so their models are exactly the unattacked
+ones.
+
+Keys. The attack draws from fold_in(round's training key, 2^31 − 1), a
+stream the engine's per-client keys (fold_in(key, client id), ids < N <=
+2^31 − 1) never use, so the shuffles of the clients are those of the
+unattacked round.
+
+Metrics. ``malicious`` ([K] float 0/1, per client row of the history) and
+``num_malicious`` (scalar) are added to the inner update's metrics.
+"""
+
+from typing import Any, Callable, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from fedjax_agg import config as config_lib
+from fedjax_agg import engine
+from fedjax_agg.attacks._adversaries import Adversaries
+from fedjax_agg.attacks._attack import Attack
+from fedjax_agg.attacks._attack import Cohort
+from fedjax_agg.attacks._attack import select_rows
+from fedjax_agg.types import LocalUpdate, Model
+
+__all__ = ["ATTACK_STREAM", "local_update", "with_attack"]
+
+ATTACK_STREAM = 2**31 - 1  # fold_in data of the attack's key (docstring)
+
+
+def _as_local_update(inner) -> LocalUpdate:
+  """A ``LocalUpdate``, or one from an engine-style train function."""
+  if isinstance(inner, LocalUpdate):
+    return inner
+  if not callable(inner):
+    raise TypeError(f"local_update must be a LocalUpdate or a train "
+                    f"function, got {type(inner).__name__}")
+
+  def update(client_state, global_params, data, client_ids, mask,
+             learning_rates, num_steps, round_num, key):
+    del mask, round_num
+    return (inner(global_params, data, client_ids, learning_rates, num_steps,
+                  key), client_state, {})
+  return LocalUpdate(init=lambda num_clients: (), update=update)
+
+
+def with_attack(attack: Attack, adversaries: Adversaries,
+                local_update: LocalUpdate | Callable[..., Any]
+                ) -> LocalUpdate:
+  """``local_update`` with ``adversaries``' rows running ``attack``.
+
+  Args:
+    attack: what the malicious clients do (``attacks.sign_flip()``, ...,
+      ``attacks.compose(...)``).
+    adversaries: which rows are malicious (``attacks.fixed``,
+      ``attacks.per_round``).
+    local_update: the clients' training: a ``LocalUpdate`` (stateful ones
+      keep their state) or a function with the engine's interface
+      ``(global_params, data, client_ids, learning_rates, num_steps, key)
+      -> LocalResult`` (``engine.make_local_trainer``).
+
+  Returns:
+    A ``LocalUpdate`` for ``simulation.run(..., local_update=...)`` or
+    ``rounds.make_round_fn``.
+  """
+  if not isinstance(attack, Attack):
+    raise TypeError(f"attack must be an Attack, got "
+                    f"{type(attack).__name__}")
+  if not isinstance(adversaries, Adversaries):
+    raise TypeError(f"adversaries must be an Adversaries "
+                    f"(attacks.fixed / attacks.per_round), got "
+                    f"{type(adversaries).__name__}")
+  inner = _as_local_update(local_update)
+
+  def update(client_state, global_params, data, client_ids, mask,
+             learning_rates, num_steps, round_num, key):
+    chex.assert_rank([client_ids, mask], 1)
+    chex.assert_equal_shape([client_ids, mask, learning_rates, num_steps])
+    attack_key = jax.random.fold_in(key, ATTACK_STREAM)
+    select_key, data_key, update_key = jax.random.split(attack_key, 3)
+    malicious = adversaries.select(client_ids, mask, select_key) & (mask > 0)
+    cohort = Cohort(client_ids, mask, malicious, round_num, data_key)
+    if attack.data is not None:
+      data = attack.data(data, cohort)
+    result, client_state, metrics = inner.update(
+        client_state, global_params, data, client_ids, mask, learning_rates,
+        num_steps, round_num, key)
+    if attack.update is not None:
+      trained = result.client_params
+      chex.assert_tree_shape_prefix(trained, client_ids.shape)
+      attacked = attack.update(global_params, trained,
+                               cohort._replace(key=update_key))
+      result = result._replace(
+          client_params=select_rows(malicious, attacked, trained))
+    metrics = {**metrics, "malicious": malicious.astype(jnp.float32),
+               "num_malicious": jnp.sum(malicious).astype(jnp.float32)}
+    return result, client_state, metrics
+
+  return LocalUpdate(init=inner.init, update=update)
+
+
+def local_update(model: Model, training: config_lib.LocalTraining,
+                 attack: Attack, adversaries: Adversaries, *,
+                 execution: config_lib.Execution = config_lib.Execution(),
+                 mesh: Optional[jax.sharding.Mesh] = None) -> LocalUpdate:
+  """The engine's plain local training with ``attack`` on ``adversaries``.
+
+  Args:
+    model: the network and its task loss.
+    training: what the clients do (``config.LocalTraining``); with
+      ``compute_losses="auto"`` the per-client losses are computed (a
+      custom local update does not know the rule: pass False to skip them
+      when the rule does not read them).
+    attack: see ``with_attack``.
+    adversaries: see ``with_attack``.
+    execution: ``clients_per_step`` and ``chunk_loop`` of the trainer (its
+      ``devices`` are not read: pass ``mesh``).
+    mesh: the device mesh with a "clients" axis the cohort is sharded over
+      (``distributed.client_mesh(devices)``), as the run's; None: one
+      device.
+
+  Returns:
+    A ``LocalUpdate``.
+  """
+  if not isinstance(execution, config_lib.Execution):
+    raise TypeError(f"execution must be a config.Execution, got "
+                    f"{type(execution).__name__}")
+  train = engine.make_local_trainer(
+      model, training, clients_per_step=execution.clients_per_step,
+      mesh=mesh, chunk_loop=execution.chunk_loop)
+  return with_attack(attack, adversaries, train)
