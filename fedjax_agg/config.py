@@ -156,16 +156,34 @@ class Evaluation:
       first and after the last round. The default "auto" does it before
       the first and after the last round only.
     batch_size: examples per forward pass of the evaluation.
+    personalized: at the client evaluations (``clients``), also evaluate
+      every client's own model (the local update's ``personalize``: Ditto,
+      FedBN) on its held-out split (``data.validation``):
+      ``personal_accuracy_mean`` / ``_std`` / ``_p10`` across clients.
+    finetune_steps: k > 0: at the client evaluations, also fine-tune the
+      global model for k local steps on each client's training data (the
+      run's ``LocalTraining``) and evaluate it on the client's held-out
+      split (``finetuned_accuracy_*``), next to ``global_accuracy_*``, the
+      global model itself on the same splits.
   """
   every: int = 1
   clients: Union[bool, int, str] = "auto"
   batch_size: int = 2048
+  personalized: bool = False
+  finetune_steps: int = 0
 
   def __post_init__(self):
     checks.check_int("every", self.every, 1)
     if self.clients != "auto" and not isinstance(self.clients, bool):
       checks.check_int("clients", self.clients, 1)
     checks.check_int("batch_size", self.batch_size, 1)
+    checks.check_bool("personalized", self.personalized)
+    checks.check_int("finetune_steps", self.finetune_steps, 0)
+
+  @property
+  def per_client(self) -> bool:
+    """Whether client evaluations include held-out accuracies."""
+    return self.personalized or self.finetune_steps > 0
 
   def due(self, round_num: int, num_rounds: int) -> bool:
     """Whether round ``round_num`` (1-based; 0 = before the first) is

@@ -56,8 +56,9 @@ class LocalResult(NamedTuple):
 
   Attributes:
     client_params: [K, ...] trained params.
-    loss_before: [K] global model's mean loss on each client's training data
-      (NaN-free; 0 when losses are not computed).
+    loss_before: [K] mean loss on each client's training data of the model
+      it starts from (the global model unless the trainer is given
+      per-client ``start``); 0 when losses are not computed.
     loss_after: [K] trained model's mean loss on the client's training data.
     steps_taken: [K] int32 real optimisation steps performed.
     train_loss: [K] mean minibatch loss over the steps taken.
@@ -111,6 +112,8 @@ class _ClientArgs(NamedTuple):
   client_id: jax.Array  # []
   learning_rate: jax.Array  # []
   num_steps: jax.Array  # []
+  start: Any = None  # the client's own starting params (None: global)
+  reference: Any = None  # what its objective reads (None: global params)
 
 
 class _Row(NamedTuple):
@@ -155,6 +158,8 @@ def _client_trainer(model: Model, training: LocalTraining):
 
   def train_one(global_params, data: FederatedData, key,
                 args: _ClientArgs):
+    start = global_params if args.start is None else args.start
+    reference = global_params if args.reference is None else args.reference
     x_all, y_all = data.x, data.y
     indices = data.client_indices[args.client_id]
     num_examples = data.num_examples[args.client_id]
@@ -167,8 +172,7 @@ def _client_trainer(model: Model, training: LocalTraining):
 
     def epoch(carry, epoch_index):
       params, opt_state, steps_done, loss_sum = carry
-      context = jax.lax.stop_gradient(
-          objective.prepare(params, global_params))
+      context = jax.lax.stop_gradient(objective.prepare(params, reference))
       order = epoch_order(jax.random.fold_in(client_key, epoch_index),
                           num_examples, width)
       order = jnp.pad(order, (0, epoch_steps * batch_size - width),
@@ -182,10 +186,13 @@ def _client_trainer(model: Model, training: LocalTraining):
         idx = padded[jnp.minimum(pos, width - 1)]
         batch = {"x": x_all[idx], "y": y_all[idx], "mask": mask}
         (loss, new_params), grads = jax.value_and_grad(
-            loss_fn, has_aux=True)(params, batch, global_params, context)
+            loss_fn, has_aux=True)(params, batch, reference, context)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(
             jax.lax.stop_gradient(new_params), updates)
+        if objective.proximal is not None:
+          new_params = objective.proximal(new_params, reference,
+                                          args.learning_rate)
         active = (step_index < client_steps) & (steps_done < args.num_steps)
         keep = lambda new, old: jax.tree.map(
             lambda a, b: jnp.where(active, a, b), new, old)
@@ -198,7 +205,7 @@ def _client_trainer(model: Model, training: LocalTraining):
                               unroll=training.unroll)
       return carry, None
 
-    init = (global_params, optimizer.init(global_params),
+    init = (start, optimizer.init(start),
             jnp.zeros((), jnp.int32), jnp.zeros(()))
     (params, _, steps_done, loss_sum), _ = jax.lax.scan(
         epoch, init, jnp.arange(num_epochs))
@@ -207,7 +214,7 @@ def _client_trainer(model: Model, training: LocalTraining):
                                  y_all=y_all, indices=indices,
                                  num_examples=num_examples,
                                  batch_size=training.eval_batch_size)
-      loss_before = losses(global_params)
+      loss_before = losses(start)
       loss_after = losses(params)
     else:
       loss_before = loss_after = jnp.zeros(())
@@ -282,7 +289,7 @@ def _layout(num_clients: int, clients_per_step: int, mesh,
 
 
 def _cohort_rows(layout: _Layout, client_ids, learning_rates, num_steps,
-                 num_examples, mask) -> _Row:
+                 num_examples, mask, start=None, reference=None) -> _Row:
   """The cohort's rows cut into chunks. Padding rows take 0 steps (they
   cost compute but change nothing) and carry mask 0."""
   num_clients = layout.num_clients
@@ -292,7 +299,8 @@ def _cohort_rows(layout: _Layout, client_ids, learning_rates, num_steps,
           learning_rate=jnp.broadcast_to(learning_rates, (num_clients,)
                                          ).astype(jnp.float32),
           num_steps=jnp.broadcast_to(num_steps, (num_clients,)
-                                     ).astype(jnp.int32)),
+                                     ).astype(jnp.int32),
+          start=start, reference=reference),
       num_examples=jnp.broadcast_to(num_examples, (num_clients,)
                                     ).astype(jnp.float32),
       mask=jnp.broadcast_to(mask, (num_clients,)).astype(jnp.float32)))
@@ -346,11 +354,19 @@ def make_local_trainer(
       program per chunk; compile time grows with K/W).
 
   Returns:
-    ``train(global_params, data, client_ids, learning_rates, num_steps, key)
-    -> LocalResult``, jitted: ``client_ids`` [K] int, ``learning_rates`` [K]
-    float, ``num_steps`` [K] int (a large value, e.g. ``full_steps(...)``,
-    means "all epochs"), ``key`` a PRNG key. The stacked client params of
-    the whole cohort are an output; ``make_local_reducer`` avoids them.
+    ``train(global_params, data, client_ids, learning_rates, num_steps, key,
+    start=None, reference=None) -> LocalResult``, jitted: ``client_ids``
+    [K] int, ``learning_rates`` [K] float, ``num_steps`` [K] int (a large
+    value, e.g. ``full_steps(...)``, means "all epochs"), ``key`` a PRNG
+    key. Stateful clients pass per-client trees with a leading [K] axis:
+    ``start``, the params each client starts from (its personal model, or
+    the global model with its own BatchNorm leaves; None: the global
+    model, also what ``loss_before`` is measured on otherwise), and
+    ``reference``, what the local objective reads in place of the global
+    params (``LocalObjective.prepare/penalty``'s second argument; e.g.
+    SCAFFOLD's per-client gradient correction; None: the global params).
+    The stacked client params of the whole cohort are an output;
+    ``make_local_reducer`` avoids them.
   """
   clients_per_step, train_chunk = _chunk_trainer(
       model, training, clients_per_step=clients_per_step, mesh=mesh,
@@ -358,10 +374,11 @@ def make_local_trainer(
 
   @jax.jit
   def train(global_params, data: FederatedData, client_ids, learning_rates,
-            num_steps, key) -> LocalResult:
+            num_steps, key, start=None, reference=None) -> LocalResult:
     layout = _layout(client_ids.shape[0], clients_per_step, mesh,
                      client_axis)
-    rows = _cohort_rows(layout, client_ids, learning_rates, num_steps, 0, 0)
+    rows = _cohort_rows(layout, client_ids, learning_rates, num_steps, 0, 0,
+                        start, reference)
 
     def run_chunks(global_params, data, key, args):
       def body(carry, chunk_args):

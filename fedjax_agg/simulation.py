@@ -33,7 +33,9 @@ import tqdm.auto as tqdm
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg import clients as clients_lib
 from fedjax_agg import distributed
+from fedjax_agg import engine
 from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import history as history_lib
 from fedjax_agg import rounds
@@ -128,6 +130,30 @@ def loop_with_checkpoints(driver: "Driver", checkpointer, state, run_key,
   finally:
     if checkpointer is not None:
       checkpointer.close()
+
+
+def _global_for_all(client_state, params, client_ids):
+  """The global model as every listed client's model. -> [R, ...]."""
+  del client_state
+  return jax.tree.map(
+      lambda a: jnp.broadcast_to(a, client_ids.shape + a.shape), params)
+
+
+def _check_per_client_evaluation(evaluation: Evaluation, data,
+                                 local_update) -> None:
+  if not evaluation.per_client:
+    return
+  if data.validation is None:
+    raise ValueError(
+        "evaluation: personalized / finetune_steps evaluate on the clients' "
+        "held-out split, but data has no validation split (use "
+        "validation.holdout_split and FederatedData.with_validation)")
+  if evaluation.personalized and getattr(local_update, "personalize",
+                                         None) is None:
+    raise ValueError(
+        "evaluation.personalized=True needs a local_update with personal "
+        "models (a LocalUpdate with personalize, e.g. clients.ditto or "
+        "clients.fedbn); use finetune_steps for fine-tuned global models")
 
 
 def _check_rounds(num_rounds) -> None:
@@ -318,6 +344,7 @@ def run(
     checkpoint.CheckpointError: a checkpoint of another run or data.
   """
   _check_rounds(num_rounds)
+  _check_per_client_evaluation(evaluation, data, local_update)
   cohort_size = rounds.num_sampled(data.num_clients, participation)
   init_key, run_key = seed_keys(seed)
   params = model.init(init_key) if init_params is None else init_params
@@ -396,7 +423,32 @@ def run(
           evaluation.batch_size, batch_sharding))
       row["client_loss_mean"] = float(losses.mean())
       row["client_loss_var"] = float(losses.var())
+      if evaluation.per_client:
+        row.update(held_out(state, distributed.local_copy(params, device)))
     return [row]
+
+  def held_out(state, params):
+    """Accuracies on the clients' held-out splits (``Evaluation``)."""
+    validation = eval_data.validation
+    row = clients_lib.summarize(
+        "global_accuracy", clients_lib.personal_accuracies(
+            model, _global_for_all, (), params, validation))
+    if evaluation.personalized:
+      row.update(clients_lib.summarize(
+          "personal_accuracy", clients_lib.personal_accuracies(
+              model, local_update.personalize,
+              distributed.local_copy(state.client_state, device), params,
+              validation)))
+    if evaluation.finetune_steps:
+      row.update(clients_lib.summarize(
+          "finetuned_accuracy", clients_lib.finetuned_accuracies(
+              model, training, params, eval_data, evaluation.finetune_steps,
+              jax.random.fold_in(run_key, int(state.round)),
+              trainer=finetune_trainer)))
+    return row
+
+  finetune_trainer = (engine.make_local_trainer(model, training)
+                      if evaluation.finetune_steps else None)
 
   driver = Driver(
       round_step=round_step,

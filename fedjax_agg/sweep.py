@@ -220,6 +220,7 @@ def run_sweep(
     checkpointing: Optional[Checkpointing] = None,
     callbacks: Optional[Callable[[int], Sequence[Any]]] = None,
     config: Optional[dict] = None,
+    local_update: Optional[rounds.LocalUpdate] = None,
 ) -> list[SweepMember]:
   """Runs every (grid point, seed) member as one vmapped computation.
 
@@ -248,6 +249,11 @@ def run_sweep(
       or settings, and a larger ``num_rounds`` extends the sweep.
     callbacks: ``callbacks(member_index) -> callables`` called with each of
       that member's rows (see ``simulation``).
+    local_update: the client side shared by every member (e.g.
+      ``clients.scaffold``); each member keeps its own client state (the
+      per-client table gets the member axis) and the grid's
+      "learning_rate" reaches it as the round's learning rates. None: the
+      engine's training.
 
   Returns:
     One ``SweepMember`` per member, in the order of ``(grid point, seed)``.
@@ -261,6 +267,10 @@ def run_sweep(
   seeds = list(seeds)
   if not seeds:
     raise ValueError("seeds must be a non-empty list of ints")
+  if local_update is not None and not isinstance(local_update,
+                                                 rounds.LocalUpdate):
+    raise TypeError(f"local_update must be a rounds.LocalUpdate, got "
+                    f"{type(local_update).__name__}")
   keys = [simulation.seed_keys(s) for s in seeds]
   per_seed_data = not isinstance(data, FederatedData)
   if per_seed_data:
@@ -281,8 +291,12 @@ def run_sweep(
   for p, s in members:
     init_key, run_key = keys[s]
     params = model.init(init_key) if init_params is None else init_params
-    states.append(rounds.init_state(params, built[p][0])._replace(
-        key=run_key))
+    client_state = (() if local_update is None
+                    else local_update.init(
+                        (data[0] if per_seed_data else data).num_clients))
+    states.append(rounds.init_state(
+        params, built[p][0], client_state=client_state)._replace(
+            key=run_key))
     run_keys.append(run_key)
   shapes = [jax.tree.map(jnp.shape, st.aggregator_state) for st in states]
   for (p, _), shape in zip(members, shapes, strict=True):
@@ -299,7 +313,7 @@ def run_sweep(
           "sweep": {"build": build, "grid": points, "seeds": seeds},
           "participation": participation, "training": training,
           "evaluation": evaluation, "model": model, "nonfinite": nonfinite,
-          "init_params": init_params,
+          "init_params": init_params, "local_update": local_update,
           "data": [checkpoint.data_fingerprint(d) for d in data]
                   if per_seed_data else checkpoint.data_fingerprint(data),
           "test_data": checkpoint.data_fingerprint(test_data),
@@ -345,7 +359,7 @@ def run_sweep(
         objective=objective or training.objective)
     round_fn = rounds.make_round_fn(
         model, aggregator, member_training, execution=member_execution,
-        nonfinite=nonfinite.clients, jit=False)
+        local_update=local_update, nonfinite=nonfinite.clients, jit=False)
     return round_fn(member_state, member_data, cohort, mask)
 
   sweep_round = jax.jit(

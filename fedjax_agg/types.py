@@ -143,9 +143,19 @@ class LocalObjective(NamedTuple):
       nothing return ``()``.
     penalty: ``penalty(params, global_params, context) -> []``, the term
       added to the data loss (0 for plain cross-entropy).
+    proximal: optional ``proximal(params, global_params, learning_rate) ->
+      params``, applied after every optimizer step: the exact proximal
+      step of a term handled implicitly rather than through its gradient
+      (Ditto's ``lambda/2 ||v - w||^2``, stable for any lambda). None:
+      no such step.
+
+  ``global_params`` is what the engine hands the objective: the round's
+  global model, or a per-client reference when the trainer is given one
+  (``engine.make_local_trainer``'s ``reference``).
   """
   prepare: Callable[[Params, Params], Any]
   penalty: Callable[[Params, Params, Any], jax.Array]
+  proximal: Optional[Callable[[Params, Params, jax.Array], Params]] = None
 
 
 class LocalUpdate(NamedTuple):
@@ -166,6 +176,12 @@ class LocalUpdate(NamedTuple):
       ``engine.LocalResult`` (stacked [K, ...] client models, losses,
       steps); ``metrics`` a dict of [] or [K] arrays for the history.
       Rows with mask 0 must not change ``client_state``.
+    personalize: optional ``personalize(client_state, global_params,
+      client_ids) -> [R, ...]`` each listed client's own model (Ditto's
+      personal model, FedBN's global model with the client's BatchNorm
+      leaves), evaluated on the clients' held-out split as the
+      personalised accuracy. None: the clients have no model of their own.
   """
   init: Callable[[int], Any]
   update: Callable[..., tuple[Any, Any, Metrics]]
+  personalize: Optional[Callable[..., Params]] = None

@@ -30,9 +30,9 @@ statistics of the client's batch and ``new_variables['batch_stats']`` holds
 the updated running averages; with ``train=False`` the running averages are
 used and the variables come back unchanged. The statistics are client state
 during local training and are aggregated together with the parameters (the
-server rule sees them as ordinary leaves; their gradient is zero). FedBN's
-"keep BatchNorm local" is not supported yet: it needs per-client state kept
-by the engine between rounds.
+server rule sees them as ordinary leaves; their gradient is zero). FedBN
+(``fedjax_agg.clients.fedbn``) keeps them, and the BatchNorm scale and
+bias, per client instead.
 """
 
 import dataclasses
@@ -73,7 +73,7 @@ _BUILDERS: dict[str, tuple[Callable[..., nn.Module], tuple[int, ...]]] = {
     "vgg11": (networks.VGG11, _CIFAR_SHAPE),
 }
 # Options a caller may set through ``get(**kwargs)``.
-_OPTIONS = {"mlp2": ("hidden",), "vgg11": ("batch_norm",)}
+_OPTIONS = {"mlp2": ("hidden", "batch_norm"), "vgg11": ("batch_norm",)}
 NAMES = tuple(_BUILDERS)
 
 
@@ -118,7 +118,7 @@ def get(name: str, num_classes: int = 10,
       ``fedjax_agg.models.layers.CONV_IMPLS``; "auto" (the default) picks
       the fastest known one for the backend. All compute the same function.
     **kwargs: model options: ``hidden`` (mlp2's width, default 200),
-      ``batch_norm`` (vgg11, default False).
+      ``batch_norm`` (vgg11 and mlp2, default False).
 
   Returns:
     ``Model(init, apply)``: ``init(key) -> variables``; ``apply(variables,

@@ -51,14 +51,21 @@ class TwoConvCNN(nn.Module):
 
 
 class MLP2(nn.Module):
-  """FedLap's two-layer network: flatten -> fc(hidden) -> ReLU -> fc."""
+  """FedLap's two-layer network: flatten -> fc(hidden) -> ReLU -> fc.
+
+  ``batch_norm=True`` adds a BatchNorm layer ("bn1") after fc1 (for FedBN
+  on the MNIST-shaped data sets).
+  """
   num_classes: int
   hidden: int = 200
+  batch_norm: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    del train
-    x = nn.relu(nn.Dense(self.hidden, name="fc1")(_flatten(x)))
+    x = nn.Dense(self.hidden, name="fc1")(_flatten(x))
+    if self.batch_norm:
+      x = _batch_norm(train, "bn1")(x)
+    x = nn.relu(x)
     return nn.Dense(self.num_classes, name="fc2")(x)
 
 

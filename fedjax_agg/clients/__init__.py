@@ -1,0 +1,40 @@
+"""Stateful clients: a per-client state table and the algorithms on it.
+
+Every algorithm here is a ``types.LocalUpdate`` for ``simulation.run(...,
+local_update=...)``; its state is a pytree with a leading [N] axis (all
+clients) carried in ``ServerState.client_state``, so it is jitted with the
+round, checkpointed with the run, and vmapped by sweeps.
+
+* ``scaffold`` (+ ``scaffold_aggregator``): SCAFFOLD's control variates.
+* ``fedbn``: BatchNorm leaves kept per client.
+* ``ditto``: a personal model per client.
+* ``personal_accuracies`` / ``finetuned_accuracies``: personalised
+  evaluation on each client's held-out split (``simulation.run`` records
+  them when ``Evaluation(personalized=...)`` asks).
+* The table itself: ``Table``, ``init_table``, ``gather``, ``scatter``.
+"""
+
+from fedjax_agg.clients._common import batch_norm_leaf
+from fedjax_agg.clients._ditto import ditto
+from fedjax_agg.clients._ditto import DittoState
+from fedjax_agg.clients._ditto import proximal_objective
+from fedjax_agg.clients._evaluation import finetuned_accuracies
+from fedjax_agg.clients._evaluation import personal_accuracies
+from fedjax_agg.clients._evaluation import summarize
+from fedjax_agg.clients._fedbn import fedbn
+from fedjax_agg.clients._fedbn import FedBNState
+from fedjax_agg.clients._scaffold import correction_objective
+from fedjax_agg.clients._scaffold import scaffold
+from fedjax_agg.clients._scaffold import scaffold_aggregator
+from fedjax_agg.clients._scaffold import ScaffoldState
+from fedjax_agg.clients._table import gather
+from fedjax_agg.clients._table import init_table
+from fedjax_agg.clients._table import scatter
+from fedjax_agg.clients._table import Table
+
+__all__ = [
+    "DittoState", "FedBNState", "ScaffoldState", "Table", "batch_norm_leaf",
+    "correction_objective", "ditto", "fedbn", "finetuned_accuracies",
+    "gather", "init_table", "personal_accuracies", "proximal_objective",
+    "scaffold", "scaffold_aggregator", "scatter", "summarize",
+]
