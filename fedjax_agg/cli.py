@@ -48,6 +48,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from fedjax_agg import aggregators
+from fedjax_agg import attacks
 from fedjax_agg import data as data_lib
 from fedjax_agg import models
 from fedjax_agg import objectives
@@ -57,7 +58,9 @@ __all__ = ["CONFIG_KEYS", "LISTS", "UsageError", "build_parser",
     "config_from_args", "describe", "main", "parse", "parse_grid", "parse_kv",
     "parse_seeds", "resolve", "single_main", "sweep_main"]
 
-LISTS = ("aggregators", "objectives", "partitions", "models", "datasets")
+LISTS = ("aggregators", "objectives", "partitions", "models", "datasets",
+         "attacks")
+ADVERSARY_MODES = ("per_round", "fixed")
 
 # argparse dest -> the config key its flag sets ("{algorithm}": the
 # algorithm run). Applied in this order: --seeds after --seed, a name
@@ -90,13 +93,17 @@ CONFIG_KEYS = {
     "no_client_eval": "train.eval_clients",
     "seed": "seeds",
     "seeds": "seeds",
+    "attack": "attack.name",
+    "attack_arg": "attack.args",
+    "attack_fraction": "attack.fraction",
+    "adversaries": "attack.adversaries",
 }
 # A name flag -> the key of the arguments that belong to the old name.
 _ARGUMENTS_OF = {"aggregator": "aggregator_args",
                  "objective": "objective_args", "partition": "args",
-                 "model": "args"}
+                 "model": "args", "attack": "args"}
 # Flags whose name=value pairs are merged into the config's mapping.
-_PAIRS = ("partition_arg", "agg_arg", "objective_arg")
+_PAIRS = ("partition_arg", "agg_arg", "objective_arg", "attack_arg")
 
 
 class UsageError(SystemExit):
@@ -221,6 +228,16 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
   add("--objective-arg", action="append", default=[], metavar="NAME=VALUE",
       help="argument of the local objective (repeatable; see --list "
       "objectives)")
+  add("--attack", default=None, choices=attacks.REGISTRY.names,
+      metavar="NAME", help="simulate malicious clients with this attack, "
+      f"{_one_of(attacks.REGISTRY.names)} (see --list attacks)")
+  add("--attack-arg", action="append", default=[], metavar="NAME=VALUE",
+      help="argument of the attack (repeatable), e.g. scale=10")
+  add("--attack-fraction", type=float, default=None,
+      help="fraction of malicious clients (default 0.1 with --attack)")
+  add("--adversaries", default=None, choices=ADVERSARY_MODES,
+      help="per_round: floor(fraction m) of each round's m participants; "
+      "fixed: a set of clients drawn once (default per_round)")
   add("--rounds", type=int, default=10, help="R: rounds")
   add("--participation", type=float, default=0.1,
       help="C: fraction of clients per round")
@@ -298,8 +315,9 @@ def describe(what: str) -> list[str]:
   where the factory passes other keyword arguments on)."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   lines = []
-  if what in ("aggregators", "objectives"):
-    registry = (aggregators if what == "aggregators" else objectives).REGISTRY
+  if what in ("aggregators", "objectives", "attacks"):
+    registry = {"aggregators": aggregators, "objectives": objectives,
+                "attacks": attacks}[what].REGISTRY
     for name in registry.names:
       defaults = {arg: value for arg, value in registry.describe(name).items()
                   if arg not in registry.context}
@@ -388,6 +406,8 @@ def config_from_args(args, base: Optional[dict] = None,
     config = {"name": "cli", "dataset": {}, "partition": {}, "model": {},
               "train": {}, "algorithms": {}, "seeds": [0]}
     given = {dest for dest in CONFIG_KEYS if getattr(args, dest) is not None}
+    if not args.attack_arg:
+      given.discard("attack_arg")
   else:
     config = copy.deepcopy(base)
     config.setdefault("seeds", [0])
@@ -409,6 +429,12 @@ def config_from_args(args, base: Optional[dict] = None,
     if dest in _PAIRS:
       value = {**parent.get(keys[-1], {}), **value}
     parent[keys[-1]] = value
+  attack = config.get("attack")
+  if isinstance(attack, dict) and "name" not in attack:
+    flags = [_flag(dest) for dest in ("attack_arg", "attack_fraction",
+                                      "adversaries") if dest in given]
+    raise UsageError(f"{', '.join(flags) or '--attack'}: needs --attack "
+                     "NAME (the attack to simulate)")
   return config, algorithm
 
 

@@ -64,8 +64,10 @@ import numpy as np
 import optax
 
 from fedjax_agg import aggregators
+from fedjax_agg import attacks
 from fedjax_agg import checks
 from fedjax_agg import data as data_lib
+from fedjax_agg import distributed
 from fedjax_agg import federated
 from fedjax_agg import jsonio
 from fedjax_agg import history as history_lib
@@ -193,7 +195,15 @@ class ConfigTypeError(ConfigError, TypeError):
 # The keys of each part of a config (see the module docstring);
 # "provenance" is what ``run_record`` adds to the configs it writes.
 TOP_KEYS = ("name", "dataset", "partition", "model", "train", "algorithms",
-            "seeds", "target_accuracy", "vmap_seeds", "provenance")
+            "seeds", "target_accuracy", "vmap_seeds", "attack", "provenance")
+# "attack": simulated malicious clients (``fedjax_agg.attacks``) in every
+# algorithm's runs: the attack's registered name and arguments, the
+# fraction of malicious clients, and whether they are a fixed set (drawn
+# once from "seed") or drawn anew from each round's cohort.
+ATTACK_KEYS = ("name", "args", "fraction", "adversaries", "seed")
+ATTACK_DEFAULTS = {"args": {}, "fraction": 0.1, "adversaries": "per_round",
+                   "seed": 0}
+ADVERSARY_MODES = ("per_round", "fixed")
 PARTITION_KEYS = ("name", "num_clients", "args", "seed_offset")
 MODEL_KEYS = ("name", "args")
 ALGORITHM_KEYS = ("aggregator", "aggregator_args", "objective",
@@ -479,6 +489,45 @@ def _check_rules(config: dict, name: str) -> None:
       raise ConfigError(path, f"{path}: {error}") from None
 
 
+def _check_attack(config: dict) -> None:
+  if config.get("attack") is None:
+    return
+  attack = _check_keys("attack", config["attack"], ATTACK_KEYS,
+                       required=("name",))
+  _check_name("attack.name", attack["name"], attacks.REGISTRY.names)
+  arguments = _check_mapping("attack.args", attack.get("args", {}))
+  _check_keys("attack.args", arguments,
+              _keyword_parameters(attacks.REGISTRY.factory(attack["name"])))
+  _check_number("attack.fraction", attack.get("fraction", 0.1), 0, 1,
+                high_open=True)
+  _check_name("attack.adversaries", attack.get("adversaries", "per_round"),
+              ADVERSARY_MODES)
+  _check_int("attack.seed", attack.get("seed", 0), 0)
+  try:
+    attacks.build(attack["name"], **arguments)
+  except TypeError as error:
+    raise ConfigTypeError("attack.args", f"attack.args: {error}") from None
+  except ValueError as error:
+    raise ConfigError("attack.args", f"attack.args: {error}") from None
+
+
+def attack_update(config: dict, model, training: LocalTraining,
+                  execution: Execution, num_clients: int):
+  """The run's local update with the config's attack, or None."""
+  if config.get("attack") is None:
+    return None
+  attack = {**ATTACK_DEFAULTS, **config["attack"]}
+  if attack["adversaries"] == "fixed":
+    adversaries = attacks.fixed(num_clients, attack["fraction"],
+                                seed=attack["seed"])
+  else:
+    adversaries = attacks.per_round(attack["fraction"])
+  mesh, _ = distributed.round_mesh(execution.devices)
+  return attacks.local_update(
+      model, training, attacks.build(attack["name"], **attack["args"]),
+      adversaries, execution=execution, mesh=mesh)
+
+
 def check_config(config: dict) -> None:
   """Checks every key and value of ``config`` before anything runs.
 
@@ -508,6 +557,7 @@ def check_config(config: dict) -> None:
   if config.get("target_accuracy") is not None:
     _check_number("target_accuracy", config["target_accuracy"], 0, 1)
   _check_bool("vmap_seeds", config.get("vmap_seeds", False))
+  _check_attack(config)
   algorithms = _check_mapping("algorithms", config["algorithms"])
   if not algorithms:
     raise ConfigError("algorithms", "algorithms must name at least one "
@@ -592,6 +642,12 @@ def resolve_config(config: dict) -> dict:
         if arg not in filled or arg in spec.get("aggregator_args", {})}
     spec["objective"] = spec.get("objective", "cross_entropy")
     spec["objective_args"] = objective_args
+  if config.get("attack") is not None:
+    attack = {**ATTACK_DEFAULTS, **config["attack"]}
+    attack["args"] = {
+        **_defaults(_keyword_parameters(attacks.REGISTRY.factory(
+            attack["name"]))), **attack["args"]}
+    resolved["attack"] = attack
   return resolved
 
 
@@ -792,6 +848,9 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
     raise ValueError("checkpoint_every / resume need checkpoint_dir (where "
                      "the checkpoints are)")
   warn_short_feddrl(config, algorithm)
+  arguments["local_update"] = attack_update(
+      config, arguments["model"], arguments["training"],
+      arguments["execution"], arguments["data"].num_clients)
   return simulation.run(aggregator=built, seed=seed,
                         checkpointing=checkpointing, callbacks=callbacks,
                         **arguments)
@@ -933,6 +992,22 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
   arguments["data"] = [p[0] for p in prepared]
   arguments["execution"] = dataclasses.replace(arguments["execution"],
                                                progress=progress)
+  if config.get("attack") is not None:
+    # One attacked local update for every member: its objective is the
+    # algorithm's own, so a grid may not change the objective.
+    _, objective = build_rule(config, algorithm, num_clients)
+    objective_name = config["algorithms"][algorithm].get(
+        "objective", "cross_entropy")
+    swept = set(grid or {}) & set(_parameters(
+        objectives.REGISTRY[objective_name]))
+    if swept:
+      raise ConfigError("attack", f"attack: a sweep over objective "
+                        f"arguments {sorted(swept)} cannot share one "
+                        "attacked local update; run them one at a time")
+    arguments["local_update"] = attack_update(
+        config, arguments["model"], dataclasses.replace(
+            arguments["training"], objective=objective),
+        dataclasses.replace(arguments["execution"], devices=1), num_clients)
   return sweep.run_sweep(
       lambda hparams: build_rule(config, algorithm, num_clients, hparams),
       grid, seeds=seeds, **arguments)

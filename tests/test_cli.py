@@ -121,6 +121,16 @@ BAD_FLAGS = [
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
     (["--devices", "4096"], "--devices"),
     (["--list", "widgets"], "--list"),
+    (["--attack", "sign_flp"], "--attack"),
+    (["--attack-fraction", "0.2"], "--attack-fraction"),
+    (["--attack-arg", "scale=2"], "--attack-arg"),
+    (["--attack", "sign_flip", "--attack-arg", "scal=2"], "--attack-arg"),
+    (["--attack", "gaussian", "--attack-arg", "stddev=-1"], "--attack-arg"),
+    (["--attack", "sign_flip", "--attack-fraction", "1.0"],
+     "--attack-fraction"),
+    (["--attack", "sign_flip", "--attack-fraction", "nan"],
+     "--attack-fraction"),
+    (["--attack", "sign_flip", "--adversaries", "some"], "--adversaries"),
     (["--bogus"], "--bogus"),
     (["--config", "no/such/file.json"], "--config"),
     (_unknown_config_key, "--config"),
@@ -314,3 +324,22 @@ def test_tiny_sweep_writes_bands_and_a_summary_csv(tmp_path, capsys):
   assert {"final_test_accuracy_mean", "final_test_accuracy_std"} <= set(
       frame.columns)
   assert os.path.getsize(out / "accuracy.png") > 0
+
+
+def test_tiny_attacked_run_records_the_attack_and_the_malicious(tmp_path,
+                                                               capsys):
+  out = tmp_path / "run"
+  assert cli.main(TINY + [
+      "--out", str(out), "--participation", "1.0", "--attack", "sign_flip",
+      "--attack-arg", "scale=4", "--attack-fraction", "0.5",
+      "--adversaries", "fixed", "--aggregator", "fedmedian"]) == 0
+  capsys.readouterr()
+  record = _strict((out / "config.json").read_text())
+  experiment.check_config(record)
+  assert record["attack"] == {"name": "sign_flip", "args": {"scale": 4},
+                              "fraction": 0.5, "adversaries": "fixed",
+                              "seed": 0}
+  history = _strict((out / "history.json").read_text())
+  assert [row.get("num_malicious") for row in history["rows"]][1:] == [2.0]
+  malicious = history["clients"][0]["malicious"]
+  assert sorted(malicious) == [0.0, 0.0, 1.0, 1.0]
