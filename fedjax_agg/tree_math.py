@@ -31,7 +31,8 @@ import optax
 from fedjax_agg.types import Params, StackedParams
 
 __all__ = ["LayerStructure", "MaskedSums", "SAFE_PLAIN_SUM", "SumOfSquares",
-    "add_update", "broadcast_to_clients", "client_sums", "cosine", "cosines",
+    "add_update", "broadcast_to_clients", "client_norms", "client_sums",
+    "client_updates", "clip_scale", "cosine", "cosines",
     "divide_by_scale", "from_plain_sum", "gather_clients",
     "keep_if_no_clients", "layer_norms", "layer_structure",
     "layer_sums_of_squares", "leaf_sums_of_squares", "max_to_layers",
@@ -59,6 +60,20 @@ def broadcast_to_clients(tree: Params, num_clients: int) -> StackedParams:
   """Stacks ``num_clients`` copies of ``tree`` along a new leading axis."""
   return jax.tree.map(
       lambda t: jnp.broadcast_to(t, (num_clients,) + t.shape), tree)
+
+
+def client_updates(client_params: StackedParams, global_params: Params,
+                   mask: jax.Array) -> StackedParams:
+  """w_k - g for every client, [K, ...]; padding rows (mask 0) are zeros.
+
+  Robust rules compare updates rather than models: they are small next to
+  the weights, so distances lose less to rounding, and a padding row (which
+  may hold NaN or inf) is selected out here once.
+  """
+  def leaf(c, g):
+    real = (mask > 0).reshape((-1,) + (1,) * g.ndim)
+    return jnp.where(real, c - g, jnp.zeros_like(c))
+  return jax.tree.map(leaf, client_params, global_params)
 
 
 def sum_over_clients(stacked: StackedParams) -> Params:
@@ -350,6 +365,20 @@ def cosines(a: jax.Array, b: jax.Array, axis=-1) -> jax.Array:
       * divide_by_scale(b, jnp.expand_dims(b_squares.scale, axis)),
       axis=axis)
   return cosine(scaled_dot, a_squares, b_squares)
+
+
+def client_norms(stacked: StackedParams) -> jax.Array:
+  """Whole-model L2 norm of each client's tree (scale-safe). [K, ...] -> [K]."""
+  return jax.vmap(tree_norm)(stacked)
+
+
+def clip_scale(norm: jax.Array, max_norm) -> jax.Array:
+  """min(1, max_norm / norm): the factor that clips a vector to ``max_norm``.
+
+  1 where ``norm`` is 0 (nothing to clip) or at most ``max_norm``.
+  """
+  over = norm > max_norm
+  return jnp.where(over, max_norm / jnp.where(over, norm, 1.0), 1.0)
 
 
 # ---------------------------------------------------------------------------

@@ -19,19 +19,25 @@ feeds any rule's output through an optax transformation on the
 pseudo-gradient w_t - output (``fedopt``).
 
 Memory. Rules that are a sum over clients carry a ``StreamingForm``
-(``Aggregator.stream``): FedAvg, FedNNNN / Norm-Norm / Momentum and every
+(``Aggregator.stream``): FedAvg, FedNNNN / Norm-Norm / Momentum, every
 server optimizer over one of them (FedOpt, FedAvgM, FedAdam, FedYogi,
-FedAdagrad). ``simulation.make_round_fn`` then aggregates on the fly and a
-round holds ``clients_per_step`` client models, whatever K. The other rules
-need all K trained models at once, so their round holds the stacked
-[K, ...] client params (K x the model size, plus the rule's own
-temporaries of the same order): FedAdp and FedLayerWise (each client's
-angle to the weighted mean update, known only after every client), the
-coordinate-wise median and trimmed mean (a sort over the K clients per
-coordinate) and FedDRL (its agent weights the clients from all their
-post-training losses, so the models wait for the last client).
-Their local training is still chunked, so only the stacked models grow
-with K; bound K by memory / (model size) for them.
+FedAdagrad), norm bounding and DP-FedAvg with a fixed clip norm (clipping
+is per client; DP-FedAvg draws its noise once the sum is complete).
+``simulation.make_round_fn`` then aggregates on the fly and a round holds
+``clients_per_step`` client models, whatever K. The other rules need all K
+trained models at once, so their round holds the stacked [K, ...] client
+params (K x the model size, plus the rule's own temporaries of the same
+order): FedAdp and FedLayerWise (each client's angle to the weighted mean
+update, known only after every client), the coordinate-wise median and
+trimmed mean (a sort over the K clients per coordinate), Krum (distances
+between every pair of clients: a [K, K] matrix accumulated leaf by leaf),
+the geometric median (Weiszfeld iterations over all K updates), centered
+clipping (iterations around the previous aggregate), DP-FedAvg with
+adaptive clipping (the clients clip with the state's clip norm, which the
+streaming form does not see) and FedDRL (its agent weights the clients
+from all their post-training losses, so the models wait for the last
+client). Their local training is still chunked, so only the stacked
+models grow with K; bound K by memory / (model size) for them.
 
 Names. Every public name is exported once from this package: the factories
 (``aggregators.fedadp``, as ``optax.adam``), their building blocks
@@ -42,6 +48,10 @@ private (``_fedadp.py``), so no factory shadows a module.
 
 import inspect
 
+from fedjax_agg.aggregators._centered_clipping import centered_clipping
+from fedjax_agg.aggregators._centered_clipping import CenteredClippingState
+from fedjax_agg.aggregators._dp_fedavg import dp_fedavg
+from fedjax_agg.aggregators._dp_fedavg import DPFedAvgState
 from fedjax_agg.aggregators._fedacs import fedacs
 from fedjax_agg.aggregators._fedacs import FedACSState
 from fedjax_agg.aggregators._fedacs import select_top
@@ -69,6 +79,12 @@ from fedjax_agg.aggregators._fedopt import fedopt
 from fedjax_agg.aggregators._fedopt import fedyogi
 from fedjax_agg.aggregators._fedopt import scale_by_reddi
 from fedjax_agg.aggregators._fedopt import ScaleByReddiState
+from fedjax_agg.aggregators._geometric_median import geometric_median
+from fedjax_agg.aggregators._geometric_median import GeometricMedianState
+from fedjax_agg.aggregators._krum import krum
+from fedjax_agg.aggregators._krum import KrumState
+from fedjax_agg.aggregators._norm_bounding import norm_bounding
+from fedjax_agg.aggregators._norm_bounding import NormBoundingState
 from fedjax_agg.aggregators._server_optimizer import ServerOptState
 from fedjax_agg.aggregators._server_optimizer import with_server_optimizer
 from fedjax_agg.aggregators._trimmed_mean import trimmed_mean
@@ -76,14 +92,16 @@ from fedjax_agg.aggregators._trimmed_mean import TrimmedMeanState
 from fedjax_agg.registry import Registry
 
 __all__ = [
-    "AgentConfig", "AgentState", "FedACSState", "FedAdpState", "FedAvgState",
-    "FedDRLState", "FedMedianState", "FedNNNNState", "REGISTRY",
-    "ScaleByReddiState", "ServerOptState", "TrimmedMeanState",
-    "angle_weighting", "eval_params", "fedacs", "fedadagrad", "fedadam",
-    "fedadp", "fedavg", "fedavgm", "feddrl", "fedlayerwise", "fedmedian",
-    "fednnnn", "fedopt", "fedyogi", "get", "gompertz", "momentum",
-    "norm_norm", "scale_by_reddi", "select_top", "takes_num_clients",
-    "trimmed_mean", "with_server_optimizer",
+    "AgentConfig", "AgentState", "CenteredClippingState", "DPFedAvgState",
+    "FedACSState", "FedAdpState", "FedAvgState", "FedDRLState",
+    "FedMedianState", "FedNNNNState", "GeometricMedianState", "KrumState",
+    "NormBoundingState", "REGISTRY", "ScaleByReddiState", "ServerOptState",
+    "TrimmedMeanState", "angle_weighting", "centered_clipping", "dp_fedavg",
+    "eval_params", "fedacs", "fedadagrad", "fedadam", "fedadp", "fedavg",
+    "fedavgm", "feddrl", "fedlayerwise", "fedmedian", "fednnnn", "fedopt",
+    "fedyogi", "geometric_median", "get", "gompertz", "krum", "momentum",
+    "norm_bounding", "norm_norm", "scale_by_reddi", "select_top",
+    "takes_num_clients", "trimmed_mean", "with_server_optimizer",
 ]
 
 # Every aggregator factory, by the name the CLI and the conformance suite use.
@@ -106,6 +124,11 @@ REGISTRY = Registry("aggregator", {
     "trimmed_mean": trimmed_mean,
     "feddrl": feddrl,
     "fedacs": fedacs,
+    "krum": krum,
+    "geometric_median": geometric_median,
+    "centered_clipping": centered_clipping,
+    "norm_bounding": norm_bounding,
+    "dp_fedavg": dp_fedavg,
 }, context=("num_clients", "model", "x_eval", "y_eval"))
 
 

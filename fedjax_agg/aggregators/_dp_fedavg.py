@@ -1,0 +1,180 @@
+"""DP-FedAvg: user-level differentially private FedAvg, adaptive clipping.
+
+McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private
+Recurrent Language Models", ICLR 2018 (Algorithm 1, fixed denominator);
+Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning
+with Adaptive Clipping", NeurIPS 2021 (Algorithm 1).
+
+Round t over the m real participants (mask 1), clip norm C:
+
+  Alg. 1 (2018)  dw_k <- dw_k min(1, C / |dw_k|),  dw_k = w_k - w_t
+                 w_{t+1} = w_t + (sum_k dw_k + N(0, (sigma_dw C)^2 I)) / m
+  Alg. 1 (2021)  b_k = 1 if |dw_k| <= C else 0
+                 b = (sum_k b_k + N(0, sigma_b^2)) / m
+                 C <- C exp(-eta_C (b - gamma))
+  Thm. 1 (2021)  sigma_dw = (z^-2 - (2 sigma_b)^-2)^(-1/2)
+
+z is ``noise_multiplier``, the noise multiplier of the whole round for the
+privacy accounting (``fedjax_agg.privacy``): without adaptive clipping
+sigma_dw = z; with it the clipped-count query takes its share of the
+budget, so the update noise grows to sigma_dw (two Gaussian queries of
+sensitivities C and 1/2 compose as one of multiplier z).
+
+Interpretations:
+* The denominator is m = the number of real participants of the round
+  (the paper's fixed denominator is the expected cohort size qW; with
+  fixed-size cohorts the two coincide). Every client weighs the same
+  (w_k = 1): the number of examples is unused.
+* Norms are whole-model (all leaves together). The noise is drawn from
+  the round's key ``info.key`` (split once: update noise, count noise).
+* ``clipped_count_stddev`` (sigma_b) defaults to 5 z: the paper's
+  sigma_b = m / 20 at its cohort of m = 100 clients and z = 1, i.e. the
+  count takes 1 % of the privacy budget ((2 sigma_b)^-2 = z^-2 / 100,
+  sigma_dw = z / sqrt(0.99)) whatever z. Pass m / 20 for the paper's
+  rule at another cohort size. It must exceed z / 2 (else no sigma_dw
+  exists: the count alone would spend the budget).
+* The clip norm lives in the state (fixed unless ``adaptive``); the round
+  clips with the state's C, then updates it.
+* A cohort with no real participant leaves model and state unchanged.
+
+Breakdown point: 0 (a mean); each client's influence is bounded by C / m.
+
+Memory: a sum over clients, so with a fixed clip norm the rule streams
+(``Aggregator.stream``; the noise is drawn in ``finalize``). With
+``adaptive=True`` it has no streaming form: the clients clip with the
+state's C, which the streaming contract does not pass to
+``client_stats``; the round then holds the stacked [K, ...] models.
+"""
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_agg import checks
+from fedjax_agg import tree_math
+from fedjax_agg.aggregators._clipped_sums import clipped_update_stats
+from fedjax_agg.aggregators._clipped_sums import summed_client_stats
+from fedjax_agg.types import Aggregator, Params, PRNGKey, StreamingForm
+
+__all__ = ["DPFedAvgState", "dp_fedavg", "gaussian_noise",
+           "update_noise_multiplier"]
+
+
+class DPFedAvgState(NamedTuple):
+  """The clip norm C [] (float32) used by the next round."""
+  clip_norm: jax.Array
+
+
+def update_noise_multiplier(noise_multiplier, clipped_count_stddev):
+  """sigma_dw = (z^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al., Thm. 1).
+
+  0 for z = 0; requires 2 sigma_b > z otherwise (checked by the caller).
+  """
+  z = jnp.asarray(noise_multiplier, jnp.float32)
+  count = jnp.asarray(clipped_count_stddev, jnp.float32)
+  ratio = jnp.where(count > 0, z / (2.0 * jnp.where(count > 0, count, 1.0)),
+                    0.0)
+  return z / jnp.sqrt(1.0 - jnp.square(ratio))
+
+
+def gaussian_noise(key: PRNGKey, tree: Params, stddev) -> Params:
+  """N(0, stddev^2) per coordinate, a tree like ``tree`` (one key per leaf)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(key, len(leaves))
+  return treedef.unflatten([
+      jnp.asarray(stddev, leaf.dtype)
+      * jax.random.normal(leaf_key, leaf.shape, leaf.dtype)
+      for leaf_key, leaf in zip(keys, leaves, strict=True)])
+
+
+def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
+              adaptive: bool = False, target_quantile: float = 0.5,
+              clip_learning_rate: float = 0.2,
+              clipped_count_stddev: Optional[float] = None) -> Aggregator:
+  """DP-FedAvg aggregator (user-level DP, optional adaptive clipping).
+
+  Args:
+    clip_norm: C > 0, the (initial, when adaptive) clip norm.
+    noise_multiplier: z >= 0, the round's noise multiplier for accounting.
+    adaptive: update C toward the ``target_quantile`` of the update norms.
+    target_quantile: gamma in [0, 1], the quantile of norms C tracks.
+    clip_learning_rate: eta_C >= 0, the geometric step of C.
+    clipped_count_stddev: sigma_b >= 0, the noise of the clipped count
+      (used when adaptive; default 5 z, see the module docstring).
+
+  Returns:
+    An ``Aggregator`` (with a streaming form unless ``adaptive``); metrics
+    hold "clip_norm" [] (the C used this round), "fraction_clipped" [] and
+    "noise_stddev" [] (of the noise added to each coordinate of the mean).
+
+  Raises:
+    ValueError: naming the argument out of range, or
+      ``clipped_count_stddev`` <= z / 2 with ``adaptive``.
+  """
+  checks.check_range("clip_norm", clip_norm, 0, low_open=True)
+  checks.check_range("noise_multiplier", noise_multiplier, 0)
+  checks.check_bool("adaptive", adaptive)
+  checks.check_range("target_quantile", target_quantile, 0, 1)
+  checks.check_range("clip_learning_rate", clip_learning_rate, 0)
+  if clipped_count_stddev is None:
+    clipped_count_stddev = 5.0 * noise_multiplier
+  else:
+    checks.check_range("clipped_count_stddev", clipped_count_stddev, 0)
+  if not adaptive:
+    update_multiplier, count_stddev = noise_multiplier, 0.0
+  else:
+    if not (checks.is_traced(noise_multiplier)
+            or checks.is_traced(clipped_count_stddev)
+            or noise_multiplier == 0
+            or 2 * clipped_count_stddev > noise_multiplier):
+      raise ValueError(
+          "clipped_count_stddev must exceed noise_multiplier / 2 = "
+          f"{noise_multiplier / 2} with adaptive clipping (the clipped "
+          "count would spend the whole privacy budget), got "
+          f"{clipped_count_stddev}")
+    update_multiplier = update_noise_multiplier(noise_multiplier,
+                                                clipped_count_stddev)
+    count_stddev = clipped_count_stddev
+  stream_stats = functools.partial(clipped_update_stats, max_norm=clip_norm,
+                                   weighted=False)
+
+  def init(global_params):
+    del global_params
+    return DPFedAvgState(jnp.asarray(clip_norm, jnp.float32))
+
+  def finalize(global_params, stats, info, state):
+    clip = state.clip_norm
+    num_real = jnp.maximum(stats.sums.count, 1.0)
+    update_key, count_key = jax.random.split(info.key)
+    # Alg. 1 (2018): noise sigma_dw C on the sum, i.e. / m on the mean.
+    stddev = update_multiplier * clip / num_real
+    update = tree_math.add_update(
+        tree_math.mean_from_sums(stats.sums),
+        gaussian_noise(update_key, global_params, stddev))
+    new_clip = clip
+    if adaptive:
+      # Alg. 1 (2021): noised fraction of unclipped clients, geometric step.
+      unclipped = (stats.sums.count - stats.num_clipped
+                   + count_stddev * jax.random.normal(count_key))
+      new_clip = clip * jnp.exp(-clip_learning_rate
+                                * (unclipped / num_real - target_quantile))
+    new_global, new_state = tree_math.keep_if_no_clients(
+        info.mask, (tree_math.add_update(global_params, update),
+                    DPFedAvgState(new_clip.astype(jnp.float32))),
+        (global_params, state))
+    return new_global, new_state, {
+        "clip_norm": clip, "fraction_clipped": stats.num_clipped / num_real,
+        "noise_stddev": jnp.asarray(stddev, jnp.float32)}
+
+  def aggregate(global_params, client_params, info, state):
+    checks.check_cohort(global_params, client_params, info,
+                        uses_num_examples=False)
+    client_stats = functools.partial(
+        clipped_update_stats, max_norm=state.clip_norm, weighted=False)
+    return finalize(global_params, summed_client_stats(
+        client_stats, global_params, client_params, info), info, state)
+
+  stream = None if adaptive else StreamingForm(stream_stats, finalize)
+  return Aggregator(init, aggregate, stream)

@@ -1,0 +1,121 @@
+"""Privacy accounting (fedjax_agg.privacy) against dp_accounting itself."""
+
+import math
+
+import dp_accounting
+from dp_accounting import pld
+from dp_accounting import rdp
+import numpy as np
+import pytest
+
+from fedjax_agg import privacy
+
+N, M, DELTA = 1000, 50, 1e-5
+WOR = dict(num_clients=N, cohort_size=M, delta=DELTA)
+
+
+def _direct(sigma, rounds, sampling, accountant):
+  """The same events built by hand and composed round by round."""
+  gaussian = dp_accounting.GaussianDpEvent(sigma)
+  if sampling == "poisson":
+    event = dp_accounting.PoissonSampledDpEvent(M / N, gaussian)
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+  else:
+    event = dp_accounting.SampledWithoutReplacementDpEvent(N, M, gaussian)
+    relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+  ledger = (rdp.RdpAccountant(neighboring_relation=relation)
+            if accountant == "rdp"
+            else pld.PLDAccountant(neighboring_relation=relation))
+  values = []
+  for _ in range(rounds):
+    ledger.compose(event)
+    values.append(ledger.get_epsilon(DELTA))
+  return np.asarray(values)
+
+
+@pytest.mark.parametrize("sampling,accountant", [
+    ("without_replacement", "rdp"), ("poisson", "rdp"), ("poisson", "pld")])
+@pytest.mark.parametrize("sigma", [0.8, 2.0])
+def test_epsilons_match_dp_accounting_round_by_round(sampling, accountant,
+                                                     sigma):
+  rounds = 6
+  expected = _direct(sigma, rounds, sampling, accountant)
+  got = privacy.epsilons(sigma, rounds, sampling=sampling,
+                         accountant=accountant, **WOR)
+  assert got.shape == (rounds,)
+  np.testing.assert_allclose(got, expected, rtol=1e-9 if accountant == "rdp"
+                             else 1e-6)
+  # One value composes all rounds at once (PLD: a self-composition, up to
+  # discretization).
+  single = privacy.epsilon(sigma, rounds, sampling=sampling,
+                           accountant=accountant, **WOR)
+  np.testing.assert_allclose(single, expected[-1],
+                             rtol=1e-9 if accountant == "rdp" else 1e-2)
+
+
+def test_full_participation_is_the_plain_gaussian_mechanism():
+  got = privacy.epsilon(1.5, 10, num_clients=20, cohort_size=20,
+                        delta=DELTA, sampling="poisson")
+  ledger = rdp.RdpAccountant()
+  ledger.compose(dp_accounting.GaussianDpEvent(1.5), 10)
+  np.testing.assert_allclose(got, ledger.get_epsilon(DELTA), rtol=1e-12)
+
+
+def test_monotone_in_rounds_and_decreasing_in_sigma():
+  values = privacy.epsilons(1.0, 40, **WOR)
+  assert np.all(np.diff(values) > 0)
+  by_sigma = [privacy.epsilon(s, 20, **WOR) for s in (0.5, 1.0, 1.2, 3.0)]
+  assert np.all(np.diff(by_sigma) < 0)
+  # Fewer clients sampled per round: less privacy spent.
+  assert privacy.epsilon(1.0, 20, num_clients=N, cohort_size=10,
+                         delta=DELTA) < by_sigma[1]
+
+
+def test_zero_noise_gives_infinite_epsilon():
+  assert privacy.epsilon(0.0, 3, **WOR) == math.inf
+  assert np.all(np.isinf(privacy.epsilons(0.0, 3, **WOR)))
+  assert privacy.rounds_for_epsilon(5.0, 0.0, **WOR) == 0
+
+
+@pytest.mark.parametrize("target", [0.5, 2.0, 8.0])
+def test_rounds_for_epsilon_is_the_last_round_within_the_target(target):
+  rounds = privacy.rounds_for_epsilon(target, 1.0, **WOR)
+  values = privacy.epsilons(1.0, rounds + 1, **WOR)
+  if rounds == 0:
+    assert values[0] > target
+  else:
+    assert values[rounds - 1] <= target < values[rounds]
+
+
+def test_rounds_for_epsilon_stops_at_max_rounds():
+  assert privacy.rounds_for_epsilon(1e6, 5.0, max_rounds=37, **WOR) == 37
+
+
+@pytest.mark.parametrize("kwargs,arg", [
+    (dict(noise_multiplier=-1.0), "noise_multiplier"),
+    (dict(noise_multiplier=float("nan")), "noise_multiplier"),
+    (dict(num_rounds=0), "num_rounds"),
+    (dict(num_rounds=2.0), "num_rounds"),
+    (dict(num_clients=0), "num_clients"),
+    (dict(cohort_size=N + 1), "cohort_size"),
+    (dict(cohort_size=0), "cohort_size"),
+    (dict(delta=0.0), "delta"),
+    (dict(delta=1.0), "delta"),
+    (dict(sampling="shuffle"), "sampling"),
+    (dict(accountant="moments"), "accountant"),
+    (dict(accountant="pld"), "accountant='pld'"),
+])
+@pytest.mark.parametrize("function", [privacy.epsilon, privacy.epsilons])
+def test_bad_arguments_name_the_argument(function, kwargs, arg):
+  arguments = dict(noise_multiplier=1.0, num_rounds=3, **WOR)
+  arguments.update(kwargs)
+  with pytest.raises((ValueError, TypeError), match=arg):
+    function(arguments.pop("noise_multiplier"), arguments.pop("num_rounds"),
+             **arguments)
+
+
+def test_rounds_for_epsilon_checks_its_own_arguments():
+  with pytest.raises(ValueError, match="target_epsilon"):
+    privacy.rounds_for_epsilon(0.0, 1.0, **WOR)
+  with pytest.raises(ValueError, match="max_rounds"):
+    privacy.rounds_for_epsilon(1.0, 1.0, max_rounds=0, **WOR)

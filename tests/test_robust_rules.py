@@ -1,0 +1,338 @@
+"""Krum, geometric median (RFA), centered clipping and norm bounding.
+
+Golden tests against independent numpy computations of the papers'
+equations (padding rows hold NaN or 1e30 and must be ignored; rules run
+under ``jax.jit``), and property tests of their identities.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from fedjax_agg import aggregators
+from fedjax_agg import testing
+from tests import agg_testutil as tu
+from tests.agg_testutil import EXAMPLES
+
+K = 6
+MASKS = [[1] * K, [1, 0, 1, 1, 0, 1], [0, 1, 1, 0, 1, 1], [0, 0, 1, 0, 0, 0],
+         [1, 1, 0, 0, 0, 0]]
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(name, items=()):
+  rule = aggregators.get(name, **dict(items))
+  return rule, jax.jit(rule.aggregate)
+
+
+def _run(name, global_params, clients, info, state=None, **kwargs):
+  rule, aggregate = _jitted(name, tuple(sorted(kwargs.items())))
+  state = rule.init(global_params) if state is None else state
+  return aggregate(global_params, clients, info, state)
+
+
+def flat(tree):
+  """One model as a float64 vector (leaves in tree order)."""
+  return np.concatenate([np.asarray(x, np.float64).ravel()
+                         for x in jax.tree.leaves(tree)])
+
+
+def flat_rows(stacked):
+  """[K, ...] models as [K, P] float64."""
+  return np.concatenate([np.asarray(x, np.float64).reshape(x.shape[0], -1)
+                         for x in jax.tree.leaves(stacked)], axis=1)
+
+
+def garbage_cohort(seed, mask, scale=1.0):
+  """Global params, clients with garbage padding rows, info; the real
+  rows' updates [m, P] (float64) and example counts [m]."""
+  rng = np.random.default_rng(seed)
+  global_params = tu.make_params(rng)
+  clients = tu.make_clients(rng, global_params, K, scale=scale)
+  real = np.flatnonzero(np.asarray(mask))
+  counts = rng.integers(1, 30, size=K).astype(np.float64)
+  updates = flat_rows(clients)[real] - flat(global_params)
+  padding = np.flatnonzero(np.asarray(mask) == 0)
+  garbage = {row: (np.nan if i % 2 == 0 else 1e30)
+             for i, row in enumerate(padding)}
+
+  def spoil(leaf):
+    leaf = np.array(leaf)
+    for row, value in garbage.items():
+      leaf[row] = value
+    return jnp.asarray(leaf)
+  counts_in = counts.copy()
+  counts_in[padding] = 1e9
+  info = tu.make_info(np.arange(K), counts_in, mask)
+  return (global_params, jax.tree.map(spoil, clients), info, updates,
+          counts[real])
+
+
+def permute_info(info, perm):
+  """The cohort's per-client fields in the order ``perm``."""
+  return info._replace(**{
+      field: getattr(info, field)[perm] for field in (
+          "client_ids", "num_examples", "mask", "loss_before",
+          "loss_after")})
+
+
+def _assert_update(out, global_params, expected, rtol=1e-5, atol=1e-6):
+  np.testing.assert_allclose(flat(out) - flat(global_params), expected,
+                             rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------
+# Numpy references.
+
+
+def np_sq_distances(updates):
+  return ((updates[:, None, :] - updates[None, :, :]) ** 2).sum(-1)
+
+
+def np_krum(updates, num_byzantine, num_selected):
+  """Blanchard et al. Sec. 4 (Multi-Krum) on [m, P]; clamped counts."""
+  m = updates.shape[0]
+  n = min(max(m - num_byzantine - 2, 1), m - 1)
+  dist = np_sq_distances(updates)
+  scores = np.array([np.sort(np.delete(dist[i], i))[:n].sum()
+                     for i in range(m)])
+  chosen = np.argsort(scores, kind="stable")[:min(num_selected, m)]
+  return updates[chosen].mean(0), chosen
+
+
+def np_geometric_median(updates, alpha, max_iterations, tolerance,
+                        smoothing):
+  """Pillutla et al. Alg. 3 (smoothed Weiszfeld), weights alpha."""
+  alpha = alpha / alpha.sum()
+  z = alpha @ updates
+
+  def objective(z):
+    dist = np.linalg.norm(updates - z, axis=1)
+    return dist, alpha @ dist
+  dist, obj = objective(z)
+  previous, iterations = np.inf, 0
+  while iterations < max_iterations and not (
+      abs(previous - obj) <= tolerance * obj):
+    beta = alpha / np.maximum(smoothing, dist)
+    z = beta @ updates / beta.sum()
+    previous = obj
+    dist, obj = objective(z)
+    iterations += 1
+  return z, iterations, obj
+
+
+def np_centered_clipping(updates, center, radius, num_iterations):
+  """Karimireddy et al. Eq. (CC), iterated from ``center``."""
+  v = center.copy()
+  for _ in range(num_iterations):
+    diff = updates - v
+    dist = np.linalg.norm(diff, axis=1)
+    scale = np.minimum(1.0, radius / np.where(dist > 0, dist, 1.0))
+    v = v + (scale[:, None] * diff).mean(0)
+  return v
+
+
+def np_norm_bounding(updates, counts, max_norm):
+  """Sun et al. Sec. 3: clip to max_norm, FedAvg weights."""
+  norms = np.linalg.norm(updates, axis=1)
+  clipped = updates * np.minimum(1.0, max_norm / norms)[:, None]
+  return counts @ clipped / counts.sum(), np.mean(norms > max_norm)
+
+
+# ---------------------------------------------------------------------------
+# Golden tests.
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("num_byzantine,num_selected",
+                         [(0, 1), (1, 1), (1, 3), (2, 2), (0, K)])
+def test_krum_golden(mask, num_byzantine, num_selected):
+  global_params, clients, info, updates, _ = garbage_cohort(sum(mask), mask)
+  out, _, metrics = _run("krum", global_params, clients, info,
+                         num_byzantine=num_byzantine,
+                         num_selected=num_selected)
+  expected, chosen = np_krum(updates, num_byzantine, num_selected)
+  _assert_update(out, global_params, expected)
+  real = np.flatnonzero(mask)
+  selected = np.zeros(K)
+  selected[real[chosen]] = 1.0
+  np.testing.assert_array_equal(metrics["krum_selected"], selected)
+  assert int(metrics["num_selected"]) == len(chosen)
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_geometric_median_golden(mask):
+  global_params, clients, info, updates, counts = garbage_cohort(
+      7 + sum(mask), mask)
+  out, _, metrics = _run("geometric_median", global_params, clients, info,
+                         max_iterations=50, tolerance=1e-5)
+  expected, _, objective = np_geometric_median(updates, counts, 50, 1e-5,
+                                               1e-6)
+  _assert_update(out, global_params, expected, rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(metrics["gm_objective"], objective, rtol=1e-4)
+
+
+@pytest.mark.parametrize("max_iterations", [1, 3])
+def test_geometric_median_runs_exactly_the_steps_asked(max_iterations):
+  mask = [1, 0, 1, 1, 1, 1]
+  global_params, clients, info, updates, counts = garbage_cohort(3, mask)
+  out, _, metrics = _run("geometric_median", global_params, clients, info,
+                         max_iterations=max_iterations, tolerance=0.0)
+  expected, iterations, _ = np_geometric_median(updates, counts,
+                                                max_iterations, 0.0, 1e-6)
+  assert int(metrics["gm_iterations"]) == iterations == max_iterations
+  _assert_update(out, global_params, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("radius,num_iterations", [(2.0, 1), (3.0, 3),
+                                                   (1e4, 1)])
+def test_centered_clipping_golden_over_two_rounds(mask, radius,
+                                                  num_iterations):
+  global_params, clients, info, updates, _ = garbage_cohort(11, mask)
+  rule, aggregate = _jitted("centered_clipping", tuple(sorted(
+      {"radius": radius, "num_iterations": num_iterations}.items())))
+  state = rule.init(global_params)
+  center = np.zeros_like(updates[0])
+  params = global_params
+  for _ in range(2):
+    new_params, state, _ = aggregate(params, clients, info, state)
+    # The clients' models are fixed: their updates are relative to the
+    # current global model.
+    round_updates = updates + flat(global_params) - flat(params)
+    center = np_centered_clipping(round_updates, center, radius,
+                                  num_iterations)
+    _assert_update(new_params, params, center, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(flat(state.previous_update), center,
+                               rtol=1e-4, atol=1e-5)
+    params = new_params
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("max_norm", [0.5, 6.0, 1e6])
+def test_norm_bounding_golden(mask, max_norm):
+  global_params, clients, info, updates, counts = garbage_cohort(5, mask)
+  out, _, metrics = _run("norm_bounding", global_params, clients, info,
+                         max_norm=max_norm)
+  expected, fraction = np_norm_bounding(updates, counts, max_norm)
+  _assert_update(out, global_params, expected)
+  np.testing.assert_allclose(metrics["fraction_clipped"], fraction)
+
+
+# ---------------------------------------------------------------------------
+# Properties.
+
+SYMMETRIC = [("krum", (("num_byzantine", 1), ("num_selected", 2))),
+             ("geometric_median", ()), ("norm_bounding", ()),
+             ("centered_clipping", (("radius", 1.0),))]
+
+
+@pytest.mark.parametrize("name,items", SYMMETRIC)
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(cohort=testing.cohorts(K), perm_seed=st.integers(0, 2**31))
+def test_permuting_the_clients_changes_nothing(name, items, cohort,
+                                               perm_seed):
+  global_params, clients, info = cohort
+  perm = np.random.default_rng(perm_seed).permutation(K)
+  out, _, _ = _run(name, global_params, clients, info, **dict(items))
+  p_out, _, _ = _run(name, global_params, tu.take_rows(clients, perm),
+                     permute_info(info, perm), **dict(items))
+  tu.assert_trees_close(p_out, out, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(cohort=testing.cohorts(K))
+def test_krum_selecting_every_client_is_the_unweighted_mean(cohort):
+  global_params, clients, info = cohort
+  out, _, _ = _run("krum", global_params, clients, info, num_selected=K)
+  real = np.asarray(info.mask) > 0
+  expected = jax.tree.map(lambda c: np.asarray(c)[real].mean(0), clients)
+  tu.assert_trees_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(seed=st.integers(0, 2**31), num_bad=st.integers(1, 2),
+       distance=st.sampled_from([5.0, 1e3, 1e6]))
+def test_krum_never_selects_far_attackers(seed, num_bad, distance):
+  num = 8
+  rng = np.random.default_rng(seed)
+  global_params = tu.make_params(rng)
+  clients = tu.make_clients(rng, global_params, num, scale=0.1)
+  # The attackers collude: the same far point (each other's nearest).
+  bad = rng.choice(num, size=num_bad, replace=False)
+  clients = jax.tree.map(
+      lambda c: c.at[bad].set(jnp.asarray(c[0]) + distance), clients)
+  info = tu.make_info(np.arange(num) % tu.NUM_CLIENTS, np.ones(num))
+  _, _, metrics = _run("krum", global_params, clients, info,
+                       num_byzantine=num_bad, num_selected=num - num_bad)
+  selected = np.asarray(metrics["krum_selected"])
+  assert selected[bad].sum() == 0
+  assert selected.sum() == num - num_bad
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(seed=st.integers(0, 2**31), size=st.sampled_from([10.0, 1e4, 1e8]))
+def test_geometric_median_moves_less_than_the_mean_for_an_outlier(seed,
+                                                                  size):
+  global_params, clients, info, _, _ = garbage_cohort(seed, [1] * K)
+  info = info._replace(num_examples=jnp.ones(K))
+  attacked = jax.tree.map(lambda c: c.at[0].add(size), clients)
+
+  def moves(name):
+    before, _, _ = _run(name, global_params, clients, info)
+    after, _, _ = _run(name, global_params, attacked, info)
+    return np.linalg.norm(flat(after) - flat(before))
+  assert moves("geometric_median") < 0.5 * moves("fedavg")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(cohort=testing.cohorts(K))
+def test_norm_bounding_with_a_huge_bound_is_fedavg(cohort):
+  global_params, clients, info = cohort
+  out, _, metrics = _run("norm_bounding", global_params, clients, info,
+                         max_norm=1e6)
+  expected, _, _ = _run("fedavg", global_params, clients, info)
+  tu.assert_trees_close(out, expected, rtol=1e-5, atol=1e-5)
+  assert float(metrics["fraction_clipped"]) == 0.0
+
+
+def test_centered_clipping_with_a_huge_radius_is_the_unweighted_mean():
+  global_params, clients, info, updates, _ = garbage_cohort(
+      2, [1, 1, 0, 1, 1, 1])
+  out, state, metrics = _run("centered_clipping", global_params, clients,
+                             info, radius=1e6)
+  _assert_update(out, global_params, updates.mean(0), atol=1e-5)
+  assert float(metrics["fraction_clipped"]) == 0.0
+  # The first round starts from v = 0; the state keeps the aggregate.
+  np.testing.assert_allclose(flat(state.previous_update), updates.mean(0),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_a_single_real_participant_is_its_own_aggregate():
+  mask = [0, 0, 0, 1, 0, 0]
+  global_params, clients, info, updates, _ = garbage_cohort(4, mask)
+  for name in ("krum", "geometric_median", "centered_clipping"):
+    out, _, _ = _run(name, global_params, clients, info)
+    _assert_update(out, global_params, updates[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("name,kwargs,arg", [
+    ("krum", {"num_byzantine": -1}, "num_byzantine"),
+    ("krum", {"num_selected": 0}, "num_selected"),
+    ("krum", {"num_selected": 1.5}, "num_selected"),
+    ("geometric_median", {"max_iterations": 0}, "max_iterations"),
+    ("geometric_median", {"tolerance": -1.0}, "tolerance"),
+    ("geometric_median", {"smoothing": 0.0}, "smoothing"),
+    ("centered_clipping", {"radius": 0.0}, "radius"),
+    ("centered_clipping", {"num_iterations": 0}, "num_iterations"),
+    ("norm_bounding", {"max_norm": -2.0}, "max_norm"),
+])
+def test_bad_arguments_name_the_argument(name, kwargs, arg):
+  with pytest.raises((ValueError, TypeError), match=arg):
+    aggregators.get(name, **kwargs)
