@@ -355,6 +355,11 @@ def run(
   client_state = (() if local_update is None
                   or not isinstance(local_update, rounds.LocalUpdate)
                   else local_update.init(data.num_clients))
+  if checkpointing is not None and clients_lib.uses_host_table(client_state):
+    raise ValueError(
+        "checkpointing: the local update keeps its per-client table in host "
+        "memory (placement='host'), outside the server state, so the run "
+        "cannot be checkpointed; use placement='device' or no checkpoints")
   state = rounds.init_state(params, aggregator, client_state=client_state)
   # Rounds donate their input state; copy it so that the caller's
   # ``init_params`` (which the state may alias) stay valid.

@@ -49,6 +49,7 @@ import numpy as np
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
 from fedjax_agg import checks
+from fedjax_agg import clients
 from fedjax_agg import distributed
 from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import rounds
@@ -294,6 +295,11 @@ def run_sweep(
     client_state = (() if local_update is None
                     else local_update.init(
                         (data[0] if per_seed_data else data).num_clients))
+    if clients.uses_host_table(client_state):
+      raise ValueError(
+          "local_update: a per-client table in host memory "
+          "(placement='host') cannot be vmapped over sweep members; use "
+          "placement='device' or simulation.run per member")
     states.append(rounds.init_state(
         params, built[p][0], client_state=client_state)._replace(
             key=run_key))

@@ -11,7 +11,9 @@ round, checkpointed with the run, and vmapped by sweeps.
 * ``personal_accuracies`` / ``finetuned_accuracies``: personalised
   evaluation on each client's held-out split (``simulation.run`` records
   them when ``Evaluation(personalized=...)`` asks).
-* The table itself: ``Table``, ``init_table``, ``gather``, ``scatter``.
+* The table itself: ``Table``, ``init_table``, ``gather``, ``scatter``;
+  ``placement="host"`` keeps it in host memory or a file (``HostRows``)
+  for populations too large for the device.
 """
 
 from fedjax_agg.clients._common import batch_norm_leaf
@@ -23,6 +25,8 @@ from fedjax_agg.clients._evaluation import personal_accuracies
 from fedjax_agg.clients._evaluation import summarize
 from fedjax_agg.clients._fedbn import fedbn
 from fedjax_agg.clients._fedbn import FedBNState
+from fedjax_agg.clients._host_table import HostRows
+from fedjax_agg.clients._host_table import uses_host_table
 from fedjax_agg.clients._scaffold import correction_objective
 from fedjax_agg.clients._scaffold import scaffold
 from fedjax_agg.clients._scaffold import scaffold_aggregator
@@ -33,7 +37,8 @@ from fedjax_agg.clients._table import scatter
 from fedjax_agg.clients._table import Table
 
 __all__ = [
-    "DittoState", "FedBNState", "ScaffoldState", "Table", "batch_norm_leaf",
+    "DittoState", "FedBNState", "HostRows", "ScaffoldState", "Table",
+    "batch_norm_leaf", "uses_host_table",
     "correction_objective", "ditto", "fedbn", "finetuned_accuracies",
     "gather", "init_table", "personal_accuracies", "proximal_objective",
     "scaffold", "scaffold_aggregator", "scatter", "summarize",

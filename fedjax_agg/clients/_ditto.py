@@ -77,7 +77,8 @@ def ditto(model: Model, training: LocalTraining = LocalTraining(), *,
           personal_training: Optional[LocalTraining] = None,
           clients_per_step: Optional[int] = None,
           mesh: Optional[jax.sharding.Mesh] = None,
-          chunk_loop: str = "map") -> LocalUpdate:
+          chunk_loop: str = "map", placement: str = "device",
+          path: Optional[str] = None) -> LocalUpdate:
   """Ditto's client side as the round's ``LocalUpdate``.
 
   Args:
@@ -89,6 +90,9 @@ def ditto(model: Model, training: LocalTraining = LocalTraining(), *,
       round's learning rates.
     clients_per_step, mesh, chunk_loop: as in
       ``engine.make_local_trainer``.
+    placement, path: where the per-client table lives (``init_table``):
+      "device" (in the server state) or "host" (host memory, or a file at
+      ``path``; for populations whose table does not fit on the device).
 
   Returns:
     A ``LocalUpdate`` with a ``personalize`` (the personal models).
@@ -102,13 +106,14 @@ def ditto(model: Model, training: LocalTraining = LocalTraining(), *,
   else:
     personal_config = _common.with_own_objective(
         "personal_training", personal_training, objective, "ditto")
-  placement = dict(clients_per_step=clients_per_step, mesh=mesh,
-                   chunk_loop=chunk_loop)
-  train = _common.make_trainer(model, training, **placement)
-  train_personal = _common.make_trainer(model, personal_config, **placement)
+  _table.check_placement(placement, path)
+  options = dict(clients_per_step=clients_per_step, mesh=mesh,
+                 chunk_loop=chunk_loop)
+  train = _common.make_trainer(model, training, **options)
+  train_personal = _common.make_trainer(model, personal_config, **options)
 
   def init(num_clients: int) -> DittoState:
-    return DittoState(_table.init_table(num_clients, shapes))
+    return DittoState(_table.init_table(num_clients, shapes, placement, path))
 
   def update(client_state: DittoState, global_params, data, client_ids,
              mask, learning_rates, num_steps, round_num, key):

@@ -49,7 +49,8 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
           is_local: Optional[Callable[[str], bool]] = None,
           clients_per_step: Optional[int] = None,
           mesh: Optional[jax.sharding.Mesh] = None,
-          chunk_loop: str = "map") -> LocalUpdate:
+          chunk_loop: str = "map", placement: str = "device",
+          path: Optional[str] = None) -> LocalUpdate:
   """FedBN's client side as the round's ``LocalUpdate`` (pair it with
   ``aggregators.fedavg()``, or any rule).
 
@@ -60,6 +61,9 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
       "params/bn1/scale"); default ``batch_norm_leaf``.
     clients_per_step, mesh, chunk_loop: as in
       ``engine.make_local_trainer``.
+    placement, path: where the per-client table lives (``init_table``):
+      "device" (in the server state) or "host" (host memory, or a file at
+      ``path``; for populations whose table does not fit on the device).
 
   Returns:
     A ``LocalUpdate`` with a ``personalize`` (each client's model: the
@@ -72,6 +76,7 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
   train = _common.make_trainer(model, training,
                                clients_per_step=clients_per_step, mesh=mesh,
                                chunk_loop=chunk_loop)
+  _table.check_placement(placement, path)
   shapes = _common.model_shapes(model)
   flags = jax.tree.leaves(_common.select_leaves(shapes, is_local))
   if not any(flags):
@@ -83,7 +88,8 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
 
   def init(num_clients: int) -> FedBNState:
     return FedBNState(_table.init_table(
-        num_clients, tuple(shape_leaves[i] for i in positions)))
+        num_clients, tuple(shape_leaves[i] for i in positions), placement,
+        path))
 
   def merged(table, global_params, client_ids):
     """[K] models: the global leaves with each client's local ones."""

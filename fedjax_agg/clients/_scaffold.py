@@ -85,7 +85,8 @@ def correction_objective() -> LocalObjective:
 def scaffold(model: Model, training: LocalTraining = LocalTraining(), *,
              clients_per_step: Optional[int] = None,
              mesh: Optional[jax.sharding.Mesh] = None,
-             chunk_loop: str = "map") -> LocalUpdate:
+             chunk_loop: str = "map", placement: str = "device",
+             path: Optional[str] = None) -> LocalUpdate:
   """SCAFFOLD's client side as the round's ``LocalUpdate``.
 
   Args:
@@ -94,6 +95,9 @@ def scaffold(model: Model, training: LocalTraining = LocalTraining(), *,
       sets its own); the paper uses plain SGD.
     clients_per_step, mesh, chunk_loop: as in
       ``engine.make_local_trainer``.
+    placement, path: where the per-client table lives (``init_table``):
+      "device" (in the server state) or "host" (host memory, or a file at
+      ``path``; for populations whose table does not fit on the device).
 
   Returns:
     A ``LocalUpdate`` whose state is a ``ScaffoldState``; pair it with
@@ -104,12 +108,14 @@ def scaffold(model: Model, training: LocalTraining = LocalTraining(), *,
       model, _common.with_own_objective(
           "training", training, correction_objective(), "scaffold"),
       clients_per_step=clients_per_step, mesh=mesh, chunk_loop=chunk_loop)
+  _table.check_placement(placement, path)
   shapes = _common.model_shapes(model)
   trainable = _common.trainable_leaves(shapes)
 
   def init(num_clients: int) -> ScaffoldState:
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    return ScaffoldState(_table.init_table(num_clients, shapes), zeros)
+    return ScaffoldState(
+        _table.init_table(num_clients, shapes, placement, path), zeros)
 
   def update(client_state: ScaffoldState, global_params, data, client_ids,
              mask, learning_rates, num_steps, round_num, key):

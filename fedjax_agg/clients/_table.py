@@ -22,12 +22,18 @@ memory (optionally a file-backed ``numpy.memmap``, whose untouched rows cost
 no disk) and moves only the cohort's rows per round.
 """
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Table", "gather", "init_table", "scatter"]
+from fedjax_agg import checks
+from fedjax_agg.clients import _host_table
+
+__all__ = ["PLACEMENTS", "Table", "check_placement", "gather", "init_table",
+           "scatter"]
+
+PLACEMENTS = ("device", "host")
 
 
 class Table(NamedTuple):
@@ -41,9 +47,28 @@ class Table(NamedTuple):
   seen: jax.Array
 
 
-def init_table(num_clients: int, row_shapes: Any) -> Table:
+def check_placement(placement: str, path: Optional[str]) -> None:
+  """``placement`` is one of ``PLACEMENTS``; ``path`` only for "host"."""
+  checks.check_choice("placement", placement, PLACEMENTS)
+  if path is not None and placement != "host":
+    raise ValueError("path is for placement='host' (a file-backed table), "
+                     f"got placement={placement!r}")
+  if path is not None and not isinstance(path, str):
+    raise TypeError(f"path must be a file path string, got {path!r}")
+
+
+def init_table(num_clients: int, row_shapes: Any, placement: str = "device",
+               path: Optional[str] = None):
   """A table of ``num_clients`` zero rows shaped like ``row_shapes`` (a
-  pytree of arrays or ``jax.ShapeDtypeStruct``), none seen."""
+  pytree of arrays or ``jax.ShapeDtypeStruct``), none seen.
+
+  ``placement`` "device": a ``Table`` in the server state; "host": a
+  ``HostRows`` whose rows stay in host memory (``path``: in a file-backed
+  memmap), see ``_host_table``.
+  """
+  check_placement(placement, path)
+  if placement == "host":
+    return _host_table.host_table(num_clients, row_shapes, path)
   rows = jax.tree.map(
       lambda s: jnp.zeros((num_clients,) + tuple(s.shape), s.dtype),
       row_shapes)
@@ -53,10 +78,13 @@ def init_table(num_clients: int, row_shapes: Any) -> Table:
 def gather(table: Table, client_ids: jax.Array, default: Any = None) -> Any:
   """Rows of ``client_ids`` ([K]); clients never seen read ``default`` (a
   pytree shaped like one row, broadcast) when it is given. -> [K, ...]."""
-  rows = jax.tree.map(lambda leaf: leaf[client_ids], table.rows)
+  if isinstance(table, _host_table.HostRows):
+    rows, seen = _host_table.host_gather(table, client_ids)
+  else:
+    rows = jax.tree.map(lambda leaf: leaf[client_ids], table.rows)
+    seen = table.seen[client_ids]
   if default is None:
     return rows
-  seen = table.seen[client_ids]
 
   def leaf(stacked, single):
     shape = (-1,) + (1,) * (stacked.ndim - 1)
@@ -72,6 +100,8 @@ def scatter(table: Table, client_ids: jax.Array, rows: Any,
   Rows not written (padding, non-finite) are dropped, never written back
   with an old value, so duplicate ids among them are harmless.
   """
+  if isinstance(table, _host_table.HostRows):
+    return _host_table.host_scatter(table, client_ids, rows, write)
   num_clients = table.seen.shape[0]
   index = jnp.where(write, client_ids, num_clients)
   new_rows = jax.tree.map(
