@@ -97,6 +97,10 @@ CONFIG_KEYS = {
     "attack_arg": "attack.args",
     "attack_fraction": "attack.fraction",
     "adversaries": "attack.adversaries",
+    "dp_delta": "privacy.delta",
+    "dp_accountant": "privacy.accountant",
+    "dp_sampling": "privacy.sampling",
+    "target_epsilon": "privacy.target_epsilon",
 }
 # A name flag -> the key of the arguments that belong to the old name.
 _ARGUMENTS_OF = {"aggregator": "aggregator_args",
@@ -238,6 +242,17 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
   add("--adversaries", default=None, choices=ADVERSARY_MODES,
       help="per_round: floor(fraction m) of each round's m participants; "
       "fixed: a set of clients drawn once (default per_round)")
+  add("--dp-delta", type=float, default=None,
+      help="with --aggregator dp_fedavg: delta of the epsilon recorded "
+      "after every round (default 1e-5)")
+  add("--dp-accountant", default=None, choices=("rdp", "pld"),
+      help="with dp_fedavg: privacy accountant (default rdp)")
+  add("--dp-sampling", default=None,
+      choices=("without_replacement", "poisson"),
+      help="with dp_fedavg: fixed-size cohorts (default) or Poisson "
+      "cohorts, accounted as drawn")
+  add("--target-epsilon", type=float, default=None,
+      help="with dp_fedavg: end the run before epsilon passes this")
   add("--rounds", type=int, default=10, help="R: rounds")
   add("--participation", type=float, default=0.1,
       help="C: fraction of clients per round")

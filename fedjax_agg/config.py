@@ -28,8 +28,9 @@ import optax
 from fedjax_agg import checks
 from fedjax_agg.types import LocalObjective, PRNGKey
 
-__all__ = ["Checkpointing", "Evaluation", "Execution", "LocalStepsFn",
-           "LocalTraining", "NonFinite", "OptimizerFactory"]
+__all__ = ["ACCOUNTANTS", "Checkpointing", "Evaluation", "Execution",
+           "LocalStepsFn", "LocalTraining", "NonFinite", "OptimizerFactory",
+           "Privacy", "SAMPLINGS"]
 
 OptimizerFactory = Callable[..., optax.GradientTransformation]
 # (key, full_steps [K]) -> num_steps [K]: per-round local step budgets
@@ -254,3 +255,46 @@ class NonFinite:
     if self.model not in NONFINITE_MODEL:
       raise ValueError(f"model must be one of {NONFINITE_MODEL}, got "
                        f"{self.model!r}")
+
+
+SAMPLINGS = ("without_replacement", "poisson")
+ACCOUNTANTS = ("rdp", "pld")
+
+
+@dataclasses.dataclass(frozen=True)
+class Privacy:
+  """Differential-privacy accounting of a run (``fedjax_agg.privacy``).
+
+  The run records epsilon at ``delta`` after every round (column
+  ``epsilon``) for the cohorts it actually draws, and ends early, after
+  the last round whose epsilon stays within ``target_epsilon``.
+
+  Attributes:
+    noise_multiplier: z of the rule's Gaussian noise (e.g.
+      ``aggregators.dp_fedavg``'s ``noise_multiplier``: the same value).
+    delta: in (0, 1).
+    accountant: "rdp" or "pld" (PLD: Poisson sampling only).
+    sampling: "without_replacement": the run's cohorts of m = floor(C N)
+      distinct clients; "poisson": every client joins each round with
+      probability q = m / N (the run then draws Poisson cohorts, padded
+      to a fixed capacity, ``sampling.poisson_capacity``).
+    target_epsilon: stop before epsilon would exceed it (None: never).
+  """
+  noise_multiplier: float
+  delta: float = 1e-5
+  accountant: str = "rdp"
+  sampling: str = "without_replacement"
+  target_epsilon: Optional[float] = None
+
+  def __post_init__(self):
+    checks.check_range("noise_multiplier", self.noise_multiplier, 0)
+    checks.check_range("delta", self.delta, 0, 1, low_open=True,
+                       high_open=True)
+    checks.check_choice("accountant", self.accountant, ACCOUNTANTS)
+    checks.check_choice("sampling", self.sampling, SAMPLINGS)
+    if self.accountant == "pld" and self.sampling != "poisson":
+      raise ValueError("accountant='pld' needs sampling='poisson' (the PLD "
+                       "accountant has no fixed-size sampling)")
+    if self.target_epsilon is not None:
+      checks.check_range("target_epsilon", self.target_epsilon, 0,
+                         low_open=True)

@@ -82,6 +82,7 @@ from fedjax_agg.config import Checkpointing
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
+from fedjax_agg.config import Privacy
 
 __all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
     "ConfigError", "ConfigTypeError",
@@ -195,12 +196,18 @@ class ConfigTypeError(ConfigError, TypeError):
 # The keys of each part of a config (see the module docstring);
 # "provenance" is what ``run_record`` adds to the configs it writes.
 TOP_KEYS = ("name", "dataset", "partition", "model", "train", "algorithms",
-            "seeds", "target_accuracy", "vmap_seeds", "attack", "provenance")
+            "seeds", "target_accuracy", "vmap_seeds", "attack", "privacy",
+            "provenance")
 # "attack": simulated malicious clients (``fedjax_agg.attacks``) in every
 # algorithm's runs: the attack's registered name and arguments, the
 # fraction of malicious clients, and whether they are a fixed set (drawn
 # once from "seed") or drawn anew from each round's cohort.
 ATTACK_KEYS = ("name", "args", "fraction", "adversaries", "seed")
+# "privacy": the accounting of dp_fedavg algorithms (``config.Privacy``;
+# the noise multiplier is the rule's own). Every dp_fedavg run records
+# epsilon, with these defaults when the block is absent.
+PRIVACY_KEYS = ("delta", "accountant", "sampling", "target_epsilon")
+PRIVATE_AGGREGATORS = ("dp_fedavg",)
 ATTACK_DEFAULTS = {"args": {}, "fraction": 0.1, "adversaries": "per_round",
                    "seed": 0}
 ADVERSARY_MODES = ("per_round", "fixed")
@@ -511,6 +518,41 @@ def _check_attack(config: dict) -> None:
     raise ConfigError("attack.args", f"attack.args: {error}") from None
 
 
+def _check_privacy(config: dict) -> None:
+  if config.get("privacy") is None:
+    return
+  block = _check_keys("privacy", config["privacy"], PRIVACY_KEYS)
+  if not any(spec.get("aggregator") in PRIVATE_AGGREGATORS
+             for spec in config["algorithms"].values()):
+    path = f"privacy.{next(iter(block))}" if block else "privacy"
+    raise ConfigError(path, f"{path}: privacy accounting needs an algorithm "
+                      f"with a private aggregator {PRIVATE_AGGREGATORS}")
+  for key, value in block.items():
+    try:
+      Privacy(1.0, **{key: value})
+    except TypeError as error:
+      raise ConfigTypeError(f"privacy.{key}",
+                            f"privacy.{key}: {error}") from None
+    except ValueError as error:
+      raise ConfigError(f"privacy.{key}", f"privacy.{key}: {error}") from None
+  try:
+    Privacy(1.0, **block)
+  except ValueError as error:
+    raise ConfigError("privacy.accountant",
+                      f"privacy.accountant: {error}") from None
+
+
+def run_privacy(config: dict, algorithm: str) -> Optional[Privacy]:
+  """The accounting of ``algorithm``'s runs (None for a non-private rule):
+  the config's "privacy" block with the rule's noise multiplier."""
+  spec = config["algorithms"][algorithm]
+  if spec.get("aggregator") not in PRIVATE_AGGREGATORS:
+    return None
+  aggregator_args, _ = rule_arguments(config, algorithm)
+  return Privacy(aggregator_args["noise_multiplier"],
+                 **(config.get("privacy") or {}))
+
+
 def attack_update(config: dict, model, training: LocalTraining,
                   execution: Execution, num_clients: int):
   """The run's local update with the config's attack, or None."""
@@ -559,6 +601,7 @@ def check_config(config: dict) -> None:
   _check_bool("vmap_seeds", config.get("vmap_seeds", False))
   _check_attack(config)
   algorithms = _check_mapping("algorithms", config["algorithms"])
+  _check_privacy(config)
   if not algorithms:
     raise ConfigError("algorithms", "algorithms must name at least one "
                       "algorithm")
@@ -642,6 +685,10 @@ def resolve_config(config: dict) -> dict:
         if arg not in filled or arg in spec.get("aggregator_args", {})}
     spec["objective"] = spec.get("objective", "cross_entropy")
     spec["objective_args"] = objective_args
+  if config.get("privacy") is not None:
+    resolved["privacy"] = {
+        **{k: v for k, v in dataclasses.asdict(Privacy(1.0)).items()
+           if k in PRIVACY_KEYS}, **config["privacy"]}
   if config.get("attack") is not None:
     attack = {**ATTACK_DEFAULTS, **config["attack"]}
     attack["args"] = {
@@ -729,6 +776,9 @@ def run_record(config: dict, dataset: Optional[data_lib.Dataset] = None,
                    "objective": resolved["algorithms"][name]["objective"],
                    "objective_args": objective_args,
                    "train": _train_config(config, name)}
+    privacy = run_privacy(config, name)
+    if privacy is not None:
+      rules[name]["privacy"] = dataclasses.asdict(privacy)
   resolved["provenance"] = {
       "data": (None if dataset is None else
                describe_data(config, dataset, resolved["seeds"], indices)),
@@ -853,7 +903,7 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
       arguments["execution"], arguments["data"].num_clients)
   return simulation.run(aggregator=built, seed=seed,
                         checkpointing=checkpointing, callbacks=callbacks,
-                        **arguments)
+                        privacy=run_privacy(config, algorithm), **arguments)
 
 
 # Fewer DDPG steps than this over a run leave FedDRL's agent near its
@@ -992,6 +1042,11 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
   arguments["data"] = [p[0] for p in prepared]
   arguments["execution"] = dataclasses.replace(arguments["execution"],
                                                progress=progress)
+  if run_privacy(config, algorithm) is not None:
+    raise ConfigError(
+        f"algorithms.{algorithm}.aggregator",
+        f"algorithms.{algorithm}: privacy accounting runs one seed at a "
+        "time; run dp_fedavg without --seeds / vmap_seeds")
   if config.get("attack") is not None:
     # One attacked local update for every member: its objective is the
     # algorithm's own, so a grid may not change the objective.

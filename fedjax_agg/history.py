@@ -161,6 +161,9 @@ def client_row(round_num: int, out, with_losses: bool = True) -> dict:
   if with_losses:
     row["loss_before"] = np.asarray(out.loss_before)
     row["loss_after"] = np.asarray(out.loss_after)
+  mask = np.asarray(out.mask)
+  if (mask == 0).any():  # Padding rows (Poisson cohorts): say which.
+    row["mask"] = mask
   row["steps_taken"] = np.asarray(out.steps_taken)
   row.update({k: np.asarray(v) for k, v in out.metrics.items()
               if np.ndim(v) > 0})

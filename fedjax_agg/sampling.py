@@ -21,14 +21,15 @@ half the population, and uses rejection otherwise.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_agg.types import PRNGKey
 
-__all__ = ["AUTO_THRESHOLD", "METHODS", "resolve_method",
-    "sample_without_replacement"]
+__all__ = ["AUTO_THRESHOLD", "METHODS", "poisson_capacity", "poisson_cohort",
+    "resolve_method", "sample_without_replacement"]
 
 METHODS = ("auto", "permutation", "rejection")
 AUTO_THRESHOLD = 2 ** 16
@@ -105,3 +106,35 @@ def sample_without_replacement(key: PRNGKey, num_clients: int,
     return jax.random.choice(key, num_clients, (cohort_size,),
                              replace=False).astype(jnp.int32)
   return _rejection(key, num_clients, cohort_size)
+
+
+def poisson_capacity(num_clients: int, rate: float,
+                     num_stddevs: float = 6.0) -> int:
+  """Rows of a Poisson cohort: min(N, ceil(qN + s sqrt(qN(1 - q))) + 1).
+
+  A draw larger than that (probability below 1e-8 per round for s = 6)
+  is refused by the caller, never truncated (truncation would change the
+  sampling the privacy accounting assumes).
+  """
+  mean = rate * num_clients
+  spread = num_stddevs * math.sqrt(max(mean * (1.0 - rate), 0.0))
+  return int(min(num_clients, math.ceil(mean + spread) + 1))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3))
+def poisson_cohort(key: PRNGKey, num_clients: int, rate: jax.Array,
+                   capacity: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Poisson sampling: every client joins independently with probability
+  ``rate``.
+
+  Returns:
+    ``(client_ids [capacity] int32, mask [capacity] float32, count [])``:
+    the ``count`` sampled ids in increasing order with mask 1, then
+    padding rows (other ids, mask 0). ``count > capacity`` means the draw
+    did not fit (the first ``capacity`` are returned; callers refuse it).
+  """
+  joins = jax.random.uniform(key, (num_clients,)) < rate
+  order = jnp.argsort(~joins, stable=True)[:capacity].astype(jnp.int32)
+  count = jnp.sum(joins).astype(jnp.int32)
+  mask = (jnp.arange(capacity) < count).astype(jnp.float32)
+  return order, mask, count

@@ -22,8 +22,10 @@ per-client arrays; ``history.HistoryWriter`` writes the history files that
 way as the run goes.
 """
 
+import dataclasses
 import sys
 import time
+import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
@@ -38,9 +40,11 @@ from fedjax_agg import distributed
 from fedjax_agg import engine
 from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import history as history_lib
+from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import rounds
+from fedjax_agg import sampling as sampling_lib
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
-                               LocalTraining, NonFinite)
+                               LocalTraining, NonFinite, Privacy)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.types import Aggregator, Model, Params
@@ -304,6 +308,7 @@ def run(
     checkpointing: Optional[Checkpointing] = None,
     callbacks: Sequence[Callback] = (),
     config: Optional[dict] = None,
+    privacy: Optional[Privacy] = None,
 ) -> RunResult:
   """Runs ``num_rounds`` rounds of federated training.
 
@@ -335,6 +340,10 @@ def run(
     callbacks: called with each history row (module docstring).
     config: extra key/values recorded in the history's config (and in the
       checkpoint fingerprint).
+    privacy: differential-privacy accounting (``config.Privacy``): the
+      ``epsilon`` column after every round, Poisson cohorts when it says
+      so, and an early end before epsilon passes its target (the history's
+      config then says at which round and why).
 
   Returns:
     ``RunResult(history, final_state)``.
@@ -346,6 +355,16 @@ def run(
   _check_rounds(num_rounds)
   _check_per_client_evaluation(evaluation, data, local_update)
   cohort_size = rounds.num_sampled(data.num_clients, participation)
+  if privacy is not None and not isinstance(privacy, Privacy):
+    raise TypeError(f"privacy must be a config.Privacy, got "
+                    f"{type(privacy).__name__}")
+  accounting = _privacy_accounting(privacy, data.num_clients, participation,
+                                   cohort_size, num_rounds)
+  num_rounds = accounting.get("rounds_run", num_rounds)
+  poisson = privacy is not None and privacy.sampling == "poisson"
+  if poisson:
+    rate = cohort_size / data.num_clients  # q = m / N
+    capacity = sampling_lib.poisson_capacity(data.num_clients, rate)
   init_key, run_key = seed_keys(seed)
   params = model.init(init_key) if init_params is None else init_params
   test_x, test_y = (jnp.asarray(a) for a in test_data)
@@ -372,6 +391,7 @@ def run(
         "seed": seed, "evaluation": evaluation, "model": model,
         "aggregator": aggregator, "local_update": local_update,
         "nonfinite": nonfinite, "init_params": init_params,
+        "privacy": privacy,
         "data": checkpoint.data_fingerprint(data),
         "test_data": checkpoint.data_fingerprint(test_data),
         "config": config}, state, run_key, num_rounds)
@@ -390,10 +410,24 @@ def run(
       local_update=local_update, nonfinite=nonfinite.clients,
       donate_state=True)
   sample_keys = cohort_keys(run_key, num_rounds)
-  mask = place(jnp.ones((cohort_size,), jnp.float32))
+  full_mask = place(jnp.ones((cohort_size,), jnp.float32))
   compiled = []
 
-  def round_step(state, cohort):
+  def sample(r):
+    if not poisson:
+      return place(rounds.sample_cohort(
+          sample_keys[r], data.num_clients, cohort_size, execution.sampler)),
+    cohort, mask, count = sampling_lib.poisson_cohort(
+        sample_keys[r], data.num_clients, rate, capacity)
+    if int(count) > capacity:
+      raise RuntimeError(
+          f"round {r + 1}: the Poisson cohort drew {int(count)} clients, "
+          f"more than its capacity {capacity}; refusing to truncate it "
+          "(that would change the sampling the accounting assumes)")
+    return place(cohort), place(mask)
+
+  def round_step(state, drawn):
+    cohort, mask = drawn if len(drawn) == 2 else (drawn[0], full_mask)
     if not compiled:  # hosts start their first round together
       distributed.compile_together(round_fn, state, data, cohort, mask)
       compiled.append(True)
@@ -403,7 +437,12 @@ def run(
       # replicated again, so that the next round reuses this compilation.
       state = place(state)
     jax.block_until_ready(state.params)
-    return state, distributed.to_numpy(out)  # gathered from other hosts
+    out = distributed.to_numpy(out)  # gathered from other hosts
+    if "epsilons" in accounting:
+      out = out._replace(metrics={
+          **out.metrics,
+          "epsilon": accounting["epsilons"][int(state.round) - 1]})
+    return state, out
 
   # One process: every evaluation batch is split over the round's devices
   # (params replicated there). Several: evaluated on one local device.
@@ -457,8 +496,7 @@ def run(
 
   driver = Driver(
       round_step=round_step,
-      sample=lambda r: place(rounds.sample_cohort(
-          sample_keys[r], data.num_clients, cohort_size, execution.sampler)),
+      sample=sample,
       evaluate=evaluate, member_output=lambda out, m: out,
       member_state=lambda state, m: state, num_members=1,
       nonfinite=nonfinite, evaluation=evaluation,
@@ -479,5 +517,40 @@ def run(
                  "seed": seed, "num_clients": data.num_clients,
                  "num_classes": num_classes,
                  "num_devices": 1 if mesh is None else mesh.size}
+  if privacy is not None:
+    base_config["privacy"] = {
+        **dataclasses.asdict(privacy),
+        **{k: v for k, v in accounting.items() if k != "epsilons"}}
   base_config.update(config or {})
   return RunResult(History(rows[0], client_rows[0], base_config), state)
+
+
+def _privacy_accounting(privacy: Optional[Privacy], num_clients: int,
+                        participation: float, cohort_size: int,
+                        num_rounds: int) -> dict:
+  """Epsilon after each round, and where the target ends the run."""
+  if privacy is None or num_rounds == 0:
+    return {}
+  del participation  # Poisson rate q = m / N, as the sampler draws.
+  kwargs = dict(num_clients=num_clients, delta=privacy.delta,
+                sampling=privacy.sampling, accountant=privacy.accountant,
+                cohort_size=cohort_size)
+  epsilons = privacy_lib.epsilons(privacy.noise_multiplier, num_rounds,
+                                  **kwargs)
+  out = {"epsilons": epsilons, "requested_rounds": num_rounds}
+  if privacy.target_epsilon is not None:
+    allowed = int(np.sum(epsilons <= privacy.target_epsilon))
+    if allowed == 0:
+      raise ValueError(
+          f"privacy: a single round already costs epsilon="
+          f"{epsilons[0]:.4g} > target_epsilon={privacy.target_epsilon}")
+    if allowed < num_rounds:
+      warnings.warn(
+          f"privacy: epsilon passes target_epsilon="
+          f"{privacy.target_epsilon} after round {allowed}; the run ends "
+          f"there instead of at round {num_rounds}", stacklevel=3)
+      out["rounds_run"] = allowed
+      out["stopped_by"] = "target_epsilon"
+  out["final_epsilon"] = float(epsilons[out.get("rounds_run",
+                                                num_rounds) - 1])
+  return out

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -343,3 +344,41 @@ def test_tiny_attacked_run_records_the_attack_and_the_malicious(tmp_path,
   assert [row.get("num_malicious") for row in history["rows"]][1:] == [2.0]
   malicious = history["clients"][0]["malicious"]
   assert sorted(malicious) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_tiny_dp_run_records_epsilon_and_stops_at_the_target(tmp_path,
+                                                             capsys):
+  from fedjax_agg import privacy
+  want = privacy.epsilons(0.7, 4, num_clients=4, cohort_size=2,
+                          delta=1e-6)
+  target = float((want[1] + want[2]) / 2)  # allows exactly 2 rounds
+  out = tmp_path / "run"
+  with pytest.warns(UserWarning, match="target_epsilon"):
+    assert cli.main(TINY + [
+        "--out", str(out), "--rounds", "4", "--aggregator", "dp_fedavg",
+        "--agg-arg", "noise_multiplier=0.7", "--target-epsilon",
+        str(target), "--dp-delta", "1e-6"]) == 0
+  capsys.readouterr()
+  record = _strict((out / "config.json").read_text())
+  experiment.check_config(record)
+  assert record["privacy"]["delta"] == 1e-6
+  assert record["provenance"]["algorithms"]["dp_fedavg"]["privacy"][
+      "noise_multiplier"] == 0.7
+  history = _strict((out / "history.json").read_text())
+  got = [row["epsilon"] for row in history["rows"][1:]]
+  np.testing.assert_allclose(got, want[:2], rtol=1e-12)
+  assert history["config"]["privacy"]["stopped_by"] == "target_epsilon"
+  assert history["config"]["privacy"]["rounds_run"] == 2
+
+
+@pytest.mark.parametrize("flags,flag", [
+    (["--target-epsilon", "5"], "--target-epsilon"),
+    (["--aggregator", "dp_fedavg", "--target-epsilon", "-1"],
+     "--target-epsilon"),
+    (["--aggregator", "dp_fedavg", "--dp-delta", "2"], "--dp-delta"),
+    (["--aggregator", "dp_fedavg", "--dp-accountant", "pld"],
+     "--dp-accountant"),
+])
+def test_privacy_flag_errors_name_the_flag(flags, flag, tmp_path, capsys):
+  line = _error_line(capsys, TINY + ["--out", str(tmp_path / "r")] + flags)
+  assert flag in line, line
