@@ -15,7 +15,8 @@ import numpy as np
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Model, Params
 
-__all__ = ["client_accuracies", "holdout_split"]
+__all__ = ["balanced_indices", "client_accuracies", "holdout_split",
+           "shared_split"]
 
 
 def _pack(rows: list[np.ndarray]) -> tuple[jax.Array, jax.Array]:
@@ -60,6 +61,39 @@ def holdout_split(data: FederatedData, fraction: float = 0.2, seed: int = 0
   train = FederatedData(data.x, data.y, *_pack(train_rows))
   validation = FederatedData(data.x, data.y, *_pack(val_rows))
   return train, validation
+
+
+def balanced_indices(labels, per_class: int, seed: int = 0) -> np.ndarray:
+  """``per_class`` examples of every class, drawn without replacement
+  (seeded), sorted. -> [C * per_class] indices into ``labels``."""
+  labels = np.asarray(labels)
+  if per_class < 1:
+    raise ValueError(f"per_class must be >= 1, got {per_class!r}")
+  rng = np.random.default_rng(seed)
+  picked = []
+  for label in np.unique(labels):
+    members = np.flatnonzero(labels == label)
+    if len(members) < per_class:
+      raise ValueError(f"per_class={per_class}: class {label} has only "
+                       f"{len(members)} examples")
+    picked.append(rng.choice(members, per_class, replace=False))
+  return np.sort(np.concatenate(picked))
+
+
+def shared_split(examples: tuple, num_clients: int) -> FederatedData:
+  """One (x, y) set as every client's split: ``FederatedData`` over those
+  arrays whose N index rows all list every example (e.g. a validation set
+  held by the server, the same for all clients)."""
+  x, y = examples
+  count = len(y)
+  if count < 1 or len(x) != count:
+    raise ValueError(f"examples must be a non-empty (x, y) of equal "
+                     f"lengths, got {len(x)} and {count}")
+  return FederatedData(
+      jnp.asarray(x), jnp.asarray(y, jnp.int32),
+      jnp.broadcast_to(jnp.arange(count, dtype=jnp.int32),
+                       (num_clients, count)),
+      jnp.full((num_clients,), count, jnp.int32))
 
 
 def client_accuracies(model: Model, stacked_params: Params,

@@ -73,6 +73,9 @@ def sequential_adct(model, params, x, y, train_ix, val_ix, key, target,
 
 @functools.lru_cache(maxsize=None)
 def _tuner(**kwargs):
+  """The gamma reading with target 0 in round 1 (the tests below were
+  written for it); the defaults have their own tests."""
+  kwargs = {"threshold_mode": "absolute", "round_one": "first", **kwargs}
   return adct(tiny_model(), grid=GRID, batch_size=BATCH,
                        clients_per_step=8, **kwargs)
 
@@ -176,6 +179,60 @@ def test_search_mask_threshold_modes_and_step():
       [True, False, False, False, True])
   assert mask(previous, accuracy, 0.8, 10, 50.0, 5, "absolute").all()
   assert mask(previous, accuracy, 0.8, 10, 0.0, 5, "relative").all()
+  # Mean (Algorithm 1 as printed, the default): Acc <= 0.8, gamma unused.
+  for gamma in (0.0, 50.0, 100.0):
+    np.testing.assert_array_equal(
+        mask(previous, accuracy, 0.8, 3, gamma, 5, "mean"),
+        [True, True, False, True, True])
+  # No mean yet (NaN before round 1): only the clients without a
+  # configuration, or the step, trigger.
+  np.testing.assert_array_equal(
+      mask(previous, accuracy, jnp.nan, 3, 50.0, 5, "mean"),
+      [False, False, False, False, True])
+  assert mask(previous, accuracy, jnp.nan, 5, 50.0, 5, "mean").all()
+
+
+def test_round_one_searches_the_whole_grid_and_keeps_the_best():
+  model, params, x, y, train_data, val_data = _setup()
+  tuner = adct(model, grid=GRID, batch_size=BATCH, clients_per_step=8)
+  state = tuner.init(5)
+  assert np.isnan(state.mean_accuracy)
+  out, new_state, _ = tuner.train(state, params, train_data, val_data,
+                                  jnp.arange(5), jnp.ones(5), jnp.int32(1),
+                                  jax.random.key(3))
+  assert np.asarray(out.searched).all()
+  np.testing.assert_array_equal(
+      out.config_index, np.argmax(np.asarray(out.candidate_accuracy), 1))
+  assert len(set(np.asarray(out.config_index).tolist())) > 1 or (
+      int(out.config_index[0]) != 0)  # not everyone locked to grid[0]
+  assert np.isfinite(new_state.mean_accuracy)
+  # The legacy reading keeps grid[0] for everyone.
+  legacy, _, _ = _tuner().train(_tuner().init(5), params, train_data,
+                                val_data, jnp.arange(5), jnp.ones(5),
+                                jnp.int32(1), jax.random.key(3))
+  np.testing.assert_array_equal(legacy.config_index, 0)
+
+
+def test_server_validation_measures_every_client_on_the_same_set():
+  data, x, y = learnable_data()
+  model = tiny_model()
+  picked = validation.balanced_indices(y, per_class=4, seed=0)
+  assert len(picked) == 4 * len(np.unique(y))
+  np.testing.assert_array_equal(np.bincount(np.asarray(y)[picked]), 4)
+  server = (np.asarray(x)[picked], np.asarray(y)[picked])
+  result = drivers.run_adct(
+      model, data, (x, y), aggregators.fedavg(),
+      adct(model, grid=GRID, batch_size=BATCH, clients_per_step=8),
+      num_rounds=2, participation=0.6, measure_on="server",
+      server_validation=server, execution=Execution(progress=False))
+  for row in result.history.client_rows:
+    acc = np.asarray(row["adct_accuracy"]) * len(picked)
+    np.testing.assert_allclose(acc, np.round(acc), atol=1e-4)
+  with pytest.raises(ValueError, match="server_validation"):
+    drivers.run_adct(model, data, (x, y), aggregators.fedavg(), _tuner(),
+                     num_rounds=1, measure_on="server")
+  with pytest.raises(ValueError, match="per_class"):
+    validation.balanced_indices(y, per_class=10_000)
 
 
 def test_trigger_on_global_model_accuracy():
@@ -263,6 +320,8 @@ def test_bad_arguments_are_named():
     adct(model, threshold_mode="x")
   with pytest.raises(ValueError, match="trigger_accuracy"):
     adct(model, trigger_accuracy="x")
+  with pytest.raises(ValueError, match="round_one"):
+    adct(model, round_one="last")
   data, x, y = learnable_data()
   with pytest.raises(ValueError, match="measure_on"):
     drivers.run_adct(model, data, (x, y), aggregators.fedavg(), _tuner(),

@@ -45,7 +45,8 @@ def _history(name):
   aggregator = _aggregator(name, data.num_clients)
   if name == "adct":
     tuner = client_selection.adct(
-        model, grid=[(0.05, 1), (0.2, 1), (0.2, 2)], batch_size=3)
+        model, grid=[(0.05, 1), (0.2, 1), (0.2, 2)], batch_size=3,
+        threshold_mode="absolute", round_one="first")
     history = drivers.run_adct(
         model, data, (x, y), aggregator, tuner, num_rounds=ROUNDS,
         participation=0.6, seed=4,

@@ -6,7 +6,7 @@ Data Sciences 5(2), 2024.
 
 Algorithm 1, for client k at round t (1-based):
 
-  line 16: search if  Acc_k <= threshold  or  t mod s == 0;
+  line 16: search if  Acc_k <= mean accuracy  or  t mod s == 0;
   lines 17-22: train one candidate per (lr, epochs) of the grid, in order,
     and keep the first whose accuracy reaches the mean client accuracy of
     the last round (line 10), else the most accurate one;
@@ -18,22 +18,30 @@ share its data order) and evaluated in one vmapped pass; the choice above is
 then made for all clients at once (``select_configs``), and equals the
 sequential loop's.
 
-Interpretation choices:
+Interpretation choices (each an option, the default first):
 
-* gamma (``accuracy_threshold``, in %) is the threshold of line 16:
-  ``threshold_mode="absolute"`` searches when Acc_k <= gamma / 100;
-  "relative" when Acc_k <= (gamma / 100) * mean accuracy of the last round.
-* Acc_k is, by default, the accuracy of the model client k kept the last time
-  it trained (line 18 overwrites it; ``trigger_accuracy="last"``), or, with
-  "global", the incoming global model's accuracy on the client's data.
+* The trigger of line 16 (``threshold_mode``): "mean", as printed in
+  Algorithm 1: Acc_k <= the mean client accuracy of the last round (gamma
+  is then unused); the text's gamma reading, "absolute": Acc_k <= gamma /
+  100; or "relative": Acc_k <= (gamma / 100) * mean accuracy.
+* Round 1 (``round_one``): the success target (the last round's mean
+  accuracy) does not exist yet. "best": every client searches the whole
+  grid and keeps its most accurate candidate; "first": the target is taken
+  as 0, so every client keeps grid[0] (the smallest learning rate of
+  Table 1; the earlier reading, kept for comparison).
+* Acc_k is, by default, the accuracy of the model client k kept the last
+  time it trained (line 18 overwrites it; ``trigger_accuracy="last"``), or,
+  with "global", the incoming global model's accuracy on the client's data.
   A client that has no configuration yet always searches.
 * Accuracies are measured on ``eval_data``: the held-out part of each
-  client's own examples (``validation.holdout_split``), or its training
-  data if that is what is passed.
-* The success target is the mean over the last round's participants of their
-  kept accuracy; it is 0 before round 1 (so round 1 keeps grid[0]).
+  client's own examples (``validation.holdout_split``), its training data,
+  or a balanced validation set held by the server (the same examples for
+  every client, ``drivers.run_adct(measure_on="server")``): with one class
+  per client a client's own split saturates near 100 % and cannot tell the
+  candidates apart.
 * The grid (Table 1: lr in {1e-5, 1e-4, 1e-3} x epochs in {1, 2}, batch 32)
   is searched epochs-major: (1e-5, 1), (1e-4, 1), (1e-3, 1), (1e-5, 2), ...
+  (pass ``grid=DEFAULT_GRID[::-1]`` for the reversed-order control).
   Table 1's early stopping (patience 1) never stops a run of at most 2
   epochs, so it is not modelled.
 """
@@ -53,7 +61,8 @@ from fedjax_agg.types import LocalObjective, Model
 
 # Table 1, epochs-major: (learning rate, local epochs).
 DEFAULT_GRID = tuple((lr, e) for e in (1, 2) for lr in (1e-5, 1e-4, 1e-3))
-THRESHOLD_MODES = ("absolute", "relative")
+THRESHOLD_MODES = ("mean", "absolute", "relative")
+ROUND_ONE = ("best", "first")
 TRIGGER_ACCURACIES = ("last", "global")
 
 
@@ -63,7 +72,8 @@ class ADCTState(NamedTuple):
   Attributes:
     config_index: [N] int32 index into the grid, -1 before the first search.
     accuracy: [N] float32 accuracy of the model each client last kept.
-    mean_accuracy: [] float32 mean kept accuracy of the last round's cohort.
+    mean_accuracy: [] float32 mean kept accuracy of the last round's cohort
+      (NaN before the first round: no target yet).
   """
   config_index: jax.Array
   accuracy: jax.Array
@@ -108,7 +118,8 @@ def select_configs(candidate_accuracy: jax.Array, target: jax.Array,
 
   Args:
     candidate_accuracy: [K, C] accuracy of each configuration, grid order.
-    target: [] mean accuracy to reach.
+    target: [] mean accuracy to reach (NaN: none; the most accurate is
+      kept).
     searching: [K] bool.
     previous: [K] int32 configuration kept so far (used when not searching).
 
@@ -126,7 +137,7 @@ def select_configs(candidate_accuracy: jax.Array, target: jax.Array,
 def search_mask(previous: jax.Array, accuracy: jax.Array,
                 mean_accuracy: jax.Array, round_num: jax.Array,
                 accuracy_threshold: float, search_step: int,
-                threshold_mode: str = "absolute") -> jax.Array:
+                threshold_mode: str = "mean") -> jax.Array:
   """Line 16 for all clients: who runs the grid search this round.
 
   Args:
@@ -136,16 +147,20 @@ def search_mask(previous: jax.Array, accuracy: jax.Array,
     round_num: [] int, t (1-based).
     accuracy_threshold: gamma, in percent.
     search_step: s.
-    threshold_mode: "absolute" (Acc_k <= gamma / 100) or "relative"
-      (Acc_k <= gamma / 100 * mean_accuracy).
+    threshold_mode: "mean" (Acc_k <= mean_accuracy, Algorithm 1),
+      "absolute" (Acc_k <= gamma / 100) or "relative" (Acc_k <= gamma /
+      100 * mean_accuracy). A NaN mean (before round 1) triggers nothing.
 
   Returns:
     [K] bool: no configuration yet, or at or below the threshold, or
     t mod s == 0.
   """
-  limit = accuracy_threshold / 100.0
-  if threshold_mode == "relative":
-    limit = limit * mean_accuracy
+  if threshold_mode == "mean":
+    limit = mean_accuracy
+  else:
+    limit = accuracy_threshold / 100.0
+    if threshold_mode == "relative":
+      limit = limit * mean_accuracy
   return ((previous < 0) | (accuracy <= limit)
           | (round_num % search_step == 0))
 
@@ -168,8 +183,8 @@ def _checked_grid(grid) -> tuple[tuple[float, int], ...]:
 def adct(model: Model, *, accuracy_threshold: float = 50.0,
          search_step: int = 5,
          grid: Sequence[tuple[float, int]] = DEFAULT_GRID,
-         batch_size: int = 32, threshold_mode: str = "absolute",
-         trigger_accuracy: str = "last",
+         batch_size: int = 32, threshold_mode: str = "mean",
+         round_one: str = "best", trigger_accuracy: str = "last",
          objective: Optional[LocalObjective] = None,
          client_optimizer: engine.OptimizerFactory = optax.sgd,
          clients_per_step: int = 8, eval_batch_size: int = 256,
@@ -178,11 +193,13 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
 
   Args:
     model: the network.
-    accuracy_threshold: gamma in percent, in [0, 100] (paper: 25, 50, 75).
+    accuracy_threshold: gamma in percent, in [0, 100] (paper: 25, 50, 75);
+      read by the "absolute" and "relative" threshold modes only.
     search_step: s >= 1, every s-th round all participants search.
     grid: (learning rate, local epochs) pairs, in search order.
     batch_size: local minibatch size (Table 1: 32).
-    threshold_mode: "absolute" or "relative" (see the module docstring).
+    threshold_mode: "mean", "absolute" or "relative" (module docstring).
+    round_one: "best" or "first" (module docstring).
     trigger_accuracy: "last" or "global" (see the module docstring).
     objective, client_optimizer, clients_per_step, eval_batch_size, mesh:
       see ``engine.make_local_trainer``; ``clients_per_step`` counts
@@ -197,6 +214,7 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
     checks.check_int(name, value, 1)
   grid = _checked_grid(grid)
   checks.check_choice("threshold_mode", threshold_mode, THRESHOLD_MODES)
+  checks.check_choice("round_one", round_one, ROUND_ONE)
   checks.check_choice("trigger_accuracy", trigger_accuracy,
                       TRIGGER_ACCURACIES)
   num_configs = len(grid)
@@ -214,7 +232,8 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
   def init(num_clients: int) -> ADCTState:
     return ADCTState(jnp.full((num_clients,), -1, jnp.int32),
                      jnp.zeros((num_clients,), jnp.float32),
-                     jnp.zeros((), jnp.float32))
+                     jnp.full((), jnp.nan if round_one == "best" else 0.0,
+                              jnp.float32))
 
   @jax.jit
   def train(state, global_params, data, eval_data, client_ids, mask,

@@ -24,7 +24,7 @@ from fedjax_agg.types import Aggregator, Model, Params
 
 __all__ = ["ADCTRunResult", "MEASURE_ON", "run_adct"]
 
-MEASURE_ON = ("validation", "train")
+MEASURE_ON = ("validation", "train", "server")
 
 
 class ADCTRunResult(NamedTuple):
@@ -42,7 +42,9 @@ def run_adct(model: Model, data: FederatedData, test_data: tuple[Any, Any],
              evaluation: Evaluation = Evaluation(),
              checkpointing: Optional[Checkpointing] = None,
              callbacks: Sequence[Any] = (),
-             config: Optional[dict] = None) -> ADCTRunResult:
+             config: Optional[dict] = None,
+             server_validation: Optional[tuple[Any, Any]] = None
+             ) -> ADCTRunResult:
   """Runs ``num_rounds`` rounds of FL with ADCT clients.
 
   Args:
@@ -52,7 +54,11 @@ def run_adct(model: Model, data: FederatedData, test_data: tuple[Any, Any],
     tuner: the ADCT client side (``client_selection.adct(model, ...)``).
     measure_on: where client accuracy is measured: "validation" (a held-out
       ``validation_fraction`` of each client's examples, split with
-      ``split_seed``, not used for training) or "train" (its training data).
+      ``split_seed``, not used for training), "train" (its training data)
+      or "server": ``server_validation``, one (x, y) set held by the
+      server (e.g. class-balanced, ``validation.balanced_indices``) on
+      which every client's candidates are measured.
+    server_validation: the server's (x, y), with ``measure_on="server"``.
 
   Returns:
     ``ADCTRunResult(history, state, adct_state)``.
@@ -60,10 +66,16 @@ def run_adct(model: Model, data: FederatedData, test_data: tuple[Any, Any],
   if measure_on not in MEASURE_ON:
     raise ValueError(
         f"measure_on must be one of {MEASURE_ON}, got {measure_on!r}")
+  if (server_validation is None) == (measure_on == "server"):
+    raise ValueError("server_validation: give it exactly when "
+                     f"measure_on='server' (measure_on={measure_on!r})")
   if measure_on == "validation":
     train, held_out = validation.holdout_split(data, validation_fraction,
                                                split_seed)
     data = train.with_validation(held_out)
+  elif measure_on == "server":
+    data = data.with_validation(validation.shared_split(
+        server_validation, data.num_clients))
   run_config = {"measure_on": measure_on,
                 "validation_fraction": validation_fraction,
                 "split_seed": split_seed, "grid": tuner.grid}
