@@ -86,6 +86,8 @@ CONFIG_KEYS = {
     "batch_size": "train.batch_size",
     "lr": "train.learning_rate",
     "momentum": "train.momentum",
+    "optimizer": "train.optimizer",
+    "weight_decay": "train.weight_decay",
     "stragglers": "train.stragglers",
     "clients_per_step": "train.clients_per_step",
     "devices": "train.devices",
@@ -260,6 +262,11 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
   add("--batch-size", type=int, default=16, help="B: local batch size")
   add("--lr", type=float, default=0.05, help="client learning rate")
   add("--momentum", type=float, default=0.0, help="client SGD momentum")
+  add("--optimizer", default="sgd", choices=("sgd", "adam"),
+      help="client optimizer")
+  add("--weight-decay", type=float, default=0.0,
+      help="client L2 weight decay (parameters only, not BatchNorm "
+      "statistics)")
   add("--stragglers", type=float, default=0.0,
       help="fraction of each cohort that straggles")
   add("--clients-per-step", type=int, default=None,

@@ -26,13 +26,46 @@ import jax
 import optax
 
 from fedjax_agg import checks
+from fedjax_agg import tree_math
 from fedjax_agg.types import LocalObjective, PRNGKey
 
 __all__ = ["ACCOUNTANTS", "Checkpointing", "Evaluation", "Execution",
            "LocalStepsFn", "LocalTraining", "NonFinite", "OptimizerFactory",
-           "Privacy", "SAMPLINGS"]
+           "OPTIMIZERS", "Privacy", "SAMPLINGS", "client_optimizer"]
 
 OptimizerFactory = Callable[..., optax.GradientTransformation]
+OPTIMIZERS = ("sgd", "adam")
+
+
+def client_optimizer(name: str = "sgd", momentum: float = 0.0,
+                     weight_decay: float = 0.0) -> OptimizerFactory:
+  """A client optimizer factory ``f(learning_rate)`` for ``LocalTraining``.
+
+  Args:
+    name: "sgd" (with ``momentum``, 0 = plain SGD) or "adam".
+    momentum: SGD momentum in [0, 1).
+    weight_decay: L2 weight decay added to the gradient (coupled, as
+      PyTorch's SGD ``weight_decay``), of the parameters only: BatchNorm
+      statistics (the ``batch_stats`` collection) never decay.
+  """
+  checks.check_choice("name", name, OPTIMIZERS)
+  checks.check_range("momentum", momentum, 0, 1, high_open=True)
+  checks.check_range("weight_decay", weight_decay, 0)
+  if name == "adam" and momentum:
+    raise ValueError("momentum is for name='sgd' (Adam has its own betas)")
+
+  def decays(params):
+    return tree_math.select_leaves(
+        params, lambda path: not tree_math.is_statistic(path))
+
+  def make(learning_rate):
+    base = (optax.adam(learning_rate) if name == "adam" else
+            optax.sgd(learning_rate, momentum=momentum or None))
+    if not weight_decay:
+      return base
+    return optax.chain(optax.add_decayed_weights(weight_decay, mask=decays),
+                       base)
+  return make
 # (key, full_steps [K]) -> num_steps [K]: per-round local step budgets
 # (stragglers, unstable participation).
 LocalStepsFn = Callable[[PRNGKey, jax.Array], jax.Array]

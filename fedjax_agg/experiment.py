@@ -61,7 +61,6 @@ import sys
 from typing import Any, Optional, Sequence
 
 import numpy as np
-import optax
 
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
@@ -81,7 +80,9 @@ from fedjax_agg import sweep
 from fedjax_agg.config import Checkpointing
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
+from fedjax_agg.config import client_optimizer
 from fedjax_agg.config import LocalTraining
+from fedjax_agg.config import OPTIMIZERS
 from fedjax_agg.config import Privacy
 
 __all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
@@ -104,7 +105,7 @@ TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
                   "batch_size": 16, "learning_rate": 0.01, "momentum": 0.0,
                   "stragglers": 0.0, "eval_every": 1, "eval_clients": "auto",
                   "clients_per_step": None, "compute_losses": "auto",
-                  "devices": None}
+                  "devices": None, "optimizer": "sgd", "weight_decay": 0.0}
 
 
 def load_config(path: str) -> dict:
@@ -290,6 +291,8 @@ TRAIN_CHECKS = {
     "clients_per_step": functools.partial(_check_optional_int, low=1),
     "compute_losses": _check_compute_losses,
     "devices": functools.partial(_check_optional_int, low=1),
+    "optimizer": lambda path, value: _check_name(path, value, OPTIMIZERS),
+    "weight_decay": functools.partial(_check_number, low=0),
 }
 
 
@@ -468,6 +471,13 @@ def _check_algorithm(config: dict, name: str, spec) -> None:
       _check_keys(f"{path}.{key}", arguments,
                   _rule_parameters(registry, rule))
   _check_train(f"{path}.train", spec.get("train", {}))
+  train = _train_config(config, name)
+  if train["optimizer"] == "adam" and train["momentum"]:
+    key = ("train.momentum" if "momentum" in config.get("train", {})
+           else f"{path}.train.momentum")
+    raise ConfigError(key, f"{key}: momentum is for optimizer 'sgd' (Adam "
+                      "has its own betas), got momentum="
+                      f"{train['momentum']!r} with optimizer 'adam'")
 
 
 def _check_rules(config: dict, name: str) -> None:
@@ -1003,8 +1013,8 @@ def run_arguments(config: dict, algorithm: str, prepared) -> dict:
     from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
     local_steps_fn = stragglers.stragglers(train["stragglers"],
                                            train["local_epochs"])
-  optimizer = functools.partial(optax.sgd,
-                                momentum=train["momentum"] or None)
+  optimizer = client_optimizer(train["optimizer"], train["momentum"],
+                               train["weight_decay"])
   training = LocalTraining(
       epochs=train["local_epochs"], batch_size=train["batch_size"],
       learning_rate=train["learning_rate"], optimizer=optimizer,

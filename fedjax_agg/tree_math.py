@@ -33,7 +33,8 @@ from fedjax_agg.types import Params, StackedParams
 __all__ = ["LayerStructure", "MaskedSums", "SAFE_PLAIN_SUM", "SumOfSquares",
     "add_update", "broadcast_to_clients", "client_norms", "client_sums",
     "client_updates", "clip_scale", "cosine", "cosines",
-    "divide_by_scale", "from_plain_sum", "gather_clients",
+    "divide_by_scale", "from_plain_sum", "gather_clients", "is_statistic",
+    "leaf_paths", "select_leaves",
     "keep_if_no_clients", "layer_norms", "layer_structure",
     "layer_sums_of_squares", "leaf_sums_of_squares", "max_to_layers",
     "mean_from_sums", "normalize_weights", "plain_sum_is_safe",
@@ -175,6 +176,25 @@ def _path_names(path) -> list[str]:
     else:
       names.append(str(entry))
   return names
+
+
+def leaf_paths(tree: Params) -> list[str]:
+  """'/'-joined key path of every leaf ("params/fc1/kernel"), in
+  ``jax.tree.leaves`` order."""
+  return ["/".join(_path_names(p))
+          for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def select_leaves(tree: Params, predicate) -> Params:
+  """A tree of Python bools shaped like ``tree``: ``predicate(path)``."""
+  return jax.tree.unflatten(jax.tree.structure(tree),
+                            [bool(predicate(p)) for p in leaf_paths(tree)])
+
+
+def is_statistic(path: str) -> bool:
+  """Leaves of the ``batch_stats`` collection (BatchNorm running
+  statistics): model state, not parameters (they have no gradient)."""
+  return path.split("/", 1)[0] == "batch_stats"
 
 
 def layer_structure(params: Params, granularity: str = "layer"

@@ -191,3 +191,65 @@ def test_bad_arguments_raise():
                        (dict(granularity="block"), "granularity")):
     with pytest.raises(ValueError, match=word):
       aggregators.get("fednnnn", **kwargs)
+
+
+def _bn_tree(rng, leading=()):
+  return {"params": {"fc": {"kernel": rng.normal(size=leading + (3, 2)),
+                            "bias": rng.normal(size=leading + (2,))}},
+          "batch_stats": {"bn": {"mean": rng.normal(size=leading + (2,)),
+                                 "var": rng.random(leading + (2,)) + 0.5}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_batch_norm_statistics_are_averaged_not_normalized(stream):
+  rng = np.random.default_rng(0)
+  to32 = lambda t: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), t)
+  g = to32(_bn_tree(rng))
+  clients = to32(_bn_tree(rng, (4,)))
+  info = tu.make_info(jnp.arange(4), jnp.array([3.0, 1.0, 2.0, 5.0]),
+                      jnp.array([1.0, 1.0, 0.0, 1.0]))
+  rule = aggregators.fednnnn(0.7, 0.8)
+  params_only = aggregators.fednnnn(0.7, 0.8)
+  state = rule.init(g)
+  run = jax.jit(tu.streamed_aggregate if stream else
+                (lambda r, *a: r.aggregate(*a)), static_argnums=0)
+  for _ in range(2):  # the second round uses the momentum
+    new, state_new, metrics = run(rule, g, clients, info, state)
+    # Parameters: exactly FedNNNN on the params alone.
+    want, want_state, want_metrics = run(
+        params_only, {"params": g["params"]},
+        {"params": clients["params"]}, info,
+        params_only.init({"params": g["params"]})._replace(
+            momentum={"params": state.momentum["params"]},
+            eval_params={"params": state.eval_params["params"]}))
+    np.testing.assert_allclose(metrics["N"], want_metrics["N"], rtol=1e-6)
+    np.testing.assert_allclose(metrics["E"], want_metrics["E"], rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                         atol=1e-6),
+                 new["params"], want["params"])
+    # Statistics: the plain weighted average, no momentum.
+    p = np.array([3.0, 1.0, 0.0, 5.0]) / 9.0
+    for name in ("mean", "var"):
+      avg = np.tensordot(p, np.asarray(clients["batch_stats"]["bn"][name]),
+                         1)
+      np.testing.assert_allclose(new["batch_stats"]["bn"][name], avg,
+                                 rtol=1e-5)
+      np.testing.assert_array_equal(
+          state_new.momentum["batch_stats"]["bn"][name], 0.0)
+    g, state = new, state_new
+
+
+def test_batch_norm_statistics_normalized_on_request():
+  rng = np.random.default_rng(1)
+  to32 = lambda t: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), t)
+  g, clients = to32(_bn_tree(rng)), to32(_bn_tree(rng, (3,)))
+  info = tu.make_info(jnp.arange(3), jnp.ones(3))
+  rule = aggregators.fednnnn(0.7, 0.0, statistics="normalize")
+  new, _, metrics = jax.jit(rule.aggregate)(g, clients, info, rule.init(g))
+  mean_delta = jax.tree.map(lambda c, w: np.mean(np.asarray(c), 0) - w,
+                            clients, g)
+  scale = float(metrics["norm_scale"])
+  jax.tree.map(lambda n, w, d: np.testing.assert_allclose(
+      n, w + scale * d, rtol=1e-5, atol=1e-6), new, g, mean_delta)
+  with pytest.raises(ValueError, match="statistics"):
+    aggregators.fednnnn(statistics="ignore")

@@ -30,6 +30,13 @@ Interpretations:
 * A cohort with no real participant leaves model and state unchanged.
 * Norms are scale-safe (``tree_math.SumOfSquares``): updates of magnitude
   1e20 do not overflow their squares; rows with mask 0 are never read.
+* BatchNorm running statistics (the ``batch_stats`` collection) are model
+  state, not parameters: no gradient produced them, so with
+  ``statistics="average"`` (the default) they are left out of N and E and
+  of the momentum, and the server takes their plain average,
+  w_t + sum_k p_k dw_k (Eq. (3)); ``statistics="normalize"`` treats them
+  like any parameter (scaled by beta E / N and carried by the momentum).
+  Models without BatchNorm are unaffected.
 
 Streaming form: N and E are sums over clients, so a round can stream the
 running sums of n_k dw_k, n_k |dw_k|_l per layer and n_k |dw_k| (plus the
@@ -55,6 +62,7 @@ from fedjax_agg.aggregators._fedavg import WEIGHTINGS
 from fedjax_agg.types import Aggregator, Params, StreamingForm
 
 EVALUATES = ("average", "broadcast")
+STATISTICS = ("average", "normalize")
 GRANULARITIES = ("layer", "leaf")
 
 
@@ -77,7 +85,8 @@ MIN_NORM = 1e-12
 def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
             weighting: str = "num_examples", normalize: bool = True,
             evaluate: str = "average", granularity: str = "layer",
-            min_norm: float = MIN_NORM) -> Aggregator:
+            min_norm: float = MIN_NORM,
+            statistics: str = "average") -> Aggregator:
   """FedNNNN aggregator (Eqs. (12)-(13)).
 
   Args:
@@ -90,6 +99,9 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
       clients, the paper's evaluated model) or "broadcast" (w_{t+1}).
     granularity: layer grouping of the per-layer metrics.
     min_norm: N at or below this is "close to 0" (no update).
+    statistics: BatchNorm statistics: "average" (plain FedAvg, outside N,
+      E and the momentum) or "normalize" (like parameters); see the
+      module docstring.
 
   Returns:
     An ``Aggregator`` with ``FedNNNNState``; metrics: "N", "E",
@@ -104,6 +116,34 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
   checks.check_bool("normalize", normalize)
   checks.check_choice("evaluate", evaluate, EVALUATES)
   checks.check_choice("granularity", granularity, GRANULARITIES)
+  checks.check_choice("statistics", statistics, STATISTICS)
+
+  def stat_flags(tree) -> list[bool]:
+    """Per leaf: a statistic averaged apart (none with "normalize")."""
+    flags = jax.tree.leaves(tree_math.select_leaves(
+        tree, tree_math.is_statistic))
+    return flags if statistics == "average" else [False] * len(flags)
+
+  def split(tree, reference):
+    """(``tree`` with its statistics replaced by ``reference``'s, so that
+    their updates are zero; the statistics' leaves of ``tree``)."""
+    flags = stat_flags(reference)
+    if not any(flags):
+      return tree, []
+    leaves, treedef = jax.tree.flatten(tree)
+    kept = [jnp.broadcast_to(ref, leaf.shape) if flag else leaf
+            for leaf, ref, flag in zip(leaves, jax.tree.leaves(reference),
+                                       flags, strict=True)]
+    stats = [leaf for leaf, flag in zip(leaves, flags, strict=True) if flag]
+    return jax.tree.unflatten(treedef, kept), stats
+
+  def with_statistics(tree, stats):
+    """``tree`` with its statistics' leaves replaced by ``stats``."""
+    leaves, treedef = jax.tree.flatten(tree)
+    replacements = iter(stats)
+    return jax.tree.unflatten(treedef, [
+        next(replacements) if flag else leaf
+        for leaf, flag in zip(leaves, stat_flags(tree), strict=True)])
 
   def init(global_params):
     return FedNNNNState(jax.tree.map(jnp.zeros_like, global_params),
@@ -114,23 +154,32 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
                         uses_num_examples=weighting == "num_examples")
     structure = tree_math.layer_structure(global_params, granularity)
     weights = client_weights(info, weighting)
-    # Eq. (2): dw_k = w^k_{t+1} - w_t, summed with p_k and squared.
-    moments = update_stats.update_moments(client_params, global_params,
-                                          weights, info.mask)
+    # Eq. (2): dw_k = w^k_{t+1} - w_t, summed with p_k and squared (the
+    # statistics' dw_k are zero here and averaged apart).
+    trainable, client_stats_leaves = split(client_params, global_params)
+    moments = update_stats.update_moments(trainable, global_params, weights,
+                                          info.mask)
     client_layer_norms = tree_math.layer_sums_of_squares(
         moments.squares, structure).norm()
     layer_e = weights @ client_layer_norms  # Eq. (5)
     e = weights @ tree_math.vector_norm(client_layer_norms, axis=1)
+    _, global_stats = split(global_params, global_params)
+    stat_means = [tree_math.weighted_leaf_sum(leaf - g[None], weights)
+                  for leaf, g in zip(client_stats_leaves, global_stats,
+                                     strict=True)]
     return server_update(global_params, state, info, weights,
-                         (moments.weighted_sum, layer_e, e))
+                         (moments.weighted_sum, layer_e, e, stat_means))
 
   def client_stats(global_params, client_params, info_k):
     # One client's dw_k (Eq. (2)) and its norms, summed with raw weights.
-    delta = tree_math.tree_sub(client_params, global_params)
+    delta, stat_delta = split(tree_math.tree_sub(client_params,
+                                                 global_params),
+                              jax.tree.map(jnp.zeros_like, global_params))
     layer_norms = tree_math.layer_norms(
         delta, tree_math.layer_structure(global_params, granularity))
     norm = tree_math.vector_norm(layer_norms)
-    return tree_math.client_sums((delta, layer_norms, norm), info_k.mask,
+    return tree_math.client_sums((delta, layer_norms, norm, stat_delta),
+                                 info_k.mask,
                                  raw_client_weight(info_k, weighting))
 
   def finalize(global_params, summed_stats, info, state):
@@ -140,7 +189,7 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
                          client_weights(info, weighting), moments)
 
   def server_update(global_params, state, info, weights, moments):
-    mean_delta, layer_e, e = moments
+    mean_delta, layer_e, e, stat_means = moments
     structure = tree_math.layer_structure(global_params, granularity)
     layer_n = tree_math.layer_norms(mean_delta, structure)  # Eq. (4)
     n = tree_math.vector_norm(layer_n)
@@ -157,6 +206,12 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     new_global = tree_math.add_update(global_params, momentum)  # Eq. (13)
     new_global = optax.tree.where(skip, global_params, new_global)
     average = tree_math.add_update(global_params, mean_delta)  # Eq. (3)
+    if stat_means:  # the statistics: their plain average, every round
+      _, stats = split(global_params, global_params)
+      averaged = [(g + d).astype(g.dtype)
+                  for g, d in zip(stats, stat_means, strict=True)]
+      new_global = with_statistics(new_global, averaged)
+      average = with_statistics(average, averaged)
     new_state = FedNNNNState(
         momentum, average if evaluate == "average" else new_global)
     new_global, new_state = tree_math.keep_if_no_clients(

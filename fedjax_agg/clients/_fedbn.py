@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import engine
+from fedjax_agg import tree_math
 from fedjax_agg.clients import _common
 from fedjax_agg.clients import _table
 from fedjax_agg.config import LocalTraining
@@ -78,11 +79,11 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
                                chunk_loop=chunk_loop)
   _table.check_placement(placement, path)
   shapes = _common.model_shapes(model)
-  flags = jax.tree.leaves(_common.select_leaves(shapes, is_local))
+  flags = jax.tree.leaves(tree_math.select_leaves(shapes, is_local))
   if not any(flags):
     raise ValueError(
         "fedbn: the model has no local leaves (no BatchNorm layer matched "
-        f"is_local); leaf paths: {_common.leaf_paths(shapes)[:8]}")
+        f"is_local); leaf paths: {tree_math.leaf_paths(shapes)[:8]}")
   positions = [i for i, flag in enumerate(flags) if flag]
   shape_leaves = jax.tree.leaves(shapes)
 
