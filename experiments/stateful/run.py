@@ -86,6 +86,11 @@ def main(argv=None):
   parser.add_argument("--eval-every", type=int, default=10)
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
+  # Recorded relative to the repository when inside it (no machine paths).
+  repo = os.path.dirname(os.path.dirname(HERE))
+  shown_out = os.path.relpath(os.path.abspath(args.out), repo)
+  if shown_out.startswith(".."):
+    shown_out = os.path.basename(os.path.abspath(args.out))
 
   dataset = data_lib.load("fashion_mnist")
   training = LocalTraining(epochs=args.epochs, batch_size=args.batch_size,
@@ -114,7 +119,7 @@ def main(argv=None):
                               "seed": seed},
                 "holdout_fraction": 0.2, "model": "mlp2" + (
                     "+bn" if name in ("fedavg_bn", "fedbn") else ""),
-                "args": vars(args)}
+                "args": {**vars(args), "out": shown_out}}
       result = simulation.run(
           model, fed, (dataset.test_x, dataset.test_y), rule,
           num_rounds=args.rounds, participation=args.participation,
@@ -129,10 +134,14 @@ def main(argv=None):
       times = [row["time_s"] for row in rows[2:]]
       entry = {"algorithm": name, "seed": seed,
                "test_accuracy": last["test_accuracy"],
-               "heldout_global_mean": last["global_accuracy_mean"],
-               "heldout_global_std": last["global_accuracy_std"],
-               "finetuned_mean": last["finetuned_accuracy_mean"],
-               "finetuned_std": last["finetuned_accuracy_std"],
+               "heldout_global_mean": last.get("global_accuracy_mean",
+                                               float("nan")),
+               "heldout_global_std": last.get("global_accuracy_std",
+                                              float("nan")),
+               "finetuned_mean": last.get("finetuned_accuracy_mean",
+                                          float("nan")),
+               "finetuned_std": last.get("finetuned_accuracy_std",
+                                         float("nan")),
                "personal_mean": last.get("personal_accuracy_mean",
                                          float("nan")),
                "personal_std": last.get("personal_accuracy_std",
@@ -141,7 +150,8 @@ def main(argv=None):
                                float("nan")}
       summary.append(entry)
       print(json.dumps(entry), flush=True)
-  jsonio.dump_json({"runs": summary, "args": vars(args)},
+  jsonio.dump_json({"runs": summary,
+                    "args": {**vars(args), "out": shown_out}},
                    os.path.join(args.out, "summary.json"))
   lines = [",".join(summary[0])] + [
       ",".join(str(v) for v in entry.values()) for entry in summary]

@@ -1,0 +1,258 @@
+"""Robust aggregation under attack, and DP-FedAvg's accuracy against epsilon.
+
+  python experiments/robustness/run.py                    # the committed run
+  python experiments/robustness/run.py --rounds 3 --out /tmp/r --quick
+
+Fashion-MNIST (the full 60k/10k), 100 clients (IID), 10 of them per
+round, mlp2, one local epoch of SGD (batch 32, lr 0.05). Every attack of
+``ATTACKS`` at 10 / 20 / 30 % malicious clients of each round's cohort
+(1 / 2 / 3 of 10, ``attacks.per_round``), plus the clean run, against
+every rule of ``RULES``; the seeds of one (rule, attack, fraction) run side
+by side as one vmapped sweep, one seed per CPU core. Then DP-FedAvg
+(clip 1) at the noise multipliers of ``--noise``, with epsilon at delta =
+1e-5 for the cohorts drawn.
+
+Writes ``<out>/attacks.csv`` (one row per rule, attack, fraction, seed:
+final test accuracy), ``<out>/attacks_table.md`` (mean ± sd over seeds),
+``<out>/round_cost.csv`` (median seconds per round of each rule, clean,
+both seeds together), ``<out>/dp.csv``, ``<out>/config_attacks.json`` and
+``<out>/config_dp.json`` (every setting, the data source and the command
+of the part that wrote them) and ``<out>/attacks.png``, ``<out>/dp.png``.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import optax
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+from fedjax_agg import distributed  # pylint: disable=wrong-import-position
+distributed.use_all_cores()  # before JAX starts: one device per core
+
+import matplotlib  # pylint: disable=wrong-import-position
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
+
+from fedjax_agg import aggregators  # pylint: disable=wrong-import-position
+from fedjax_agg import attacks  # pylint: disable=wrong-import-position
+from fedjax_agg import data as data_lib  # pylint: disable=wrong-import-position
+from fedjax_agg import federated  # pylint: disable=wrong-import-position
+from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
+from fedjax_agg import models  # pylint: disable=wrong-import-position
+from fedjax_agg import partitions  # pylint: disable=wrong-import-position
+from fedjax_agg import simulation  # pylint: disable=wrong-import-position
+from fedjax_agg import sweep  # pylint: disable=wrong-import-position
+from fedjax_agg.config import (Evaluation, Execution,  # pylint: disable=wrong-import-position
+                               LocalTraining, Privacy)
+
+NUM_CLIENTS = 100
+# name -> (factory name, arguments); f = 3 = 30 % of a cohort of 10.
+RULES = {
+    "fedavg": ("fedavg", {}),
+    "median": ("fedmedian", {}),
+    "trimmed_mean": ("trimmed_mean", {"beta": 0.3}),
+    "multi_krum": ("krum", {"num_byzantine": 3, "num_selected": 5}),
+    "geometric_median": ("geometric_median", {}),
+    "centered_clipping": ("centered_clipping", {"radius": 1.0,
+                                                "num_iterations": 3}),
+    "norm_bounding": ("norm_bounding", {"max_norm": 1.0}),
+    "fedadp": ("fedadp", {}),
+    "fedlayerwise": ("fedlayerwise", {}),
+}
+ATTACKS = {
+    "label_flip": {},
+    "sign_flip": {"scale": 4.0},
+    "gaussian": {"stddev": 0.3},
+    "little_is_enough": {},
+    "inner_product": {"epsilon": 0.5},
+}
+DEFAULT_ATTACKS = ("label_flip", "sign_flip", "little_is_enough",
+                   "inner_product")
+FRACTIONS = (0.1, 0.2, 0.3)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--rounds", type=int, default=20)
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+  parser.add_argument("--rules", nargs="+", default=list(RULES),
+                      choices=list(RULES))
+  parser.add_argument("--attacks", nargs="+", default=list(DEFAULT_ATTACKS),
+                      choices=list(ATTACKS))
+  parser.add_argument("--fractions", type=float, nargs="+",
+                      default=list(FRACTIONS))
+  parser.add_argument("--noise", type=float, nargs="+",
+                      default=[0.0, 0.1, 0.3, 1.0])
+  parser.add_argument("--skip-dp", action="store_true")
+  parser.add_argument("--skip-attacks", action="store_true")
+  parser.add_argument("--out", default=os.path.join(HERE, "results"))
+  args = parser.parse_args(argv)
+  # Recorded relative to the repository when inside it (no machine paths).
+  repo = os.path.dirname(os.path.dirname(HERE))
+  shown_out = os.path.relpath(os.path.abspath(args.out), repo)
+  if shown_out.startswith(".."):
+    shown_out = os.path.basename(os.path.abspath(args.out))
+  os.makedirs(args.out, exist_ok=True)
+
+  dataset = data_lib.load("fashion_mnist")
+  parts = partitions.REGISTRY.build("iid", labels=dataset.train_y,
+                                    num_clients=NUM_CLIENTS, seed=0)
+  data = federated.from_partition(dataset.train_x, dataset.train_y, parts)
+  test = (dataset.test_x, dataset.test_y)
+  model = models.get("mlp2")
+  training = LocalTraining(epochs=1, batch_size=32, learning_rate=0.05,
+                           optimizer=optax.sgd, compute_losses=False)
+  participation = 0.1
+  execution = Execution(progress=False)
+  evaluation = Evaluation(every=args.rounds, clients=False)
+  record = {
+      "dataset": "fashion_mnist", "data_source": dataset.source,
+      "train_examples": int(dataset.train_x.shape[0]),
+      "test_examples": int(dataset.test_x.shape[0]),
+      "partition": "iid", "num_clients": NUM_CLIENTS,
+      "participation": participation, "model": "mlp2",
+      "training": {"epochs": 1, "batch_size": 32, "learning_rate": 0.05,
+                   "optimizer": "sgd"},
+      "rules": {name: RULES[name] for name in args.rules},
+      "attacks": {name: ATTACKS[name] for name in args.attacks},
+      "adversaries": "per_round",
+      "command": [os.path.relpath(sys.argv[0], repo)] + sys.argv[1:],
+      "args": {**vars(args), "out": shown_out}}
+  if not args.skip_attacks:
+    jsonio.dump_json(record, os.path.join(args.out, "config_attacks.json"))
+    run_attacks(args, model, data, test, training, participation,
+                execution, evaluation)
+  if not args.skip_dp:
+    jsonio.dump_json(record, os.path.join(args.out, "config_dp.json"))
+    run_dp(args, model, data, test, training, participation, execution,
+           evaluation)
+
+
+def run_attacks(args, model, data, test, training, participation,
+                execution, evaluation):
+  conditions = [("none", 0.0)] + [(a, f) for a in args.attacks
+                                   for f in args.fractions]
+  lines, costs = ["rule,attack,fraction,seed,test_accuracy"], [
+      "rule,median_round_s"]
+  for rule_name in args.rules:
+    factory, kwargs = RULES[rule_name]
+    rule = aggregators.get(factory, num_clients=NUM_CLIENTS, **kwargs)
+    for attack_name, fraction in conditions:
+      update = None
+      if attack_name != "none":
+        update = attacks.local_update(
+            model, training, attacks.build(attack_name,
+                                           **ATTACKS[attack_name]),
+            attacks.per_round(fraction), execution=execution)
+      members = sweep.run_sweep(
+          lambda hparams, rule=rule: rule, seeds=args.seeds, model=model,
+          data=data, test_data=test, num_rounds=args.rounds,
+          participation=participation, training=training,
+          execution=execution, evaluation=evaluation,
+          local_update=update)
+      for member in members:
+        accuracy = member.history.rows[-1]["test_accuracy"]
+        lines.append(f"{rule_name},{attack_name},{fraction},{member.seed},"
+                     f"{accuracy}")
+        print(json.dumps({"rule": rule_name, "attack": attack_name,
+                          "fraction": fraction, "seed": member.seed,
+                          "test_accuracy": accuracy}), flush=True)
+      if attack_name == "none":
+        times = [row["time_s"] for row in members[0].history.rows[2:]]
+        costs.append(f"{rule_name},{float(np.median(times))}")
+      jsonio.write_text(os.path.join(args.out, "attacks.csv"),
+                        "\n".join(lines) + "\n")
+  jsonio.write_text(os.path.join(args.out, "round_cost.csv"),
+                    "\n".join(costs) + "\n")
+  table_and_plot(args)
+
+
+def table_and_plot(args):
+  import pandas as pd  # pylint: disable=import-outside-toplevel
+  frame = pd.read_csv(os.path.join(args.out, "attacks.csv"))
+  stats = frame.groupby(["rule", "attack", "fraction"])[
+      "test_accuracy"].agg(["mean", "std"]).reset_index()
+  clean = stats[stats.attack == "none"].set_index("rule")
+  header = ["rule", "clean"] + [f"{a} {int(f * 100)}%" for a in args.attacks
+                                for f in args.fractions]
+  rows = ["| " + " | ".join(header) + " |",
+          "|" + "---|" * len(header)]
+  for rule in args.rules:
+    cells = [rule, f"{clean.loc[rule, 'mean']:.3f} ± "
+                   f"{clean.loc[rule, 'std']:.3f}"]
+    for attack in args.attacks:
+      for fraction in args.fractions:
+        hit = stats[(stats.rule == rule) & (stats.attack == attack)
+                    & np.isclose(stats.fraction, fraction)]
+        cells.append(f"{hit['mean'].iloc[0]:.3f} ± {hit['std'].iloc[0]:.3f}"
+                     if len(hit) else "")
+    rows.append("| " + " | ".join(cells) + " |")
+  jsonio.write_text(os.path.join(args.out, "attacks_table.md"),
+                    "\n".join(rows) + "\n")
+  fig, axes = plt.subplots(1, len(args.attacks),
+                           figsize=(3.2 * len(args.attacks), 3.2),
+                           sharey=True, squeeze=False)
+  for ax, attack in zip(axes[0], args.attacks, strict=True):
+    for rule in args.rules:
+      xs = [0.0] + list(args.fractions)
+      ys = [clean.loc[rule, "mean"]] + [
+          stats[(stats.rule == rule) & (stats.attack == attack)
+                & np.isclose(stats.fraction, f)]["mean"].iloc[0]
+          for f in args.fractions]
+      ax.plot([100 * x for x in xs], ys, marker="o", label=rule)
+    ax.set_title(attack)
+    ax.set_xlabel("malicious clients (%)")
+  axes[0][0].set_ylabel("final test accuracy")
+  axes[0][-1].legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, "attacks.png"), dpi=120)
+
+
+def run_dp(args, model, data, test, training, participation, execution,
+           evaluation):
+  lines = ["noise_multiplier,seed,epsilon,test_accuracy"]
+  for noise in args.noise:
+    for seed in args.seeds:
+      result = simulation.run(
+          model, data, test,
+          aggregators.dp_fedavg(clip_norm=1.0, noise_multiplier=noise),
+          num_rounds=args.rounds, participation=participation,
+          training=training, execution=execution, evaluation=evaluation,
+          privacy=Privacy(noise, delta=1e-5), seed=seed)
+      last = result.history.rows[-1]
+      lines.append(f"{noise},{seed},{last['epsilon']},"
+                   f"{last['test_accuracy']}")
+      print(json.dumps({"noise_multiplier": noise, "seed": seed,
+                        "epsilon": last["epsilon"],
+                        "test_accuracy": last["test_accuracy"]}),
+            flush=True)
+      jsonio.write_text(os.path.join(args.out, "dp.csv"),
+                        "\n".join(lines) + "\n")
+  import pandas as pd  # pylint: disable=import-outside-toplevel
+  frame = pd.read_csv(os.path.join(args.out, "dp.csv"))
+  stats = frame.groupby("noise_multiplier").agg(
+      epsilon=("epsilon", "first"), mean=("test_accuracy", "mean"),
+      std=("test_accuracy", "std")).reset_index()
+  fig, ax = plt.subplots(figsize=(4, 3.2))
+  finite = stats[np.isfinite(stats.epsilon)]
+  ax.errorbar(finite.epsilon, finite["mean"], yerr=finite["std"],
+              marker="o")
+  for _, row in stats[~np.isfinite(stats.epsilon)].iterrows():
+    ax.axhline(row["mean"], ls="--", color="gray",
+               label=f"z = {row.noise_multiplier:g} (no privacy)")
+  ax.set_xscale("log")
+  ax.set_xlabel("epsilon (delta = 1e-5)")
+  ax.set_ylabel("final test accuracy")
+  ax.set_title(f"DP-FedAvg, {args.rounds} rounds")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, "dp.png"), dpi=120)
+
+
+if __name__ == "__main__":
+  main()
