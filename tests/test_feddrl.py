@@ -167,10 +167,11 @@ def test_cohort_of_padding_only_keeps_model_and_state(rule):
 # State, reward (Eq. (7)) and the delayed transition.
 
 
-def np_observation(info):
+def np_observation(info, transform="log"):
   mask = np.asarray(info.mask) > 0
   n = np.where(mask, np.asarray(info.num_examples), 0.0)
-  logs = lambda x: np.where(mask, np.log(np.asarray(x)), 0.0)
+  f = np.log if transform == "log" else (lambda x: x)
+  logs = lambda x: np.where(mask, f(np.asarray(x)), 0.0)
   return np.concatenate([logs(info.loss_before), logs(info.loss_after),
                          n / n.sum()])
 
@@ -186,6 +187,9 @@ def test_observation_and_reward_cost_match_numpy():
     info = make_info(rng, mask)
     np.testing.assert_allclose(jax.jit(observation)(info),
                                np_observation(info), rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(observation, static_argnums=1)(info, "raw"),
+        np_observation(info, "raw"), rtol=1e-6)
     np.testing.assert_allclose(
         jax.jit(reward_cost)(info.loss_before, info.mask),
         np_cost(info.loss_before, mask), rtol=1e-6)

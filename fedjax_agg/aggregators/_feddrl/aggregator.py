@@ -79,11 +79,23 @@ class FedDRLState(NamedTuple):
   key: jax.Array
 
 
-def observation(info: ClientInfo) -> jax.Array:
-  """s_t (§3.3.2): [log l_b, log l_a, n_k / sum n], padded rows 0. -> [3K]."""
+STATE_TRANSFORMS = ("log", "raw")
+
+
+def observation(info: ClientInfo, transform: str = "log") -> jax.Array:
+  """s_t (§3.3.2): [f(l_b), f(l_a), n_k / sum n], padded rows 0. -> [3K].
+
+  ``transform`` f: "log" (log of the losses floored at ``LOSS_FLOOR``, our
+  default: the paper states the losses, not their scale, and the log keeps
+  the agent's inputs O(1) as the losses shrink) or "raw" (the losses as
+  they are).
+  """
   real = info.mask > 0
-  log_loss = lambda x: jnp.where(
-      real, jnp.log(jnp.maximum(x, LOSS_FLOOR)), 0.0).astype(jnp.float32)
+  if transform == "log":
+    scale = lambda x: jnp.log(jnp.maximum(x, LOSS_FLOOR))
+  else:
+    scale = lambda x: x
+  log_loss = lambda x: jnp.where(real, scale(x), 0.0).astype(jnp.float32)
   return jnp.concatenate([
       log_loss(info.loss_before), log_loss(info.loss_after),
       tree_math.normalize_weights(info.num_examples.astype(jnp.float32),
@@ -104,6 +116,7 @@ def feddrl(num_participants: int = 10, *,
            config: Optional[agent_lib.AgentConfig] = None,
            explore: bool = True, learn: bool = True, seed: int = 0,
            initial_agent: Optional[agent_lib.AgentState] = None,
+           state_transform: str = "log",
            **config_overrides: Any) -> Aggregator:
   """FedDRL aggregator (one-stage mode; see ``two_stage`` for the other).
 
@@ -117,6 +130,8 @@ def feddrl(num_participants: int = 10, *,
     seed: seeds the networks' initialisation and the agent's RNG.
     initial_agent: start from this ``AgentState`` (e.g. the main agent of
       two-stage training) instead of fresh networks.
+    state_transform: how the losses enter the agent's state: "log" or
+      "raw" (``observation``).
     **config_overrides: ``AgentConfig`` fields replacing those of
       ``config`` (e.g. ``beta=0.3``).
 
@@ -139,6 +154,7 @@ def feddrl(num_participants: int = 10, *,
   checks.check_bool("explore", explore)
   checks.check_bool("learn", learn)
   checks.check_int("seed", seed)
+  checks.check_choice("state_transform", state_transform, STATE_TRANSFORMS)
   min_size = config.min_buffer_size or config.batch_size
   state_dim, action_dim = 3 * num_participants, 2 * num_participants
 
@@ -171,7 +187,7 @@ def feddrl(num_participants: int = 10, *,
     # are. Every piece is skipped on its own (no select over the buffer).
     real = jnp.sum(info.mask) > 0
     key, train_key, act_key, sample_key = jax.random.split(state.key, 4)
-    s = observation(info)
+    s = observation(info, state_transform)
     reward = jnp.where(state.has_last,
                        -reward_cost(info.loss_before, info.mask), 0.0)
     buffer, agent_state = state.buffer, state.agent
