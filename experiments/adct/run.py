@@ -18,6 +18,10 @@ three differences, since ADCT and FedACS are not plain registry rules:
   server evaluation set is the union of the clients' held-out parts);
 * ``train.client_optimizer`` is "adam" or "sgd" (the paper's learning rates,
   1e-5 to 1e-3, are Adam's scale);
+* ``train.measure_on`` "server" measures ADCT's accuracies on a
+  class-balanced set of ``server_per_class`` examples per class drawn from
+  the clients' held-out parts and held by the server, instead of each
+  client's own held-out part ("validation");
 * every client keeps ``train.validation_fraction`` of its examples apart
   (``validation.holdout_split``, seed ``split_seed``) and EVERY algorithm
   trains on the remaining part only, so all see the same training examples;
@@ -64,7 +68,9 @@ from fedjax_agg import drivers
 TRAIN_DEFAULTS = {"rounds": 50, "participation": 1.0, "local_epochs": 1,
                   "batch_size": 32, "learning_rate": 1e-3,
                   "client_optimizer": "adam", "validation_fraction": 0.2,
-                  "split_seed": 0, "clients_per_step": 20, "eval_every": 1}
+                  "split_seed": 0, "clients_per_step": 20, "eval_every": 1,
+                  "measure_on": "validation", "server_per_class": 20}
+MEASURE_ON = ("validation", "server")
 OPTIMIZERS = {"adam": optax.adam, "sgd": optax.sgd}
 METRICS = ("test_accuracy", "test_macro_f1")
 TAIL = 5  # rounds averaged for the last-rounds metrics
@@ -81,8 +87,12 @@ def check(config: dict) -> None:
     if agg != "fedacs" and agg not in aggregators.REGISTRY:
       raise ValueError(f"algorithms.{name}.aggregator must be 'fedacs' or one"
                        f" of {sorted(aggregators.REGISTRY)}, got {agg!r}")
-    opt = {**TRAIN_DEFAULTS, **config.get("train", {}),
-           **spec.get("train", {})}["client_optimizer"]
+    train = {**TRAIN_DEFAULTS, **config.get("train", {}),
+             **spec.get("train", {})}
+    opt = train["client_optimizer"]
+    if train["measure_on"] not in MEASURE_ON:
+      raise ValueError(f"algorithms.{name}: measure_on must be one of "
+                       f"{MEASURE_ON}, got {train['measure_on']!r}")
     if opt not in OPTIMIZERS:
       raise ValueError(f"client_optimizer must be one of {sorted(OPTIMIZERS)}"
                        f", got {opt!r}")
@@ -115,6 +125,23 @@ def run_one(config: dict, name: str, seed: int, prepared, model):
     tuner = client_selection.adct(
         model, batch_size=train["batch_size"], client_optimizer=optimizer,
         clients_per_step=train["clients_per_step"], **spec["adct"])
+    if train["measure_on"] == "server":
+      # A class-balanced set drawn from the clients' held-out parts (which
+      # nobody trains on), held by the server; ADCT trains on the same
+      # training parts as the other algorithms.
+      held = np.concatenate([
+          np.asarray(val_data.client_indices[i, :n])
+          for i, n in enumerate(np.asarray(val_data.num_examples))])
+      y_all = np.asarray(data.y)
+      picked = held[validation.balanced_indices(
+          y_all[held], train["server_per_class"], seed=train["split_seed"])]
+      return drivers.run_adct(
+          model, train_data, test, aggregator, tuner,
+          num_rounds=train["rounds"], participation=train["participation"],
+          measure_on="server",
+          server_validation=(np.asarray(data.x)[picked], y_all[picked]),
+          seed=seed, config=record, execution=Execution(progress=False),
+          evaluation=Evaluation(every=train["eval_every"])).history
     # rounds.run does the same holdout split (same fraction and seed).
     return drivers.run_adct(model, data, test, aggregator, tuner,
         num_rounds=train["rounds"], participation=train["participation"],
