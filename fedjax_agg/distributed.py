@@ -40,8 +40,8 @@ import jax
 import numpy as np
 
 __all__ = ["CLIENT_AXIS", "Devices", "available_cores", "client_mesh",
-    "compile_together", "local_copy", "replicate", "round_mesh", "to_numpy",
-    "use_all_cores", "use_cpu_devices"]
+    "compile_together", "local_copy", "replicate", "round_mesh", "shard_rows",
+    "to_numpy", "use_all_cores", "use_cpu_devices"]
 
 CLIENT_AXIS = "clients"
 
@@ -207,6 +207,30 @@ def replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
       return jax.device_put(leaf, sharding)  # a reshard of a global array
     return jax.make_array_from_process_local_data(sharding, np.asarray(leaf))
 
+  return jax.tree.map(put, tree)
+
+
+def shard_rows(tree: Any, mesh: jax.sharding.Mesh, num_rows: int) -> Any:
+  """``tree`` with every leaf of leading dimension ``num_rows`` split by
+  rows over the devices of ``mesh`` (a per-client table: each device holds
+  N / D clients' rows), the other leaves replicated.
+
+  Rows are split only where ``num_rows`` is a multiple of the device count
+  and in a single process; otherwise the leaves are replicated.
+  """
+  if num_rows % mesh.size or jax.process_count() > 1:
+    return replicate(tree, mesh)
+  by_row = jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec(mesh.axis_names))
+
+  def put(leaf):
+    if (isinstance(leaf, (jax.Array, np.ndarray)) and not _is_key(leaf)
+        and leaf.ndim >= 1 and leaf.shape[0] == num_rows):
+      if isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(
+          by_row, leaf.ndim):
+        return leaf
+      return jax.device_put(leaf, by_row)
+    return replicate(leaf, mesh)
   return jax.tree.map(put, tree)
 
 

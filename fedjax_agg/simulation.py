@@ -400,10 +400,19 @@ def run(
   mesh, device = distributed.round_mesh(execution.devices)
   place = ((lambda tree: distributed.replicate(tree, mesh)) if mesh
            else (lambda tree: jax.device_put(tree, device)))
-  # Data and state live on the devices once, up front (replicated like the
+
+  def place_state(state):
+    # A per-client table ([N, ...] leaves) is split by rows over the
+    # devices, everything else replicated.
+    if mesh is None:
+      return place(state)
+    return place(state._replace(client_state=()))._replace(
+        client_state=distributed.shard_rows(state.client_state, mesh,
+                                            data.num_clients))
+  # Data and state live on the devices once, up front (placed like the
   # round's outputs, so round 2 reuses round 1's compilation); evaluation
   # runs on one device, from a local copy.
-  state, data = place(state), place(data)
+  state, data = place_state(state), place(data)
   eval_data = data if mesh is None else distributed.local_copy(data, device)
   round_fn = rounds.make_round_fn(
       model, aggregator, training, execution=execution, mesh=mesh,
@@ -433,9 +442,9 @@ def run(
       compiled.append(True)
     state, out = round_fn(state, data, cohort, mask)
     if mesh is not None:
-      # Leaves whose sharding XLA chose otherwise (per-client state) are
-      # replicated again, so that the next round reuses this compilation.
-      state = place(state)
+      # Leaves whose sharding XLA chose otherwise are placed again, so
+      # that the next round reuses this compilation.
+      state = place_state(state)
     jax.block_until_ready(state.params)
     out = distributed.to_numpy(out)  # gathered from other hosts
     if "epsilons" in accounting:

@@ -265,3 +265,47 @@ def test_use_cpu_devices_before_and_after_jax_starts(monkeypatch):
   for bad in (0, -2, 1.5, True):
     with pytest.raises(ValueError, match="count"):
       distributed.use_cpu_devices(bad)
+
+
+TABLE_SHARDED = textwrap.dedent("""
+    import jax, numpy as np
+    from fedjax_agg import clients, distributed, simulation, validation
+    from fedjax_agg.config import Execution, LocalTraining
+    from tests.test_clients import linear_model, small_data
+
+    data, x, y, _ = small_data(sizes=(9, 12, 8, 11, 10, 7, 9, 12))
+    train, held = validation.holdout_split(data, 0.3, seed=0)
+    data = train.with_validation(held)
+    model = linear_model()
+    training = LocalTraining(epochs=1, batch_size=4, learning_rate=0.2)
+    runs = []
+    for devices in (4, 1):
+      mesh = distributed.client_mesh(4) if devices == 4 else None
+      update = clients.scaffold(
+          model, training, clients_per_step=4 if devices == 4 else 2,
+          mesh=mesh)
+      runs.append(simulation.run(
+          model, data, (x, y), clients.scaffold_aggregator(1.0),
+          num_rounds=3, participation=0.5, training=training,
+          execution=Execution(devices=devices, progress=False,
+                              clients_per_step=4 if devices == 4 else 2),
+          local_update=update, seed=2).state)
+    table = runs[0].client_state.controls.rows
+    for leaf in jax.tree.leaves(table):
+      assert len(leaf.sharding.device_set) == 4, leaf.sharding
+      assert not leaf.sharding.is_fully_replicated, leaf.sharding
+    for a, b in zip(jax.tree.leaves((runs[0].params, runs[0].client_state)),
+                    jax.tree.leaves((runs[1].params, runs[1].client_state)),
+                    strict=True):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5,
+                                 atol=1e-6)
+    print("OK")
+""")
+
+
+def test_client_table_is_split_by_rows_over_four_devices():
+  proc = subprocess.run([sys.executable, "-c", TABLE_SHARDED], cwd=ROOT,
+                        env=_env(4), capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip().endswith("OK")

@@ -15,11 +15,14 @@ new ones, and the rows are scattered back, all inside the jitted round.
 
 Memory. The table holds N x (row size): SCAFFOLD's control variates and
 Ditto's personal models are one model per client (N x the model), FedBN's
-local leaves a few hundred floats per client. With several devices the
-table is replicated like the rest of the server state. For a population
-whose table does not fit in device memory, ``HostTable`` keeps it in host
-memory (optionally a file-backed ``numpy.memmap``, whose untouched rows cost
-no disk) and moves only the cohort's rows per round.
+local leaves a few hundred floats per client. With several devices
+``simulation.run`` splits the table by rows over them (each device holds
+N / D clients' rows, ``distributed.shard_rows``; N must be a multiple of
+D, else it is replicated); the rest of the server state is replicated.
+For a population whose table does not fit in device memory,
+``placement="host"`` keeps it in host memory (optionally a file-backed
+``numpy.memmap``, whose untouched rows cost no disk) and moves only the
+cohort's rows per round.
 """
 
 from typing import Any, NamedTuple, Optional
