@@ -773,6 +773,17 @@ def describe_data(config: dict, dataset: data_lib.Dataset,
           "clients_by_seed": clients}
 
 
+def shown_path(path: str) -> str:
+  """``path`` as a record shows it: relative to the repository holding
+  this package when inside it (results committed with the code carry no
+  machine's paths), else as given."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  full = os.path.abspath(path)
+  if os.path.commonpath([root, full]) == root:
+    return os.path.relpath(full, root)
+  return path
+
+
 def run_record(config: dict, dataset: Optional[data_lib.Dataset] = None,
                indices: Optional[dict[int, Sequence]] = None,
                algorithms: Optional[Sequence[str]] = None,
@@ -1180,7 +1191,8 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
   seeds = list(config.get("seeds", [0]))
   dataset = load_dataset(config)
   write_run_config(out_dir, config, dataset=dataset, algorithms=names,
-                   execution={"out_dir": out_dir, "vmap_seeds": vmap_seeds,
+                   execution={"out_dir": shown_path(out_dir),
+                              "vmap_seeds": vmap_seeds,
                               "checkpoint_every": checkpoint_every,
                               "resume": resume})
   histories = {name: [] for name in names}

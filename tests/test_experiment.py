@@ -199,3 +199,12 @@ def test_full_scale_configs_never_run_on_the_subset():
                                      "*_full.json")):
     with open(path) as f:
       assert json.load(f)["dataset"]["allow_subset"] is False, path
+
+
+def test_records_show_paths_inside_the_repository_relative(tmp_path):
+  import os
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  inside = os.path.join(root, "experiments", "x", "results")
+  assert experiment.shown_path(inside) == os.path.join("experiments", "x",
+                                                       "results")
+  assert experiment.shown_path(str(tmp_path)) == str(tmp_path)
