@@ -358,8 +358,8 @@ def run(
   if privacy is not None and not isinstance(privacy, Privacy):
     raise TypeError(f"privacy must be a config.Privacy, got "
                     f"{type(privacy).__name__}")
-  accounting = _privacy_accounting(privacy, data.num_clients, participation,
-                                   cohort_size, num_rounds)
+  accounting = _privacy_accounting(privacy, data.num_clients, cohort_size,
+                                   num_rounds)
   num_rounds = accounting.get("rounds_run", num_rounds)
   poisson = privacy is not None and privacy.sampling == "poisson"
   if poisson:
@@ -425,7 +425,8 @@ def run(
   def sample(r):
     if not poisson:
       return place(rounds.sample_cohort(
-          sample_keys[r], data.num_clients, cohort_size, execution.sampler)),
+          sample_keys[r], data.num_clients, cohort_size,
+          execution.sampler)), full_mask
     cohort, mask, count = sampling_lib.poisson_cohort(
         sample_keys[r], data.num_clients, rate, capacity)
     if int(count) > capacity:
@@ -436,7 +437,7 @@ def run(
     return place(cohort), place(mask)
 
   def round_step(state, drawn):
-    cohort, mask = drawn if len(drawn) == 2 else (drawn[0], full_mask)
+    cohort, mask = drawn
     if not compiled:  # hosts start their first round together
       distributed.compile_together(round_fn, state, data, cohort, mask)
       compiled.append(True)
@@ -535,12 +536,11 @@ def run(
 
 
 def _privacy_accounting(privacy: Optional[Privacy], num_clients: int,
-                        participation: float, cohort_size: int,
-                        num_rounds: int) -> dict:
-  """Epsilon after each round, and where the target ends the run."""
+                        cohort_size: int, num_rounds: int) -> dict:
+  """Epsilon after each round, and where the target ends the run (the
+  Poisson rate is q = m / N, as the sampler draws)."""
   if privacy is None or num_rounds == 0:
     return {}
-  del participation  # Poisson rate q = m / N, as the sampler draws.
   kwargs = dict(num_clients=num_clients, delta=privacy.delta,
                 sampling=privacy.sampling, accountant=privacy.accountant,
                 cohort_size=cohort_size)

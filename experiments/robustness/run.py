@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 from fedjax_agg import aggregators  # pylint: disable=wrong-import-position
 from fedjax_agg import attacks  # pylint: disable=wrong-import-position
 from fedjax_agg import data as data_lib  # pylint: disable=wrong-import-position
+from fedjax_agg import experiment  # pylint: disable=wrong-import-position
 from fedjax_agg import federated  # pylint: disable=wrong-import-position
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
@@ -93,10 +94,7 @@ def main(argv=None):
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
   # Recorded relative to the repository when inside it (no machine paths).
-  repo = os.path.dirname(os.path.dirname(HERE))
-  shown_out = os.path.relpath(os.path.abspath(args.out), repo)
-  if shown_out.startswith(".."):
-    shown_out = os.path.basename(os.path.abspath(args.out))
+  shown_out = experiment.shown_path(args.out)
   os.makedirs(args.out, exist_ok=True)
 
   dataset = data_lib.load("fashion_mnist")
@@ -121,7 +119,7 @@ def main(argv=None):
       "rules": {name: RULES[name] for name in args.rules},
       "attacks": {name: ATTACKS[name] for name in args.attacks},
       "adversaries": "per_round",
-      "command": [os.path.relpath(sys.argv[0], repo)] + sys.argv[1:],
+      "command": [experiment.shown_path(sys.argv[0])] + sys.argv[1:],
       "args": {**vars(args), "out": shown_out}}
   if not args.skip_attacks:
     jsonio.dump_json(record, os.path.join(args.out, "config_attacks.json"))
@@ -245,7 +243,8 @@ def run_dp(args, model, data, test, training, participation, execution,
   for _, row in stats[~np.isfinite(stats.epsilon)].iterrows():
     ax.axhline(row["mean"], ls="--", color="gray",
                label=f"z = {row.noise_multiplier:g} (no privacy)")
-  ax.set_xscale("log")
+  if len(finite):  # (a run of z = 0 alone has no finite epsilon)
+    ax.set_xscale("log")
   ax.set_xlabel("epsilon (delta = 1e-5)")
   ax.set_ylabel("final test accuracy")
   ax.set_title(f"DP-FedAvg, {args.rounds} rounds")

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from fedjax_agg import aggregators  # pylint: disable=wrong-import-position
 from fedjax_agg import clients  # pylint: disable=wrong-import-position
 from fedjax_agg import data as data_lib  # pylint: disable=wrong-import-position
+from fedjax_agg import experiment  # pylint: disable=wrong-import-position
 from fedjax_agg import federated  # pylint: disable=wrong-import-position
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
@@ -87,10 +88,7 @@ def main(argv=None):
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
   # Recorded relative to the repository when inside it (no machine paths).
-  repo = os.path.dirname(os.path.dirname(HERE))
-  shown_out = os.path.relpath(os.path.abspath(args.out), repo)
-  if shown_out.startswith(".."):
-    shown_out = os.path.basename(os.path.abspath(args.out))
+  shown_out = experiment.shown_path(args.out)
 
   dataset = data_lib.load("fashion_mnist")
   training = LocalTraining(epochs=args.epochs, batch_size=args.batch_size,

@@ -1,28 +1,16 @@
 """Pieces the stateful client algorithms share."""
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import jax
 
-from fedjax_agg import engine
 from fedjax_agg import tree_math
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.types import Model
 
-__all__ = ["batch_norm_leaf", "make_trainer", "model_shapes",
+__all__ = ["batch_norm_leaf", "model_shapes",
            "trainable_leaves", "with_own_objective"]
-
-
-def make_trainer(model: Model, training: LocalTraining, *,
-                 clients_per_step: Optional[int], mesh, chunk_loop: str):
-  """The engine's cohort trainer (see ``engine.make_local_trainer``)."""
-  if not isinstance(training, LocalTraining):
-    raise TypeError(f"training must be a config.LocalTraining, got "
-                    f"{type(training).__name__}")
-  return engine.make_local_trainer(model, training,
-                                   clients_per_step=clients_per_step,
-                                   mesh=mesh, chunk_loop=chunk_loop)
 
 
 def with_own_objective(name: str, training: Any, objective,

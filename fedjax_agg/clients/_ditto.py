@@ -109,8 +109,8 @@ def ditto(model: Model, training: LocalTraining = LocalTraining(), *,
   _table.check_placement(placement, path)
   options = dict(clients_per_step=clients_per_step, mesh=mesh,
                  chunk_loop=chunk_loop)
-  train = _common.make_trainer(model, training, **options)
-  train_personal = _common.make_trainer(model, personal_config, **options)
+  train = engine.make_local_trainer(model, training, **options)
+  train_personal = engine.make_local_trainer(model, personal_config, **options)
 
   def init(num_clients: int) -> DittoState:
     return DittoState(_table.init_table(num_clients, shapes, placement, path))

@@ -13,6 +13,7 @@ Either is evaluated on the client's examples in ``validation`` (see
 ``block`` clients so that at most ``block`` models exist at a time.
 """
 
+import functools
 from typing import Callable, Optional
 
 import jax
@@ -33,16 +34,38 @@ def _blocks(num_clients: int, block: int):
     yield jnp.arange(start, min(start + block, num_clients), dtype=jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnames=("model", "personalize",
+                                             "batch_size"))
+def _personal_block(client_state, global_params, validation, ids, *, model,
+                    personalize, batch_size):
+  return client_accuracies(model, personalize(client_state, global_params,
+                                              ids), validation, ids,
+                           batch_size)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "train",
+                                             "batch_size"))
+def _finetuned_block(params, data, ids, learning_rate, steps, key, *, model,
+                     train, batch_size):
+  count = ids.shape[0]
+  local = train(params, data, ids,
+                jnp.full((count,), learning_rate, jnp.float32),
+                jnp.full((count,), steps, jnp.int32), key)
+  return client_accuracies(model, local.client_params, data.validation, ids,
+                           batch_size)
+
+
 def personal_accuracies(model: Model, personalize: Callable[..., Params],
                         client_state, global_params: Params,
                         validation: FederatedData, block: int = 128,
                         batch_size: int = 256) -> np.ndarray:
   """[N] accuracy of each client's personal model on its validation
-  examples."""
-  accuracy = jax.jit(lambda state, params, ids: client_accuracies(
-      model, personalize(state, params, ids), validation, ids, batch_size))
+  examples. Compiled once per (model, personalize, block shape): later
+  evaluations of a run reuse it."""
   return np.concatenate([
-      np.asarray(accuracy(client_state, global_params, ids))
+      np.asarray(_personal_block(client_state, global_params, validation,
+                                 ids, model=model, personalize=personalize,
+                                 batch_size=batch_size))
       for ids in _blocks(validation.num_clients, block)])
 
 
@@ -52,22 +75,20 @@ def finetuned_accuracies(model: Model, training: LocalTraining,
                          batch_size: int = 256,
                          trainer: Optional[Callable] = None) -> np.ndarray:
   """[N] accuracy on ``data.validation`` of the global model after
-  ``steps`` local steps of ``training`` on each client's training data."""
+  ``steps`` local steps of ``training`` on each client's training data.
+
+  ``trainer``: the engine's trainer for ``training``, built once by a
+  caller that evaluates repeatedly (else one is built, and compiled, per
+  call)."""
   if data.validation is None:
     raise ValueError("finetuned_accuracies needs data with a validation "
                      "split (FederatedData.with_validation)")
   train = trainer or engine.make_local_trainer(model, training)
-
-  @jax.jit
-  def accuracy(params, ids):
-    count = ids.shape[0]
-    local = train(params, data, ids,
-                  jnp.full((count,), training.learning_rate, jnp.float32),
-                  jnp.full((count,), steps, jnp.int32), key)
-    return client_accuracies(model, local.client_params, data.validation,
-                             ids, batch_size)
-  return np.concatenate([np.asarray(accuracy(global_params, ids))
-                         for ids in _blocks(data.num_clients, block)])
+  return np.concatenate([
+      np.asarray(_finetuned_block(
+          global_params, data, ids, training.learning_rate, steps, key,
+          model=model, train=train, batch_size=batch_size))
+      for ids in _blocks(data.num_clients, block)])
 
 
 def summarize(prefix: str, accuracies: np.ndarray) -> dict[str, float]:

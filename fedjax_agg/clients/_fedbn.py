@@ -74,9 +74,9 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
   if not callable(is_local):
     raise TypeError(f"is_local must be a function of a leaf path, got "
                     f"{type(is_local).__name__}")
-  train = _common.make_trainer(model, training,
-                               clients_per_step=clients_per_step, mesh=mesh,
-                               chunk_loop=chunk_loop)
+  train = engine.make_local_trainer(model, training,
+                                    clients_per_step=clients_per_step,
+                                    mesh=mesh, chunk_loop=chunk_loop)
   _table.check_placement(placement, path)
   shapes = _common.model_shapes(model)
   flags = jax.tree.leaves(tree_math.select_leaves(shapes, is_local))

@@ -104,7 +104,7 @@ def scaffold(model: Model, training: LocalTraining = LocalTraining(), *,
     ``scaffold_aggregator``. Metrics: ``server_control_norm`` and, per
     client, ``control_norm`` (||c_i+||).
   """
-  train = _common.make_trainer(
+  train = engine.make_local_trainer(
       model, _common.with_own_objective(
           "training", training, correction_objective(), "scaffold"),
       clients_per_step=clients_per_step, mesh=mesh, chunk_loop=chunk_loop)
