@@ -42,7 +42,9 @@ passed over here.
 
 "train.devices" picks the devices a run shards its clients over
 (``simulation.run``'s ``devices``): null = every device of the job, an int
-= that many; vmapped sweeps (``sweep_algorithm``) run on one device.
+= that many; vmapped sweeps (``sweep_algorithm``) shard their members
+over that many devices (null = the most devices that divide the member
+count).
 """
 
 import argparse
@@ -54,12 +56,14 @@ import functools
 import importlib.metadata
 import inspect
 import json
+import math
 import os
 import warnings
 import platform
 import sys
 from typing import Any, Optional, Sequence
 
+import jax
 import numpy as np
 
 from fedjax_agg import aggregators
@@ -1076,8 +1080,14 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
   arguments = run_arguments(config, algorithm, prepared[0])
   num_clients = arguments["data"].num_clients
   arguments["data"] = [p[0] for p in prepared]
-  arguments["execution"] = dataclasses.replace(arguments["execution"],
-                                               progress=progress)
+  # Members are sharded over devices: "train.devices" when set (it must
+  # divide the member count), else the most devices that divide it.
+  members = len(seeds) * len(sweep.grid_points(grid))
+  devices = _train_config(config, algorithm)["devices"]
+  if devices is None:
+    devices = math.gcd(members, len(jax.devices()))
+  arguments["execution"] = dataclasses.replace(
+      arguments["execution"], progress=progress, devices=devices)
   if run_privacy(config, algorithm) is not None:
     raise ConfigError(
         f"algorithms.{algorithm}.aggregator",
@@ -1249,7 +1259,9 @@ def script_parser(description: str) -> argparse.ArgumentParser:
   overrides (values are Python literals, keys dotted as in ``override``),
   ``--full`` (run ``<name>_full.json``, the paper's scale) and
   ``--algorithms`` (a comma-separated subset), ``--vmap-seeds`` (each
-  algorithm's seeds as one vmapped sweep). A script may add its own
+  algorithm's seeds as one vmapped sweep), ``--cpu-devices`` (XLA CPU
+  devices to split the host into; default one per core, the fast layout on
+  CPU; ``script_config`` applies it before JAX starts). A script may add its own
   flags before parsing; ``script_config`` turns the parsed flags into
   what to run.
   """
@@ -1266,6 +1278,10 @@ def script_parser(description: str) -> argparse.ArgumentParser:
                       help="comma-separated subset of the algorithms")
   parser.add_argument("--vmap-seeds", action="store_true",
                       help="run each algorithm's seeds as one vmapped sweep")
+  parser.add_argument("--cpu-devices", type=int, default=None,
+                      help="split the CPU into this many XLA devices before "
+                      "JAX starts (default: one per available core; 1 opts "
+                      "out; an XLA_FLAGS host device count wins)")
   return parser
 
 
@@ -1301,7 +1317,19 @@ def parse_sets(pairs) -> dict[str, Any]:
 def script_config(args: argparse.Namespace, script_dir: str
                   ) -> tuple[dict, str, Optional[list[str]]]:
   """-> (config with the overrides applied, output folder, algorithms or
-  None for all) of flags parsed by ``script_parser``."""
+  None for all) of flags parsed by ``script_parser``.
+
+  Splits the CPU into ``--cpu-devices`` XLA devices first (default one
+  per core), so call it before anything starts JAX.
+  """
+  cpu_devices = getattr(args, "cpu_devices", None)
+  try:
+    if cpu_devices is None:
+      distributed.use_all_cores()
+    else:
+      distributed.use_cpu_devices(cpu_devices)
+  except (ValueError, RuntimeError) as error:
+    raise ValueError(f"--cpu-devices: {error}") from None
   path = config_path(args.config, args.full, script_dir)
   config = override(load_config(path), parse_sets(args.set))
   if getattr(args, "vmap_seeds", False):

@@ -3,6 +3,7 @@
 import json
 import os
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -70,7 +71,10 @@ def test_override_and_bad_configs_are_named():
           experiment.override(CONFIG, {"partition.name": name}))
 
 
-def test_script_flags_resolve_config_overrides_and_output(tmp_path):
+def test_script_flags_resolve_config_overrides_and_output(tmp_path,
+                                                         monkeypatch):
+  # script_config sets XLA_FLAGS (--cpu-devices); restored after the test.
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   script_dir = tmp_path / "paper"
   (script_dir / "configs").mkdir(parents=True)
   for name in ("fig1", "fig1_full"):
@@ -95,6 +99,18 @@ def test_script_flags_resolve_config_overrides_and_output(tmp_path):
     experiment.config_path("configs/missing.json", False, str(script_dir))
   with pytest.raises(ValueError, match="--set"):
     experiment.parse_sets(["train.rounds"])
+  # --cpu-devices is applied before the config is read; JAX has started
+  # here, so only its current device count is accepted.
+  started = len(jax.devices("cpu"))
+  config, _, _ = experiment.script_config(parser.parse_args(
+      ["--config", "configs/fig1.json", "--cpu-devices", str(started)]),
+      str(script_dir))
+  assert config["name"] == "fig1"
+  for bad in ("0", str(started + 1)):
+    with pytest.raises(ValueError, match="--cpu-devices"):
+      experiment.script_config(parser.parse_args(
+          ["--config", "configs/fig1.json", "--cpu-devices", bad]),
+          str(script_dir))
 
 
 def test_run_algorithm_aggregator_argument_replaces_the_spec(has_fashion):

@@ -320,6 +320,28 @@ SHARDED_SWEEP = textwrap.dedent("""
         progress=False, devices=4))
     for a, b in zip(sharded, plain, strict=True):
       _assert_same_run(a, b)
+    # Config sweeps: with "train.devices" unset the members go on the most
+    # devices that divide their count; an explicit count must divide it.
+    import tempfile
+    from fedjax_agg import experiment
+    from tests.test_sweep import CONFIG
+    config = experiment.override(CONFIG, {"seeds": [0, 1, 2]})
+    calls = []
+    real = sweep.run_sweep
+    sweep.run_sweep = lambda *a, **k: calls.append(
+        k["execution"].devices) or real(*a, **k)
+    experiment.run_config(config, tempfile.mkdtemp(), progress=False,
+                          vmap_seeds=True)
+    assert calls == [1], calls  # gcd(3 members, 4 devices)
+    try:
+      experiment.run_config(
+          experiment.override(config, {"train.devices": 2}),
+          tempfile.mkdtemp(), progress=False, vmap_seeds=True)
+      raise AssertionError("3 members on 2 devices were accepted")
+    except ValueError as error:
+      assert "multiple of the 2 devices" in str(error), error
+    finally:
+      sweep.run_sweep = real
     print("OK")
 """)
 
