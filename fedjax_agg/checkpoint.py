@@ -79,6 +79,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fedjax_agg import locks
+
 __all__ = ["CheckpointError", "CheckpointMismatchError",
     "CorruptCheckpointError", "FORMAT_VERSION", "ITEMS", "MAX_TO_KEEP",
     "RunCheckpointer", "Snapshot", "check_arguments", "config_differences",
@@ -157,8 +159,10 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
   Scalars and strings are kept; arrays become shape, dtype and CRC-32;
   functions become ``module.qualname`` and the description of the values
   their closures hold (so ``fedadp(alpha=5.0)`` and ``fedadp(alpha=3.0)``
-  differ); ``functools.partial`` its function and arguments; NamedTuples,
-  lists and dicts their described items; anything else its type's name.
+  differ), jitted or decorated functions those of the function they wrap
+  (so a local update's own training settings are covered);
+  ``functools.partial`` its function and arguments; NamedTuples, lists and
+  dicts their described items; anything else its type's name.
   """
   seen = set() if _seen is None else _seen
   if value is None or isinstance(value, (bool, int, float, str)):
@@ -171,7 +175,9 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
     host = np.asarray(value)
     return {"shape": list(host.shape), "dtype": str(host.dtype),
             "crc32": _crc(host)}
-  if _depth > 6 or id(value) in seen:
+  if isinstance(value, jax.ShapeDtypeStruct):
+    return {"shape": list(value.shape), "dtype": str(value.dtype)}
+  if _depth > 12 or id(value) in seen:
     return "..."
   seen = seen | {id(value)}
   recurse = functools.partial(describe, _depth=_depth + 1, _seen=seen)
@@ -200,6 +206,10 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
     return [recurse(v) for v in value]
   if isinstance(value, dict):
     return {str(k): recurse(v) for k, v in value.items()}
+  wrapped = getattr(value, "__wrapped__", None)
+  if callable(value) and callable(wrapped):
+    # A jitted or decorated function: what it wraps (and its closure).
+    return recurse(wrapped)
   if callable(value) and hasattr(value, "__qualname__"):
     return {"function": f"{getattr(value, '__module__', '')}."
                         f"{value.__qualname__}"}
@@ -453,6 +463,11 @@ class RunCheckpointer:
 
   def __post_init__(self):
     self.directory = os.path.abspath(os.fspath(self.directory))
+    # One writer per folder for the run's life: a second run in the same
+    # folder would overwrite this one's steps.
+    os.makedirs(self.directory, exist_ok=True)
+    self._lock = locks.FileLock.for_folder(
+        self.directory, f"checkpoint folder {self.directory}").acquire()
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp.checkpoint_managers.LatestN(
             self.max_to_keep),
@@ -575,8 +590,11 @@ class RunCheckpointer:
 
   def close(self) -> None:
     """Waits for pending writes and releases the manager."""
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self._manager.wait_until_finished()
+      self._manager.close()
+    finally:
+      self._lock.release()
 
 
 def open_run(checkpoint_dir: str, every: int, resume: bool, config: dict,

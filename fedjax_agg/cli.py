@@ -531,7 +531,10 @@ def resolve(args, given: set[str]) -> tuple[dict, str]:
   try:
     experiment.check_config(config)
   except experiment.ConfigError as error:
-    flag = _flag_of(error.path, algorithm, given, args.config)
+    if error.path == "algorithms" and (base is None or "algorithm" in given):
+      flag = "--algorithm"  # The run's name, from --algorithm or the rule.
+    else:
+      flag = _flag_of(error.path, algorithm, given, args.config)
     raise UsageError(f"{flag}: {error}") from None
   return config, algorithm
 
@@ -539,6 +542,11 @@ def resolve(args, given: set[str]) -> tuple[dict, str]:
 def _check_grid(config: dict, algorithm: str, grid: dict) -> None:
   """Every --sweep value, checked as the algorithm's argument it sets."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
+  try:
+    sweep.grid_points(grid)
+  except (TypeError, ValueError) as error:
+    raise UsageError(f"--sweep: {error}") from None
   spec = config["algorithms"][algorithm]
   takers = {"aggregator_args": aggregators.REGISTRY.parameters(
                 spec["aggregator"]),
@@ -613,6 +621,9 @@ def _check_execution(args, given: set[str], config: dict, algorithm: str,
     if args.checkpoint_every or args.resume or args.checkpoint_dir:
       raise UsageError("--checkpoint-dir/--checkpoint-every/--resume: "
                        "--seeds/--sweep runs do not checkpoint")
+    if args.tensorboard is not None:
+      raise UsageError("--tensorboard: --seeds/--sweep runs do not write "
+                       "TensorBoard events (one run at a time does)")
     if args.devices is not None or args.distributed:
       raise UsageError("--devices/--distributed: --seeds/--sweep runs use "
                        "one device")
@@ -638,6 +649,16 @@ def _check_execution(args, given: set[str], config: dict, algorithm: str,
     experiment.check_output_dir(args.out, names)
   except ValueError as error:
     raise UsageError(f"--out: {error}") from None
+  if args.tensorboard is not None:
+    try:
+      import tensorboardX  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      raise UsageError("--tensorboard: needs tensorboardX: pip install "
+                       "'fedjax_agg[tensorboard]'") from None
+    try:
+      experiment.check_output_dir(args.tensorboard)
+    except ValueError as error:
+      raise UsageError(f"--tensorboard: {error}") from None
 
 
 def _load_data(args, given: set[str], config: dict):
@@ -740,9 +761,12 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
   from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
-  members = experiment.sweep_algorithm(
-      config, algorithm, config["seeds"], prepared, grid,
-      progress=not args.no_progress)
+  try:
+    members = experiment.sweep_algorithm(
+        config, algorithm, config["seeds"], prepared, grid,
+        progress=not args.no_progress)
+  except sweep.UntraceableGridError as error:
+    raise UsageError(f"--sweep: {error}") from None
   histories, rows = {}, []
   for member in members:
     name = sweep.member_name(member.hparams, member.seed)

@@ -60,6 +60,7 @@ import math
 import os
 import warnings
 import platform
+import re
 import sys
 from typing import Any, Optional, Sequence
 
@@ -90,7 +91,7 @@ from fedjax_agg.config import OPTIMIZERS
 from fedjax_agg.config import Privacy
 
 __all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
-    "ConfigError", "ConfigTypeError",
+    "ConfigError", "ConfigTypeError", "check_algorithm_name",
     "DATASET_DEFAULTS", "MODEL_KEYS", "PARTITION_KEYS",
     "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "TOP_KEYS", "TRAIN_CHECKS",
     "TRAIN_DEFAULTS", "build_rule", "check_config", "check_output_dir",
@@ -115,9 +116,40 @@ TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
                   "devices": None, "optimizer": "sgd", "weight_decay": 0.0}
 
 
+# Deeper than this, a config is refused (the deepest legitimate entry,
+# an algorithm's argument holding a list, is 5 levels down).
+MAX_CONFIG_DEPTH = 32
+
+
 def load_config(path: str) -> dict:
+  """Reads a JSON config; a file that is not JSON, or nested past Python's
+  recursion limit, raises ``ValueError``."""
   with open(path) as f:
-    return json.load(f)
+    try:
+      return json.load(f)
+    except RecursionError:
+      raise ValueError(f"{path}: nested too deeply to be a config (a "
+                       f"config is at most {MAX_CONFIG_DEPTH} levels "
+                       "deep)") from None
+
+
+def _check_depth(config) -> None:
+  """Refuses a config nested deeper than ``MAX_CONFIG_DEPTH`` (walked
+  without recursion, so any depth gives this error, never a
+  ``RecursionError``)."""
+  stack = [(config, "config", 0)]
+  while stack:
+    node, path, depth = stack.pop()
+    if depth > MAX_CONFIG_DEPTH:
+      top = path.split(".")[0].split("[")[0]
+      raise ConfigError(top, f"{path[:80]}...: the config is nested "
+                        f"deeper than {MAX_CONFIG_DEPTH} levels")
+    if isinstance(node, dict):
+      stack.extend((value, f"{key}" if path == "config" else f"{path}.{key}",
+                    depth + 1) for key, value in node.items())
+    elif isinstance(node, (list, tuple)):
+      stack.extend((value, f"{path}[{i}]", depth + 1)
+                   for i, value in enumerate(node))
 
 
 def override(config: dict, dotted: dict[str, Any]) -> dict:
@@ -464,12 +496,30 @@ def _check_seeds(config: dict) -> None:
     raise ConfigTypeError("seeds", f"seeds must be a non-empty list of ints "
                           f">= 0, got {seeds!r}")
   for i, seed in enumerate(seeds):
-    _check_int(f"seeds[{i}]", seed, 0)
+    _checked(f"seeds[{i}]", checks.check_int, seed, 0, simulation.MAX_SEED)
   if len(set(seeds)) != len(seeds):
     raise ConfigError("seeds", f"seeds must be distinct, got {seeds}")
 
 
+# An algorithm's name becomes a folder of the output (results and
+# checkpoints): one path component, no separators, no leading dot (".."
+# would write outside the output folder, ".x" would hide it).
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_(][A-Za-z0-9 _.,()+=-]{0,127}")
+
+
+def check_algorithm_name(name) -> None:
+  """Refuses an algorithm name that is not a safe folder name."""
+  if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or (
+      name.endswith((" ", "."))):
+    raise ConfigError(
+        "algorithms", f"algorithms: the name {name!r} is not a safe folder "
+        "name (results are written to <out>/<name>): use 1-128 letters, "
+        "digits, spaces and _ . , ( ) + = -, starting with a letter, digit, "
+        "_ or (, not ending with a space or a dot")
+
+
 def _check_algorithm(config: dict, name: str, spec) -> None:
+  check_algorithm_name(name)
   path = f"algorithms.{name}"
   _check_keys(path, spec, ALGORITHM_KEYS + SCRIPT_ALGORITHM_KEYS,
               required=("aggregator",))
@@ -613,6 +663,7 @@ def check_config(config: dict) -> None:
       allowed: [...]``; ConfigTypeError (also a TypeError) where an entry
       has the wrong type.
   """
+  _check_depth(config)
   _check_keys("", config, TOP_KEYS + SCRIPT_KEYS,
               required=("dataset", "partition", "model", "algorithms"))
   if "name" in config and not isinstance(config["name"], (str, type(None))):
@@ -636,6 +687,34 @@ def check_config(config: dict) -> None:
     _check_algorithm(config, name, spec)
   for name in algorithms:
     _check_rules(config, name)
+  _check_privacy_target(config)
+
+
+def _check_privacy_target(config: dict) -> None:
+  """A target epsilon that even one round of a private algorithm passes is
+  refused here, before the data is read (the run would end at round 0)."""
+  target = (config.get("privacy") or {}).get("target_epsilon")
+  if target is None:
+    return
+  from fedjax_agg import privacy as privacy_lib  # pylint: disable=g-import-not-at-top
+  for name in config["algorithms"]:
+    privacy = run_privacy(config, name)
+    if privacy is None:
+      continue
+    train = _train_config(config, name)
+    num_clients = config["partition"]["num_clients"]
+    first = privacy_lib.epsilon(
+        privacy.noise_multiplier, 1, num_clients=num_clients,
+        cohort_size=rounds.num_sampled(num_clients, train["participation"]),
+        delta=privacy.delta, sampling=privacy.sampling,
+        accountant=privacy.accountant)
+    if first > target:
+      raise ConfigError(
+          "privacy.target_epsilon",
+          f"privacy.target_epsilon: {target} cannot be met by "
+          f"{name}: a single round already costs epsilon={first:.4g} "
+          f"(noise_multiplier={privacy.noise_multiplier}); raise the "
+          "target or the noise")
 
 
 def _rule_parameters(registry, name: str) -> dict[str, inspect.Parameter]:
@@ -648,9 +727,22 @@ def _runner_arguments(config: dict, algorithm: str) -> dict[str, Any]:
   """Aggregator arguments the runner fills in unless the spec gives them:
   the client learning rate and the cohort size (as ``build_rule``)."""
   train = _train_config(config, algorithm)
-  return {"learning_rate": train["learning_rate"],
-          "num_participants": rounds.num_sampled(
-              config["partition"]["num_clients"], train["participation"])}
+  cohort = rounds.num_sampled(config["partition"]["num_clients"],
+                              train["participation"])
+  filled = {"learning_rate": train["learning_rate"],
+            "num_participants": cohort}
+  expected = _expected_clients(config, cohort)
+  if expected is not None:
+    filled["expected_clients"] = expected
+  return filled
+
+
+def _expected_clients(config: dict, cohort: int) -> Optional[float]:
+  """The fixed denominator q N = m of a private rule under Poisson
+  sampling (McMahan et al. 2018), else None."""
+  if (config.get("privacy") or {}).get("sampling") == "poisson":
+    return float(cohort)
+  return None
 
 
 def rule_arguments(config: dict, algorithm: str) -> tuple[dict, dict]:
@@ -1007,8 +1099,11 @@ def build_rule(config: dict, algorithm: str, num_clients: int,
   factory = aggregators.REGISTRY[spec["aggregator"]]
   for name, value in (("learning_rate", hparams.pop(
       "learning_rate", train["learning_rate"])), ("num_participants",
-                                                  cohort)):
-    if name in _parameters(factory) and name not in agg_args:
+                                                  cohort),
+                      ("expected_clients", _expected_clients(config,
+                                                             cohort))):
+    if (value is not None and name in _parameters(factory)
+        and name not in agg_args):
       agg_args[name] = value
   objective_name = spec.get("objective", "cross_entropy")
   objective_args = dict(spec.get("objective_args", {}))

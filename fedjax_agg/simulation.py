@@ -35,6 +35,7 @@ import tqdm.auto as tqdm
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg import checks
 from fedjax_agg import clients as clients_lib
 from fedjax_agg import distributed
 from fedjax_agg import engine
@@ -49,8 +50,9 @@ from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.types import Aggregator, Model, Params
 
-__all__ = ["Driver", "NonFiniteError", "RunResult", "loop_with_checkpoints",
-           "num_classes_of", "open_checkpoints", "run", "seed_keys"]
+__all__ = ["Driver", "MAX_SEED", "NonFiniteError", "RunResult",
+           "loop_with_checkpoints", "num_classes_of", "open_checkpoints",
+           "resolve_privacy", "run", "seed_keys"]
 
 Callback = Callable[[dict, Optional[dict]], None]
 
@@ -64,12 +66,14 @@ class RunResult(NamedTuple):
   state: rounds.ServerState
 
 
+# Seeds are 32-bit: ``jax.random.key`` keeps only the low 32 bits of a
+# larger one (2**32 + 5 would silently be seed 5) and overflows at 2**63.
+MAX_SEED = 2**32 - 1
+
+
 def seed_keys(seed: int) -> tuple[jax.Array, jax.Array]:
-  """``seed`` -> (model init key, run key)."""
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-    raise TypeError(f"seed must be an int >= 0, got {seed!r}")
-  if seed < 0:
-    raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+  """``seed`` (an int in [0, 2**32 - 1]) -> (model init key, run key)."""
+  checks.check_int("seed", seed, 0, MAX_SEED)
   return tuple(jax.random.split(jax.random.key(int(seed))))
 
 
@@ -218,6 +222,17 @@ class Driver:
         callback(row, None)
     return rows
 
+  def replay(self, rows: list[list[dict]],
+             client_rows: list[list[dict]]) -> None:
+    """Hands a resumed run's restored rows to the callbacks, in order, so
+    that history writers start from the checkpoint's rows (a resumed run's
+    files then hold every round, not only those after the resume)."""
+    for m in range(self.num_members):
+      for i, row in enumerate(rows[m]):
+        client = client_rows[m][i - 1] if i > 0 else None
+        for callback in self.callbacks[m]:
+          callback(row, client)
+
   def _check_model(self, row: dict, state, m: int) -> None:
     """The global model (and its test loss) must stay finite."""
     if self.nonfinite.model == "record":
@@ -355,9 +370,7 @@ def run(
   _check_rounds(num_rounds)
   _check_per_client_evaluation(evaluation, data, local_update)
   cohort_size = rounds.num_sampled(data.num_clients, participation)
-  if privacy is not None and not isinstance(privacy, Privacy):
-    raise TypeError(f"privacy must be a config.Privacy, got "
-                    f"{type(privacy).__name__}")
+  privacy = resolve_privacy(privacy, aggregator, cohort_size)
   accounting = _privacy_accounting(privacy, data.num_clients, cohort_size,
                                    num_rounds)
   num_rounds = accounting.get("rounds_run", num_rounds)
@@ -516,6 +529,7 @@ def run(
     rows, client_rows = [driver.initial_rows(state, num_rounds)], [[]]
   else:
     rows, client_rows = [snapshot.rows], [snapshot.client_rows]
+    driver.replay(rows, client_rows)
 
   state = loop_with_checkpoints(driver, checkpointer, state, run_key,
                                 num_rounds, rows, client_rows)
@@ -533,6 +547,54 @@ def run(
         **{k: v for k, v in accounting.items() if k != "epsilons"}}
   base_config.update(config or {})
   return RunResult(History(rows[0], client_rows[0], base_config), state)
+
+
+def resolve_privacy(privacy: Optional[Privacy], aggregator: Aggregator,
+                    cohort_size: int) -> Optional[Privacy]:
+  """``privacy`` with the noise multiplier of the rule that adds the noise.
+
+  The accounting is derived from ``aggregator.noise_multiplier``, never
+  taken on trust: a rule that adds no calibrated noise, a stated
+  ``Privacy.noise_multiplier`` that differs from the rule's, and Poisson
+  sampling with a rule that divides by the realised cohort size (its noise
+  then depends on who was drawn) are refused.
+
+  Args:
+    privacy: the run's ``config.Privacy`` or None.
+    aggregator: the run's rule.
+    cohort_size: m; under Poisson sampling q N = m.
+  """
+  if privacy is None:
+    return None
+  if not isinstance(privacy, Privacy):
+    raise TypeError(f"privacy must be a config.Privacy, got "
+                    f"{type(privacy).__name__}")
+  rule_z = aggregator.noise_multiplier
+  if rule_z is None:
+    raise ValueError(
+        "privacy: the aggregator adds no calibrated Gaussian noise "
+        "(Aggregator.noise_multiplier is None), so the run has no privacy "
+        "guarantee to account; use a private rule such as "
+        "aggregators.dp_fedavg, or drop privacy")
+  rule_z = float(rule_z)
+  if privacy.noise_multiplier is not None and not np.isclose(
+      privacy.noise_multiplier, rule_z, rtol=1e-6, atol=0.0):
+    raise ValueError(
+        f"privacy.noise_multiplier={privacy.noise_multiplier} differs from "
+        f"the noise the aggregator adds (noise_multiplier={rule_z}); the "
+        "accounting is that of the rule's noise: leave "
+        "Privacy.noise_multiplier unset or make them equal")
+  if privacy.sampling == "poisson":
+    expected = aggregator.expected_clients
+    if expected is None or not np.isclose(float(expected), cohort_size):
+      raise ValueError(
+          f"privacy.sampling='poisson': the aggregator must divide by the "
+          f"fixed expected cohort size q N = {cohort_size} (e.g. "
+          f"dp_fedavg(expected_clients={cohort_size})), got expected_clients="
+          f"{expected}; dividing by the realised cohort size makes the "
+          "noise depend on who was drawn, which the accountant does not "
+          "cover")
+  return dataclasses.replace(privacy, noise_multiplier=rule_z)
 
 
 def _privacy_accounting(privacy: Optional[Privacy], num_clients: int,

@@ -60,8 +60,8 @@ from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.types import Aggregator, LocalObjective, Model, Params
 
-__all__ = ["CLIENT_LEARNING_RATE", "SweepMember", "grid_points",
-           "member_name", "run_sweep", "stack_data"]
+__all__ = ["CLIENT_LEARNING_RATE", "SweepMember", "UntraceableGridError",
+           "grid_points", "member_name", "run_sweep", "stack_data"]
 
 CLIENT_LEARNING_RATE = "learning_rate"
 MEMBER_AXIS = "members"
@@ -109,14 +109,33 @@ def grid_points(grid: Optional[Mapping[str, Sequence[float]]]
                        f"numbers, got {values!r}")
     for value in values:
       checks.check_range(f"grid[{name!r}]", value)
+    # Members get their values as float32 scalars: two values that are one
+    # float32 would be two identical members (and one output folder).
+    as_float32 = [float(np.float32(value)) for value in values]
+    for i, value in enumerate(as_float32):
+      if value in as_float32[:i]:
+        other = values[as_float32.index(value)]
+        raise ValueError(
+            f"grid[{name!r}] repeats a value: {other!r} and {values[i]!r} "
+            "are the same float32 number (the members would be identical "
+            "and share one output folder)")
   names = list(grid)
   return [dict(zip(names, point, strict=True))
           for point in itertools.product(*(grid[n] for n in names))]
 
 
+def _number_name(value) -> str:
+  """A grid value as a file name part: distinct float32 values give
+  distinct names (``:g`` would write 5 and 5.0000001 both as "5")."""
+  value = float(np.float32(value))
+  if value.is_integer() and abs(value) < 1e15:
+    return str(int(value))
+  return repr(value)
+
+
 def member_name(hparams: HParams, seed: int) -> str:
   """A member's name for files: ``alpha5_mu0.1_seed0``."""
-  parts = [f"{name}{value:g}" for name, value in hparams.items()]
+  parts = [f"{name}{_number_name(value)}" for name, value in hparams.items()]
   return "_".join(parts + [f"seed{seed}"])
 
 
@@ -195,6 +214,31 @@ def _unpack_rows(packed, packed_clients, num_members: int):
   return rows, client_rows
 
 
+class UntraceableGridError(ValueError):
+  """A grid argument that cannot be a traced value (it sets a shape or
+  picks code by a Python test)."""
+
+
+_TRACER_ERRORS = (jax.errors.ConcretizationTypeError,
+                  jax.errors.TracerArrayConversionError,
+                  jax.errors.TracerIntegerConversionError,
+                  jax.errors.TracerBoolConversionError)
+
+
+def _check_traceable(sweep_round, points, *arguments) -> None:
+  """Traces the vmapped round once (no computation) before the first round,
+  so that a grid argument that sets a shape is named up front."""
+  try:
+    jax.eval_shape(sweep_round, *arguments)
+  except _TRACER_ERRORS as error:
+    names = sorted(points[0])
+    raise UntraceableGridError(
+        f"grid: {names} cannot be swept in one vmapped call: a swept "
+        "argument sets a shape or selects code by a Python test, so it "
+        "cannot be a traced value ("
+        f"{type(error).__name__}); run those values one at a time") from None
+
+
 def _stack(trees):
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
@@ -268,6 +312,13 @@ def run_sweep(
   seeds = list(seeds)
   if not seeds:
     raise ValueError("seeds must be a non-empty list of ints")
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f"seeds must be distinct, got {seeds}")
+  if evaluation.per_client:
+    raise ValueError(
+        "evaluation: personalized / finetune_steps are not computed for "
+        "sweep members (their held-out evaluations are per run); run them "
+        "with simulation.run, one member at a time")
   if local_update is not None and not isinstance(local_update,
                                                  rounds.LocalUpdate):
     raise TypeError(f"local_update must be a rounds.LocalUpdate, got "
@@ -407,6 +458,9 @@ def run_sweep(
       rows.append(row)
     return rows
 
+  _check_traceable(sweep_round, points, hparams, state, round_data,
+                   by_member(sample(sample_keys[:, 0])), mask)
+
   def round_step(state, cohorts):
     state, out = sweep_round(hparams, state, round_data, cohorts, mask)
     jax.block_until_ready(state.params)
@@ -428,6 +482,7 @@ def run_sweep(
   else:
     rows, client_rows = _unpack_rows(snapshot.rows, snapshot.client_rows,
                                      len(members))
+    driver.replay(rows, client_rows)
 
   state = simulation.loop_with_checkpoints(
       driver, checkpointer, state, run_key, num_rounds, rows, client_rows,

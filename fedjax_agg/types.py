@@ -97,11 +97,24 @@ class Aggregator(NamedTuple):
       cost two forward passes over every participant's data (about 40 % of
       a round of a small CNN on CPU), so rules that ignore them leave this
       False and a user who does not need them in the history can skip them.
+    noise_multiplier: z when every round adds Gaussian noise calibrated
+      for differential privacy (standard deviation z times the clip norm
+      on the sum of the clipped updates, DP-FedAvg), else None. A run's
+      privacy accounting (``config.Privacy``) reads it from here, so the
+      recorded epsilon is always that of the noise the rule adds; wrappers
+      around a rule (server optimizers) pass it on.
+    expected_clients: for such a rule, the fixed denominator of its mean
+      (the expected cohort size qN of McMahan et al. 2018) when it divides
+      by one, else None (it divides by the round's real participants).
+      Poisson sampling needs the fixed denominator for the accounting to
+      hold (the realised cohort size depends on who was drawn).
   """
   init: Callable[[Params], AggregatorState]
   aggregate: AggregateFn
   stream: Optional[StreamingForm] = None
   uses_losses: bool = False
+  noise_multiplier: Optional[Any] = None
+  expected_clients: Optional[Any] = None
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array

@@ -93,8 +93,43 @@ def _bad_file_value(tmp_path):
   return ["--config", _config_file(tmp_path, seeds=[-3])]
 
 
+def _deep_config_file(tmp_path):
+  path = tmp_path / "deep.json"
+  path.write_text("[" * 200_000 + "]" * 200_000)
+  return ["--config", str(path)]
+
+
+def _huge_seed_in_file(tmp_path):
+  return ["--config", _config_file(tmp_path, seeds=[10**20])]
+
+
+def _tensorboard_under_a_file(tmp_path):
+  (tmp_path / "a_file").write_text("")
+  return ["--tensorboard", str(tmp_path / "a_file" / "tb")]
+
+
+def _sweep_with_tensorboard(tmp_path):
+  return ["--seeds", "0,1", "--tensorboard", str(tmp_path / "tb")]
+
+
 # (extra flags, or a function of tmp_path giving them; what the line names).
 BAD_FLAGS = [
+    (["--seed", str(2**63)], "--seed"),
+    (["--seed", str(10**20)], "--seed"),
+    (["--seed", str(2**32 + 5)], "--seed"),
+    (["--seeds", "0,4294967296"], "--seeds"),
+    (_huge_seed_in_file, "--config"),
+    (_deep_config_file, "--config"),
+    (["--algorithm", "../escaped"], "--algorithm"),
+    (["--algorithm", "/abs/path"], "--algorithm"),
+    (_tensorboard_under_a_file, "--tensorboard"),
+    (_sweep_with_tensorboard, "--tensorboard"),
+    (["--aggregator", "fedadp", "--sweep", "alpha=5,5.0000001"], "--sweep"),
+    (["--aggregator", "fedadp", "--sweep", "alpha=5,5"], "--sweep"),
+    (["--aggregator", "trimmed_mean", "--sweep", "beta=0.1,0.2"],
+     "--sweep"),
+    (["--aggregator", "dp_fedavg", "--agg-arg", "noise_multiplier=0.3",
+      "--target-epsilon", "0.01"], "--target-epsilon"),
     (["--seed", "-1"], "--seed"),
     (["--lr", "nan"], "--lr"),
     (["--lr", "inf"], "--lr"),
@@ -178,6 +213,23 @@ def test_unwritable_out_is_refused_before_the_data(tmp_path, capsys,
 
 def _never(*args, **kwargs):
   raise AssertionError("the data must not be read")
+
+
+@pytest.mark.parametrize("flags", [
+    ["--aggregator", "dp_fedavg", "--agg-arg", "noise_multiplier=0.3",
+     "--target-epsilon", "0.01"],
+    ["--tensorboard", "TB_UNDER_FILE"],
+])
+def test_late_errors_come_before_the_data_and_config_json(
+    flags, tmp_path, capsys, monkeypatch):
+  (tmp_path / "a_file").write_text("")
+  flags = [str(tmp_path / "a_file" / "tb") if f == "TB_UNDER_FILE" else f
+           for f in flags]
+  monkeypatch.setattr(experiment, "load_dataset", _never)
+  out = tmp_path / "run"
+  line = _error_line(capsys, TINY + ["--out", str(out)] + flags)
+  assert flags[-2] in line, line
+  assert not (out / "config.json").exists()
 
 
 def test_internal_errors_keep_their_traceback(tmp_path, monkeypatch):

@@ -19,12 +19,15 @@ table cannot be checkpointed (``simulation.run`` refuses it) nor vmapped
 (sweeps refuse it); one process only.
 """
 
+import os
 import threading
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedjax_agg import locks
 
 __all__ = ["HostRows", "HostStore", "host_gather", "host_scatter",
            "host_table", "uses_host_table"]
@@ -40,6 +43,9 @@ class HostStore:
                    for s in leaves]
     self.num_clients = int(num_clients)
     self.path = path
+    self.file_lock = None
+    if path is not None:
+      self.file_lock = _claim(path)
     self.arrays = []
     offset = 0
     for s in self.shapes:
@@ -75,6 +81,26 @@ class HostStore:
     return np.asarray(version + 1, np.int32)
 
 
+def _claim(path: str) -> locks.FileLock:
+  """Creates ``path`` (refusing an existing file: the table starts empty,
+  and the file may be another run's live table or earlier results) and
+  locks it for as long as the table is in use."""
+  path = os.fspath(path)
+  try:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+  except FileExistsError:
+    raise ValueError(
+        f"path: {path} already exists; a host client table starts empty "
+        "and would overwrite it (it may be another run's live table): give "
+        "a path that does not exist") from None
+  except OSError as error:
+    raise ValueError(f"path: cannot create {path}: {error.strerror}"
+                     ) from None
+  os.close(fd)
+  return locks.FileLock(path, f"host client table {path}",
+                        record_owner=False).acquire()
+
+
 @jax.tree_util.register_pytree_node_class
 class HostRows:
   """The device side of a host table: ``version`` (an int32 leaf) and the
@@ -100,7 +126,8 @@ class HostRows:
 def host_table(num_clients: int, row_shapes: Any,
                path: Optional[str] = None) -> HostRows:
   """A table of ``num_clients`` zero rows shaped like ``row_shapes`` in
-  host memory (``path``: a file-backed memmap there)."""
+  host memory (``path``: a file-backed memmap there, a new file: an
+  existing one is refused; it is locked while the table is in use)."""
   return HostRows(jnp.zeros((), jnp.int32),
                   HostStore(num_clients, row_shapes, path))
 
