@@ -16,6 +16,8 @@ import numpy as np
 __all__ = ["FederatedData", "from_assignment", "from_partition",
     "from_stacked"]
 
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
 
 class FederatedData(NamedTuple):
   """Pooled examples and per-client index lists.
@@ -57,19 +59,56 @@ class FederatedData(NamedTuple):
     return self.client_indices.shape[1]
 
 
+def _int32_labels(y: np.ndarray) -> np.ndarray:
+  """``y`` cast to int32, refused where the cast would change a label.
+
+  Checked before the cast: a float label with a fractional part (2.7 would
+  become 2), NaN or +-inf, and a label outside [0, 2**31 - 1] (2**32 + 3 as
+  int64 would wrap to 3) are refused. Integral floats (3.0) and bools
+  convert exactly and are accepted.
+
+  Raises:
+    TypeError: ``y`` is not numeric.
+    ValueError: a label is not an integer in [0, 2**31 - 1].
+  """
+  if y.dtype.kind not in "biuf":
+    raise TypeError(f"y must hold integer labels, got dtype {y.dtype}")
+  if y.size == 0 or y.dtype.kind == "b":
+    return y.astype(np.int32)
+  if y.dtype.kind == "f":
+    bad = ~np.isfinite(y)
+    bad[~bad] = y[~bad] != np.floor(y[~bad])
+    if bad.any():
+      raise ValueError(
+          f"y must hold integer labels, got {int(bad.sum())} non-integral "
+          f"values (first: {y[bad][:5].tolist()})")
+  low, high = y.min(), y.max()
+  if low < 0 or high > _INT32_MAX:
+    raise ValueError(
+        f"y must hold labels in [0, {_INT32_MAX}] (int32), got values in "
+        f"[{low}, {high}]")
+  return y.astype(np.int32)
+
+
 def from_partition(x, y, client_indices: Sequence[np.ndarray],
                    device=None) -> FederatedData:
   """Builds a ``FederatedData`` from pooled arrays and a partition.
 
   Args:
     x: [M, ...] pooled inputs (numpy or jax).
-    y: [M] integer labels.
+    y: [M] integer labels in [0, 2**31 - 1] (integral floats such as 3.0
+      are accepted; fractions, NaN and +-inf are refused, never truncated).
     client_indices: one integer index array per client (as returned by
       ``fedjax_agg.partitions``); every client must hold at least 1 example.
     device: optional device or sharding to place the arrays on.
 
   Returns:
     The ``FederatedData`` with arrays on device.
+
+  Raises:
+    ValueError: mismatched shapes, a label that is not an integer in
+      [0, 2**31 - 1] (named ``y``), an empty client or an index out of
+      range.
   """
   x = np.asarray(x)
   y = np.asarray(y)
@@ -79,6 +118,7 @@ def from_partition(x, y, client_indices: Sequence[np.ndarray],
         f"and {y.shape[0]}")
   if y.ndim != 1:
     raise ValueError(f"y must be a vector of labels [M], got shape {y.shape}")
+  labels = _int32_labels(y)
   if len(client_indices) == 0:
     raise ValueError("client_indices must hold at least one client")
   counts = np.array([len(ix) for ix in client_indices], dtype=np.int32)
@@ -100,7 +140,7 @@ def from_partition(x, y, client_indices: Sequence[np.ndarray],
     padded[i, :ix.size] = ix
   put = (lambda a: jax.device_put(a, device)) if device else jnp.asarray
   return FederatedData(
-      x=put(x), y=put(y.astype(np.int32)), client_indices=put(padded),
+      x=put(x), y=put(labels), client_indices=put(padded),
       num_examples=put(counts))
 
 
@@ -136,7 +176,7 @@ def from_assignment(x, y, client_of_example, num_clients: int,
 
   Args:
     x: [M, ...] pooled inputs (numpy or jax).
-    y: [M] integer labels.
+    y: [M] integer labels, as in ``from_partition``.
     client_of_example: [M] int, the client owning each example, in
       ``[0, num_clients)``, or -1 for an example no client holds.
     num_clients: N; every client must hold at least 1 example.
@@ -156,6 +196,7 @@ def from_assignment(x, y, client_of_example, num_clients: int,
     raise ValueError(
         f"x [M, ...] and y [M] must have the same number of examples, got "
         f"shapes {x.shape} and {y.shape}")
+  labels = _int32_labels(y)
   if owner.shape != y.shape or not np.issubdtype(owner.dtype, np.integer):
     raise ValueError(
         f"client_of_example must be an integer array of shape {y.shape}, got "
@@ -180,5 +221,5 @@ def from_assignment(x, y, client_of_example, num_clients: int,
   padded[sorted_owners, position] = held[order]
   put = (lambda a: jax.device_put(a, device)) if device else jnp.asarray
   return FederatedData(
-      x=put(x), y=put(y.astype(np.int32)), client_indices=put(padded),
+      x=put(x), y=put(labels), client_indices=put(padded),
       num_examples=put(counts))

@@ -2,6 +2,7 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +16,7 @@ from fedjax_agg import simulation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.types import LocalUpdate
+from fedjax_agg.types import Model
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
@@ -236,6 +238,78 @@ def test_label_flip_with_num_classes(setup):
   np.testing.assert_array_equal(got.y, want)
 
 
+class _TenClasses(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(10)(x.reshape((x.shape[0], -1)))
+
+
+def _ten_class_model() -> Model:
+  module = _TenClasses()
+  return Model(
+      init=lambda key: module.init(key, jnp.zeros((1, 5))),
+      apply=lambda params, x, train: (module.apply(params, x), params))
+
+
+def _ten_class_update(setup, attack):
+  """The jitted round update of ``attacks.local_update`` with a 10-class
+  model on the tiny data (labels 0 .. 2, valid for 10 classes)."""
+  data = setup[0]
+  model = _ten_class_model()
+  params = model.init(jax.random.key(1))
+  update = attacks.local_update(model, TRAINING, attack,
+                                attacks.fixed(data.num_clients, ids=BAD),
+                                execution=QUIET)
+  ids, mask, lrs, steps = _args(data)
+  return lambda: jax.jit(update.update)((), params, data, ids, mask, lrs,
+                                        steps, jnp.int32(1), KEY)
+
+
+@pytest.mark.parametrize("permutation", [[1, 0], list(range(12))[::-1]],
+                         ids=["2_of_10", "12_of_10"])
+def test_label_flip_permutation_must_match_the_models_classes(
+    setup, permutation):
+  # [1, 0] would send classes 2 .. 9 to 0; 12 entries would create labels
+  # 10 and 11 that the 10-class model does not have.
+  with pytest.raises(ValueError, match=r"^permutation: .* written for "
+                     rf"{len(permutation)} classes, but the model has C=10"):
+    _ten_class_update(setup, attacks.label_flip(permutation))()
+  # The same holds inside a composition.
+  with pytest.raises(ValueError, match="permutation: .*C=10"):
+    _ten_class_update(setup, attacks.compose(
+        attacks.sign_flip(), attacks.label_flip(permutation)))()
+
+
+def test_label_flip_with_a_permutation_of_the_models_classes(setup):
+  data = setup[0]
+  table = np.array([3, 7, 9, 0, 1, 2, 4, 5, 6, 8])
+  attack = attacks.label_flip(table.tolist())
+  assert attack.num_classes == 10
+  result, _, metrics = _ten_class_update(setup, attack)()
+  np.testing.assert_array_equal(metrics["malicious"], MALICIOUS)
+  assert all(np.isfinite(leaf).all()
+             for leaf in jax.tree.leaves(result.client_params))
+  flipped = jax.jit(attack.data)(data, _cohort(MALICIOUS)).y
+  labels = np.asarray(data.y)
+  for cid in range(data.num_clients):
+    held = np.asarray(data.client_indices[cid, :data.num_examples[cid]])
+    want = table[labels[held]] if cid in BAD else labels[held]
+    np.testing.assert_array_equal(np.asarray(flipped)[held], want)
+
+
+def test_label_flip_permutation_is_checked_when_built():
+  for permutation in ([1, 1, 0], [0, 2], [-1, 0], [0, 1, 3]):
+    with pytest.raises(ValueError, match="permutation must be a "
+                       "permutation of 0 .. "):
+      attacks.label_flip(permutation)
+  with pytest.raises(TypeError, match="permutation"):
+    attacks.label_flip([])
+  with pytest.raises(ValueError, match="num_classes"):
+    attacks.compose(attacks.label_flip([1, 0]),
+                    attacks.label_flip(num_classes=3))
+
+
 def test_compose_chains_both_sides(setup):
   params = setup[5]
   clean = _clean(setup)
@@ -297,6 +371,29 @@ def test_fixed_picks_the_same_clients_every_round():
     assert not chosen[6]
   assert np.asarray(attacks.fixed(4, ids=[2]).table).tolist() == [
       False, False, True, False]
+
+
+def test_fixed_adversaries_must_be_drawn_for_the_runs_population(setup):
+  # fixed(100, 0.25) on 8 clients would make the ids < 8 of the 25 drawn
+  # among 100 malicious: a fraction that has nothing to do with 0.25.
+  data, x, y, _ = tiny_data(sizes=(3,) * 8)
+  model = setup[4]
+  update = attacks.local_update(model, TRAINING, attacks.sign_flip(),
+                                attacks.fixed(100, fraction=0.25),
+                                execution=QUIET)
+  message = (r"^num_clients: the fixed adversaries were drawn for "
+             r"num_clients=100 but the run has num_clients=8")
+  with pytest.raises(ValueError, match=message):
+    update.init(8)
+  with pytest.raises(ValueError, match=message):
+    simulation.run(model, data, (x, y), aggregators.fedavg(), num_rounds=1,
+                   participation=1.0, training=TRAINING, execution=QUIET,
+                   local_update=update, seed=0)
+  # Drawn for the population, it runs; per_round needs no population.
+  assert attacks.local_update(model, TRAINING, attacks.sign_flip(),
+                              attacks.fixed(8, fraction=0.25)).init(8) == ()
+  assert attacks.local_update(model, TRAINING, attacks.sign_flip(),
+                              attacks.per_round(0.25)).init(8) == ()
 
 
 def test_stateful_inner_update_keeps_its_state(setup):

@@ -213,6 +213,40 @@ def test_integral_float_labels_still_load(tmp_path):
   assert ds.train_y.dtype == np.int32
 
 
+@pytest.mark.parametrize("x_train, match", [
+    (np.full((5, 28, 28), 257, np.uint16),
+     r"train images must be uint8 pixels .* got dtype uint16"),
+    (np.full((5, 28, 28), 200, np.int64),
+     r"train images must be uint8 pixels .* got dtype int64"),
+    (np.full((5, 28, 28), -0.5, np.float32),
+     re.escape("train float images must lie in [0, 1], got values in "
+               "[-0.5, -0.5]")),
+    (np.full((5, 28, 28), 255.0, np.float32),
+     re.escape("train float images must lie in [0, 1], got values in "
+               "[255.0, 255.0]")),
+    (np.where(np.arange(28) == 3, np.nan, 0.5) * np.ones((5, 28, 28)),
+     "train images hold 140 non-finite values"),
+], ids=["uint16_257", "int64", "negative_float", "float_0_255", "nan"])
+def test_images_outside_the_unit_range_are_refused(tmp_path, x_train, match):
+  np.savez(tmp_path / "mnist.npz", **_npz_arrays(x_train=x_train))
+  with pytest.raises(ValueError, match=r"^mnist from files:.*" + match):
+    data.load("mnist", source="files", data_dir=str(tmp_path))
+
+
+def test_images_are_scaled_to_the_unit_range(tmp_path):
+  arrays = _npz_arrays(
+      x_train=np.linspace(0, 1, 5 * 28 * 28).reshape(5, 28, 28))
+  np.savez(tmp_path / "mnist.npz", **arrays)
+  ds = data.load("mnist", source="files", data_dir=str(tmp_path))
+  assert ds.train_x.dtype == ds.test_x.dtype == np.float32
+  # Floats in [0, 1] are kept; uint8 pixels are divided by 255.
+  np.testing.assert_allclose(ds.train_x[..., 0], arrays["x_train"],
+                             rtol=1e-6)
+  np.testing.assert_allclose(ds.test_x[..., 0], arrays["x_test"] / 255.0,
+                             rtol=1e-6)
+  assert ds.test_x.min() >= 0.0 and ds.test_x.max() <= 1.0
+
+
 # --------------------------------------------------------------------- TFDS
 
 

@@ -1,6 +1,7 @@
 """Partition recipes refuse bad arguments by name; the recipe registry."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -93,6 +94,7 @@ BAD_ARGUMENTS = [
     ("mixed_iid", "num_iid", -1, ValueError),
     ("mixed_iid", "samples_per_client", 0, ValueError),
     ("dirichlet", "min_size", -1, ValueError),
+    ("dirichlet", "min_size", 0, ValueError),
     ("dirichlet", "max_tries", 0, ValueError),
     ("unbalanced", "min_size", -10, ValueError),
     ("unbalanced", "classes_per_client", 0, ValueError),
@@ -118,3 +120,44 @@ def test_integral_floats_and_numpy_integers_still_count():
 def test_mixed_iid_more_iid_clients_than_clients():
   with pytest.raises(ValueError, match="num_iid=6 exceeds num_clients=5"):
     partitions.mixed_iid(LABELS, 5, num_iid=6)
+
+
+def test_dirichlet_refuses_min_size_zero_that_would_leave_clients_empty():
+  # alpha = 0.01 over 50 clients leaves 28 of them without any example
+  # when min_size=0 is let through; it is refused before any draw.
+  for build in (
+      lambda: partitions.dirichlet(LABELS, 50, alpha=0.01, min_size=0),
+      lambda: partitions.REGISTRY.build("dirichlet", labels=LABELS,
+                                        num_clients=50, alpha=0.01,
+                                        min_size=0)):
+    with pytest.raises(ValueError, match=r"^min_size must be "
+                       r">= 1, got 0$"):
+      build()
+  # min_size=1 either gives every client an example or says it cannot.
+  parts = partitions.dirichlet(LABELS, 50, alpha=0.5, min_size=1)
+  assert min(len(p) for p in parts) >= 1
+  with pytest.raises(ValueError, match="no draw gave every client "
+                     "min_size=1 examples in 5 tries"):
+    partitions.dirichlet(LABELS, 50, alpha=0.01, min_size=1, max_tries=5)
+
+
+@pytest.mark.parametrize("name", partitions.NAMES)
+def test_no_recipe_returns_an_empty_client(name):
+  parts = partitions.REGISTRY.build(name, labels=LABELS, num_clients=5,
+                                    **EXTRA.get(name, {}))
+  assert len(parts) == 5 and min(len(p) for p in parts) >= 1
+
+
+def test_registry_refuses_a_partition_with_empty_clients():
+  def leaky(labels, num_clients, seed=0):
+    del seed
+    parts = [np.arange(i, labels.size, num_clients)
+             for i in range(num_clients)]
+    parts[1] = parts[3] = np.zeros(0, np.int64)
+    return parts
+
+  registry = type(partitions.REGISTRY)("partition", {"leaky": leaky})
+  with pytest.raises(ValueError, match=re.escape(
+      "partition 'leaky' left 2 client(s) without any example (client ids "
+      "[1, 3])")):
+    registry.build("leaky", labels=LABELS, num_clients=5)

@@ -55,10 +55,16 @@ class Attack(NamedTuple):
     data: ``data(data, cohort) -> data`` or None.
     update: ``update(global_params, client_params, cohort) ->
       client_params`` ([K, ...] in and out) or None.
+    num_classes: C when the data side writes labels for exactly C classes
+      (``label_flip`` with a permutation or ``num_classes``), else None.
+      The wrapper (``with_attack`` given the model) refuses a model whose
+      outputs are not C wide, which would otherwise train on labels the
+      model does not have, or map its other classes wrongly.
   """
   data: Optional[Callable[[Any, Cohort], Any]] = None
   update: Optional[Callable[[Params, StackedParams, Cohort],
                             StackedParams]] = None
+  num_classes: Optional[int] = None
 
 
 def select_rows(rows: jax.Array, stacked_true: StackedParams,
@@ -114,5 +120,12 @@ def compose(first: Attack, second: Attack) -> Attack:
       return first_side or second_side
     return both
 
+  if None not in (first.num_classes, second.num_classes) and (
+      first.num_classes != second.num_classes):
+    raise ValueError(f"first is written for num_classes="
+                     f"{first.num_classes}, second for "
+                     f"{second.num_classes}")
   return Attack(data=either(first.data, second.data, data),
-                update=either(first.update, second.update, update))
+                update=either(first.update, second.update, update),
+                num_classes=(first.num_classes if first.num_classes
+                             is not None else second.num_classes))

@@ -13,6 +13,13 @@ overlapping partition), an example held by a malicious and an honest client
 of the same round is flipped for both (the recipes of
 ``fedjax_agg.partitions`` give no example to two clients). The
 ``validation`` split is left clean.
+
+Classes. A permutation (or an explicit ``num_classes``) is written for C
+classes; the returned ``Attack`` says so (``Attack.num_classes``) and
+``attacks.local_update`` (or ``with_attack`` given ``model``) refuses, when
+the round is traced, a model whose outputs are not C wide: [1, 0] on a
+10-class model would send classes 2 .. 9 to class 0, and 12 entries would
+create labels 10 and 11 the model does not have.
 """
 
 from typing import Optional, Sequence
@@ -34,16 +41,25 @@ def label_flip(permutation: Optional[Sequence[int]] = None, *,
 
   Args:
     permutation: π as a sequence, ``permutation[c]`` the label that class c
-      becomes (a permutation of 0 .. C−1); None: π(y) = C − 1 − y.
+      becomes (distinct ints 0 .. C−1, C = ``len(permutation)`` the
+      model's number of classes); None: π(y) = C − 1 − y.
     num_classes: C for the default map; None: 1 + the largest pooled label
       (computed inside the round). With ``permutation`` it must be
       ``len(permutation)`` when given.
 
   Returns:
-    An ``Attack`` with a data side only.
+    An ``Attack`` with a data side only; its ``num_classes`` is C when
+    ``permutation`` or ``num_classes`` is given (checked against the
+    model's outputs by ``attacks.local_update``), else None.
+
+  Raises:
+    TypeError: ``permutation`` is not a non-empty sequence of ints.
+    ValueError: ``permutation`` is not a permutation of 0 .. len − 1, or
+      ``num_classes`` is not ``len(permutation)``.
   """
   if num_classes is not None:
     checks.check_int("num_classes", num_classes, 1)
+    num_classes = int(num_classes)
   table = None
   if permutation is not None:
     table = np.asarray(permutation)
@@ -56,6 +72,7 @@ def label_flip(permutation: Optional[Sequence[int]] = None, *,
     if num_classes is not None and num_classes != table.size:
       raise ValueError(f"num_classes={num_classes} must equal "
                        f"len(permutation)={table.size}")
+    num_classes = int(table.size)
     table = jnp.asarray(table, jnp.int32)
 
   def flip(labels, all_labels):
@@ -76,4 +93,4 @@ def label_flip(permutation: Optional[Sequence[int]] = None, *,
     labels = y[indices.reshape(-1)]
     return data._replace(y=y.at[targets].set(flip(labels, y), mode="drop"))
 
-  return Attack(data=poison)
+  return Attack(data=poison, num_classes=num_classes)

@@ -16,6 +16,13 @@ unattacked round.
 
 Metrics. ``malicious`` ([K] float 0/1, per client row of the history) and
 ``num_malicious`` (scalar) are added to the inner update's metrics.
+
+Checks against the run. ``init(num_clients)`` (called by the run with its
+number of clients) refuses a ``fixed`` set drawn for another population.
+When the model is known (``local_update``, or ``with_attack(...,
+model=...)``), an attack written for C classes (``Attack.num_classes``)
+is refused when the round is traced unless the model's outputs are C wide
+(their last dimension, a static shape).
 """
 
 from typing import Any, Callable, Optional
@@ -53,9 +60,21 @@ def _as_local_update(inner) -> LocalUpdate:
   return LocalUpdate(init=lambda num_clients: (), update=update)
 
 
+def _num_outputs(model: Model, global_params, x: jax.Array) -> int:
+  """The width of ``model``'s outputs on one example shaped like ``x``'s
+  (its number of classes), from shapes only."""
+  example = jax.ShapeDtypeStruct((1,) + tuple(x.shape[1:]), x.dtype)
+  params = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
+      global_params)
+  outputs = jax.eval_shape(lambda p, xb: model.apply(p, xb, False)[0],
+                           params, example)
+  return int(outputs.shape[-1])
+
+
 def with_attack(attack: Attack, adversaries: Adversaries,
-                local_update: LocalUpdate | Callable[..., Any]
-                ) -> LocalUpdate:
+                local_update: LocalUpdate | Callable[..., Any], *,
+                model: Optional[Model] = None) -> LocalUpdate:
   """``local_update`` with ``adversaries``' rows running ``attack``.
 
   Args:
@@ -67,10 +86,20 @@ def with_attack(attack: Attack, adversaries: Adversaries,
       keep their state) or a function with the engine's interface
       ``(global_params, data, client_ids, learning_rates, num_steps, key)
       -> LocalResult`` (``engine.make_local_trainer``).
+    model: the network ``local_update`` trains. Given, an attack written
+      for ``attack.num_classes`` classes is checked against the width of
+      its outputs when the round is traced; None: not checked.
 
   Returns:
     A ``LocalUpdate`` for ``simulation.run(..., local_update=...)`` or
-    ``rounds.make_round_fn``.
+    ``rounds.make_round_fn``. Its ``init(num_clients)`` refuses a
+    ``fixed`` set of adversaries drawn for another ``num_clients``.
+
+  Raises:
+    TypeError: an argument of the wrong kind.
+    ValueError: (from ``init``) ``adversaries`` drawn for another
+      population; (when the round is traced) ``attack`` written for
+      another number of classes than ``model`` has.
   """
   if not isinstance(attack, Attack):
     raise TypeError(f"attack must be an Attack, got "
@@ -79,12 +108,37 @@ def with_attack(attack: Attack, adversaries: Adversaries,
     raise TypeError(f"adversaries must be an Adversaries "
                     f"(attacks.fixed / attacks.per_round), got "
                     f"{type(adversaries).__name__}")
+  if model is not None and not isinstance(model, Model):
+    raise TypeError(f"model must be a Model or None, got "
+                    f"{type(model).__name__}")
   inner = _as_local_update(local_update)
+
+  def init(num_clients):
+    table = adversaries.table
+    if table is not None and table.shape[0] != num_clients:
+      raise ValueError(
+          f"num_clients: the fixed adversaries were drawn for "
+          f"num_clients={table.shape[0]} but the run has num_clients="
+          f"{num_clients}; build them with attacks.fixed({num_clients}, "
+          "...)")
+    return inner.init(num_clients)
+
+  def check_classes(global_params, data):
+    if model is None or attack.num_classes is None:
+      return
+    width = _num_outputs(model, global_params, data.x)
+    if width != attack.num_classes:
+      raise ValueError(
+          f"permutation: the attack's label map (label_flip's permutation "
+          f"or num_classes) is written for {attack.num_classes} classes, "
+          f"but the model has C={width} (outputs of width {width}); give a "
+          f"permutation of range({width})")
 
   def update(client_state, global_params, data, client_ids, mask,
              learning_rates, num_steps, round_num, key):
     chex.assert_rank([client_ids, mask], 1)
     chex.assert_equal_shape([client_ids, mask, learning_rates, num_steps])
+    check_classes(global_params, data)
     attack_key = jax.random.fold_in(key, ATTACK_STREAM)
     select_key, data_key, update_key = jax.random.split(attack_key, 3)
     malicious = adversaries.select(client_ids, mask, select_key) & (mask > 0)
@@ -105,7 +159,7 @@ def with_attack(attack: Attack, adversaries: Adversaries,
                "num_malicious": jnp.sum(malicious).astype(jnp.float32)}
     return result, client_state, metrics
 
-  return LocalUpdate(init=inner.init, update=update)
+  return LocalUpdate(init=init, update=update)
 
 
 def local_update(model: Model, training: config_lib.LocalTraining,
@@ -137,4 +191,4 @@ def local_update(model: Model, training: config_lib.LocalTraining,
   train = engine.make_local_trainer(
       model, training, clients_per_step=execution.clients_per_step,
       mesh=mesh, chunk_loop=execution.chunk_loop)
-  return with_attack(attack, adversaries, train)
+  return with_attack(attack, adversaries, train, model=model)

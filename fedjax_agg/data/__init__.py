@@ -10,7 +10,10 @@ Flower pipeline of ADCT). FedNNNN additionally "normalized input images by
 subtracting the mean and dividing by the standard deviation": pass
 ``standardize=True`` for that; the per-channel mean and standard deviation
 are computed on the training split only and applied to both splits (they
-are returned in ``Dataset.channel_mean`` / ``channel_std``).
+are returned in ``Dataset.channel_mean`` / ``channel_std``). The rule,
+for every source: uint8 pixels are divided by 255; float images must
+already be finite and in [0, 1] and are kept; any other dtype (uint16,
+int64, ...) is refused, since its scale is unknown.
 
 Sources, tried in this order by ``source="auto"``:
 
@@ -40,11 +43,12 @@ is wrong: a truncated gzip stream, an IDX header whose shape disagrees
 with the bytes that follow, an npz archive lacking one of its four arrays,
 holding an empty one or needing pickles (``np.load`` runs with
 ``allow_pickle=False``), and, for every source, an empty split, images and
-labels of different lengths, or labels outside ``[0, num_classes)`` (the
-split and the bad values are named). CIFAR python batches are unpickled
-by a restricted unpickler that builds numpy arrays and builtin containers
-only; a batch asking for anything else (say ``os.system``) raises
-``ForbiddenPickleError`` without running it.
+labels of different lengths, labels outside ``[0, num_classes)`` (the
+split and the bad values are named), or images that break the scaling
+rule above. CIFAR python batches are unpickled by a restricted unpickler
+that builds numpy arrays and builtin containers only; a batch asking for
+anything else (say ``os.system``) raises ``ForbiddenPickleError`` without
+running it.
 
 Every dataset is a ``DatasetSpec`` in ``REGISTRY`` (``NAMES`` lists
 them); ``REGISTRY.build("mnist", source="files")`` is ``load("mnist",

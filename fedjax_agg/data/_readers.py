@@ -1,11 +1,12 @@
 """Readers of the on-disk dataset layouts: IDX (optionally gzipped), npz and
 the CIFAR python batches.
 
-Each reader returns uint8 images and integer labels as they are on disk and
+Each reader returns images and labels as they are on disk (uint8 images
+for IDX and CIFAR; an npz archive's arrays keep their stored dtype) and
 raises ``ValueError`` naming the file and what is wrong with it (truncated
 gzip stream, IDX header that disagrees with the data, missing or empty npz
-array, batch without its arrays); ``load`` checks shapes and label ranges
-afterwards for every source.
+array, batch without its arrays); ``load`` checks shapes, label ranges and
+the images' dtype and scale afterwards for every source.
 """
 
 import functools

@@ -268,6 +268,10 @@ def load(name: str,
          download: bool = False) -> Dataset:
   """Loads dataset ``name`` as float32 images in [0, 1] and int32 labels.
 
+  Images stored as uint8 are divided by 255; images stored as floats must
+  already lie in [0, 1] (finite) and are kept; any other dtype (uint16,
+  int64, ...: its scale is unknown) is refused rather than guessed.
+
   Args:
     name: one of ``NAMES``: "mnist", "fashion_mnist", "cifar10", "cifar100".
     source: "auto" (files, then tfds, then mnist_5k for mnist), "files",
@@ -286,8 +290,9 @@ def load(name: str,
   Raises:
     ValueError: unknown ``name`` or ``source``; data found but unusable (a
       truncated or inconsistent file, an empty split, images and labels of
-      different lengths, labels outside [0, num_classes)): the message
-      names the file or source and the split.
+      different lengths, labels outside [0, num_classes), images neither
+      uint8 nor finite floats in [0, 1]): the message names the file or
+      source and the split.
     ForbiddenPickleError: a CIFAR batch asks the unpickler for more than
       numpy arrays and builtin containers.
     DatasetNotFoundError: no selected source has the data.
@@ -381,15 +386,42 @@ def _checked_labels(labels, num_images: int, spec: DatasetSpec, split: str,
 
 def _as_images(images, spec: DatasetSpec, split: str,
                origin: str) -> np.ndarray:
+  """[M, H, W, C] float32 images in [0, 1], a fresh array.
+
+  The one place images enter a ``Dataset``. uint8 pixels are divided by
+  255. Float images must already lie in [0, 1] and be finite; they are
+  kept as they are (cast to float32). Every other dtype, wider integers
+  included (uint16, int64: their scale is unknown), is refused: cast 8-bit
+  pixels to uint8 or scale the images to [0, 1] floats first.
+
+  Raises:
+    ValueError: the shape is not ``spec.input_shape``, the dtype is neither
+      uint8 nor float, or float values are non-finite or outside [0, 1];
+      the message names ``origin`` and the split.
+  """
   images = np.asarray(images)
   if images.ndim == 3:
     images = images[..., None]
   if images.shape[1:] != spec.input_shape:
     raise ValueError(f"{origin}: {split} images have shape "
                      f"{images.shape[1:]}, expected {spec.input_shape}")
-  # Always a fresh float32 array (callers may modify it in place).
-  scale = images.dtype == np.uint8
-  images = images.astype(np.float32)
-  if scale or images.max() > 1.0:
+  if images.dtype == np.uint8:
+    # Always a fresh float32 array (callers may modify it in place).
+    images = images.astype(np.float32)
     images /= np.float32(255.0)
-  return images
+    return images
+  if images.dtype.kind != "f":
+    raise ValueError(
+        f"{origin}: {split} images must be uint8 pixels (divided by 255) or "
+        f"floats in [0, 1], got dtype {images.dtype}; cast 8-bit pixels to "
+        "uint8 or scale the images to [0, 1] first")
+  finite = np.isfinite(images)
+  if not finite.all():
+    raise ValueError(f"{origin}: {split} images hold "
+                     f"{int(images.size - finite.sum())} non-finite values "
+                     "(NaN or inf); float images must be finite, in [0, 1]")
+  low, high = float(images.min()), float(images.max())
+  if low < 0.0 or high > 1.0:
+    raise ValueError(f"{origin}: {split} float images must lie in [0, 1], "
+                     f"got values in [{low}, {high}]")
+  return images.astype(np.float32)

@@ -14,7 +14,10 @@ argument.
 
 Every recipe is in ``REGISTRY`` under the name ``NAMES`` lists;
 ``REGISTRY.build("shards", labels=y, num_clients=100)`` calls
-``shards(y, num_clients=100)``.
+``shards(y, num_clients=100)``. Every client a recipe returns holds at
+least one example (``dirichlet`` refuses ``min_size=0``); ``build``
+checks it and raises ``ValueError`` naming the recipe and the empty
+clients, should a recipe ever break that promise.
 
 ``FederatedData.from_partition(x, y, client_indices)`` turns the result into
 per-client data; ``summary`` and ``plot_heatmap`` describe it.
@@ -46,8 +49,26 @@ __all__ = [
     "summary", "unbalanced",
 ]
 
+
+
+class _PartitionRegistry(Registry):
+  """A ``Registry`` whose ``build`` refuses a partition with an empty
+  client (which could not train and breaks ``from_partition`` later)."""
+
+  def build(self, name: str, **kwargs) -> ClientIndices:
+    parts = super().build(name, **kwargs)
+    empty = [i for i, part in enumerate(parts) if len(part) == 0]
+    if empty:
+      raise ValueError(
+          f"partition {name!r} left {len(empty)} client(s) without any "
+          f"example (client ids {empty[:10]}"
+          f"{' ...' if len(empty) > 10 else ''}); every client needs at "
+          "least one")
+    return parts
+
+
 # The partition recipes (labels -> per-client indices), by name.
-REGISTRY = Registry("partition", {
+REGISTRY = _PartitionRegistry("partition", {
     "iid": iid,
     "shards": shards,
     "shards_non_equal": shards_non_equal,

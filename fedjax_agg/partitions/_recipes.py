@@ -410,7 +410,8 @@ def dirichlet(labels, num_clients: int, seed: int = 0, alpha: float = 0.5,
     num_clients: N.
     seed: seed.
     alpha: concentration (> 0).
-    min_size: smallest acceptable client size.
+    min_size: smallest acceptable client size, >= 1 (a client without
+      examples cannot train; 0 is refused).
     balance: cap clients at M / N while dealing classes (see above).
     max_tries: redraws before giving up.
     num_classes: C; default ``max(labels) + 1``.
@@ -419,12 +420,13 @@ def dirichlet(labels, num_clients: int, seed: int = 0, alpha: float = 0.5,
     N index arrays covering every example once.
 
   Raises:
-    ValueError: ``min_size`` not reached within ``max_tries`` draws.
+    ValueError: ``min_size`` below 1, or not reached within ``max_tries``
+      draws.
   """
   labels = checked_labels(labels)
   num_clients = _num_clients(num_clients, labels)
   alpha = _positive("alpha", alpha)
-  min_size = _integer("min_size", min_size, 0)
+  min_size = _integer("min_size", min_size, 1)
   num_classes = checked_num_classes(labels, num_classes)
   if min_size * num_clients > labels.size:
     raise ValueError(f"min_size={min_size} x num_clients={num_clients} "
