@@ -53,63 +53,52 @@ from fedjax_agg import data as data_lib
 from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import partitions
+from fedjax_agg import spec as spec_lib
 
-__all__ = ["CONFIG_KEYS", "LISTS", "UsageError", "build_parser",
+__all__ = ["CONFIG_KEYS", "LISTS", "RUN_FLAGS", "SPEC_FLAGS", "UsageError",
+    "build_parser",
     "config_from_args", "describe", "main", "parse", "parse_grid", "parse_kv",
     "parse_seeds", "resolve", "single_main", "sweep_main"]
 
 LISTS = ("aggregators", "objectives", "partitions", "models", "datasets",
          "attacks")
-ADVERSARY_MODES = ("per_round", "fixed")
 
-# argparse dest -> the config key its flag sets ("{algorithm}": the
-# algorithm run). Applied in this order: --seeds after --seed, a name
-# before its arguments.
-CONFIG_KEYS = {
-    "dataset": "dataset.name",
-    "source": "dataset.source",
-    "data_dir": "dataset.data_dir",
-    "standardize": "dataset.standardize",
-    "max_train_examples": "dataset.max_train_examples",
-    "partition": "partition.name",
-    "partition_arg": "partition.args",
-    "num_clients": "partition.num_clients",
-    "model": "model.name",
-    "conv_impl": "model.args.conv_impl",
-    "aggregator": "algorithms.{algorithm}.aggregator",
-    "agg_arg": "algorithms.{algorithm}.aggregator_args",
-    "objective": "algorithms.{algorithm}.objective",
-    "objective_arg": "algorithms.{algorithm}.objective_args",
-    "rounds": "train.rounds",
-    "participation": "train.participation",
-    "epochs": "train.local_epochs",
-    "batch_size": "train.batch_size",
-    "lr": "train.learning_rate",
-    "momentum": "train.momentum",
-    "optimizer": "train.optimizer",
-    "weight_decay": "train.weight_decay",
-    "stragglers": "train.stragglers",
-    "clients_per_step": "train.clients_per_step",
-    "devices": "train.devices",
-    "eval_every": "train.eval_every",
-    "no_client_eval": "train.eval_clients",
-    "seed": "seeds",
-    "seeds": "seeds",
-    "attack": "attack.name",
-    "attack_arg": "attack.args",
-    "attack_fraction": "attack.fraction",
-    "adversaries": "attack.adversaries",
-    "dp_delta": "privacy.delta",
-    "dp_accountant": "privacy.accountant",
-    "dp_sampling": "privacy.sampling",
-    "target_epsilon": "privacy.target_epsilon",
-}
-# A name flag -> the key of the arguments that belong to the old name.
-_ARGUMENTS_OF = {"aggregator": "aggregator_args",
-                 "objective": "objective_args", "partition": "args",
-                 "model": "args", "attack": "args"}
+
+def _dest(flag: str) -> str:
+  return flag[2:].replace("-", "_")
+
+
+# The config flags, derived from the spec (``fedjax_agg.spec``): argparse
+# dest -> the config key its flag sets ("{algorithm}": the algorithm run),
+# in the order they apply (a name before its arguments, --seeds after
+# --seed).
+SPEC_FLAGS = spec_lib.flags()
+CONFIG_KEYS = {_dest(flag.name): key for key, flag in SPEC_FLAGS}
+_KINDS = {_dest(flag.name): flag.kind for key, flag in SPEC_FLAGS}
 # Flags whose name=value pairs are merged into the config's mapping.
-_PAIRS = ("partition_arg", "agg_arg", "objective_arg", "attack_arg")
+_PAIRS = tuple(dest for dest, kind in _KINDS.items() if kind == "pairs")
+# The flags of how a run is executed and written (not experiment settings:
+# config.json records them under provenance.execution).
+RUN_FLAGS = ("--config", "--algorithm", "--list", "--partition-plot",
+             "--cpu-devices", "--distributed", "--coordinator-address",
+             "--num-processes", "--process-id", "--sweep", "--out",
+             "--no-progress", "--tensorboard", "--checkpoint-dir",
+             "--checkpoint-every", "--resume")
+
+
+def _arguments_of(dest: str) -> Optional[str]:
+  """A name flag -> the key, beside its own, of the arguments that belong
+  to the name it sets (they are dropped when it changes the name)."""
+  key = CONFIG_KEYS[dest].rsplit(".", 1)
+  if _KINDS[dest] != "value" or len(key) != 2:
+    return None
+  section = key[0].split(".")[0]
+  fields = spec_lib.keys(spec_lib.SECTIONS.get(section, object)) if (
+      section in spec_lib.SECTIONS) else ()
+  for candidate in (f"{key[1]}_args", "args" if key[1] == "name" else None):
+    if candidate in fields:
+      return candidate
+  return None
 
 
 class UsageError(SystemExit):
@@ -177,7 +166,9 @@ def _one_of(names: Sequence[str]) -> str:
 
 
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
-  """The command line's parser.
+  """The command line's parser: the spec's config flags
+  (``SPEC_FLAGS``) and the flags of how the run is executed
+  (``RUN_FLAGS``).
 
   Args:
     defaults: False leaves every flag that is not given out of the parsed
@@ -194,91 +185,34 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
 
   add("--config", default=None, metavar="FILE",
       help="start from this experiment config (JSON, the format of "
-      "fedjax_agg.experiment); flags given override its keys")
+      "fedjax_agg.spec); flags given override its keys")
   add("--algorithm", default=None, metavar="NAME",
       help="with --config: which of its algorithms to run (needed where it "
       "has several); without: the run's name, else the aggregator's")
   add("--list", default=None, choices=LISTS, metavar="WHAT",
       help=f"print every name of WHAT ({_one_of(LISTS)}) with its "
       "arguments and their defaults, and exit")
-  add("--dataset", default="fashion_mnist", choices=data_lib.NAMES,
-      metavar="NAME", help=_one_of(data_lib.NAMES))
-  add("--source", default="auto", choices=data_lib.SOURCES, metavar="NAME",
-      help=f"where the data comes from, {_one_of(data_lib.SOURCES)}")
-  add("--data-dir", default=None, help="folder holding the dataset files")
-  add("--standardize", action="store_true",
-      help="per-channel standardisation of the images")
-  add("--max-train-examples", type=int, default=None,
-      help="keep only the first M training examples")
-  add("--partition", default="iid", choices=partitions.NAMES,
-      metavar="NAME", help=f"partition recipe, {_one_of(partitions.NAMES)}")
-  add("--partition-arg", action="append", default=[], metavar="NAME=VALUE",
-      help="argument of the partition recipe (repeatable; see --list "
-      "partitions)")
+  for key, flag in SPEC_FLAGS:
+    help_text = f"{flag.help} (sets {key})"
+    if flag.kind in ("switch", "negate"):
+      add(flag.name, action="store_true", help=help_text)
+    elif flag.kind == "pairs":
+      add(flag.name, action="append", default=[], metavar="NAME=VALUE",
+          help=help_text)
+    else:
+      if flag.choices is not None:
+        help_text = f"{flag.help}, {_one_of(flag.choices)} (sets {key})"
+      add(flag.name, default=flag.preset, type=flag.type,
+          choices=flag.choices,
+          metavar="NAME" if flag.choices is not None else None,
+          help=help_text)
   add("--partition-plot", action="store_true",
       help="save the partition's label heatmap")
-  add("--num-clients", type=int, default=100, help="N: clients")
-  add("--model", default="cnn_mcmahan", choices=models.NAMES, metavar="NAME",
-      help=_one_of(models.NAMES))
-  add("--conv-impl", default=None,
-      help="conv lowering (default: the models' default)")
-  add("--aggregator", default="fedavg", choices=aggregators.REGISTRY.names,
-      metavar="NAME",
-      help=f"server rule, {_one_of(aggregators.REGISTRY.names)}")
-  add("--agg-arg", action="append", default=[], metavar="NAME=VALUE",
-      help="argument of the aggregator (repeatable; see --list "
-      "aggregators)")
-  add("--objective", default="cross_entropy",
-      choices=objectives.REGISTRY.names, metavar="NAME",
-      help=f"local objective, {_one_of(objectives.REGISTRY.names)}")
-  add("--objective-arg", action="append", default=[], metavar="NAME=VALUE",
-      help="argument of the local objective (repeatable; see --list "
-      "objectives)")
-  add("--attack", default=None, choices=attacks.REGISTRY.names,
-      metavar="NAME", help="simulate malicious clients with this attack, "
-      f"{_one_of(attacks.REGISTRY.names)} (see --list attacks)")
-  add("--attack-arg", action="append", default=[], metavar="NAME=VALUE",
-      help="argument of the attack (repeatable), e.g. scale=10")
-  add("--attack-fraction", type=float, default=None,
-      help="fraction of malicious clients (default 0.1 with --attack)")
-  add("--adversaries", default=None, choices=ADVERSARY_MODES,
-      help="per_round: floor(fraction m) of each round's m participants; "
-      "fixed: a set of clients drawn once (default per_round)")
-  add("--dp-delta", type=float, default=None,
-      help="with --aggregator dp_fedavg: delta of the epsilon recorded "
-      "after every round (default 1e-5)")
-  add("--dp-accountant", default=None, choices=("rdp", "pld"),
-      help="with dp_fedavg: privacy accountant (default rdp)")
-  add("--dp-sampling", default=None,
-      choices=("without_replacement", "poisson"),
-      help="with dp_fedavg: fixed-size cohorts (default) or Poisson "
-      "cohorts, accounted as drawn")
-  add("--target-epsilon", type=float, default=None,
-      help="with dp_fedavg: end the run before epsilon passes this")
-  add("--rounds", type=int, default=10, help="R: rounds")
-  add("--participation", type=float, default=0.1,
-      help="C: fraction of clients per round")
-  add("--epochs", type=int, default=1, help="E: local epochs")
-  add("--batch-size", type=int, default=16, help="B: local batch size")
-  add("--lr", type=float, default=0.05, help="client learning rate")
-  add("--momentum", type=float, default=0.0, help="client SGD momentum")
-  add("--optimizer", default="sgd", choices=("sgd", "adam"),
-      help="client optimizer")
-  add("--weight-decay", type=float, default=0.0,
-      help="client L2 weight decay (parameters only, not BatchNorm "
-      "statistics)")
-  add("--stragglers", type=float, default=0.0,
-      help="fraction of each cohort that straggles")
-  add("--clients-per-step", type=int, default=None,
-      help="clients trained side by side (vmap width)")
   add("--cpu-devices", type=int, default=None,
       help="split the CPU into this many XLA devices before JAX starts; "
       "rounds then shard the clients over them (default: one per available "
       "core, 2x faster than one device on a 2-core CPU; 1 opts out; an "
       "XLA_FLAGS host device count in the environment wins)")
-  add("--devices", type=int, default=None,
-      help="shard each round's clients over this many devices (default: "
-      "all devices of the job; 1: unsharded)")
   add("--distributed", action="store_true",
       help="multi-host: call jax.distributed.initialize() first (one "
       "process per host; coordinator, process count and id from the flags "
@@ -290,21 +224,10 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
       help="with --distributed: number of processes (hosts)")
   add("--process-id", type=int, default=None,
       help="with --distributed: this process' index")
-  add("--seed", type=int, default=0, help="seed of the run")
-  add("--seeds", default=None,
-      help="comma-separated seeds, run as ONE vmapped sweep (e.g. 0,1,2); "
-      "replaces --seed")
   add("--sweep", action="append", default=[], metavar="NAME=V1,V2,...",
       help="sweep an aggregator/objective argument or lr in the same "
       "vmapped call (repeatable; the members are the product with the "
       "seeds)")
-  add("--eval-every", type=int, default=1,
-      help="evaluate the global model every this many rounds")
-  add("--no-client-eval", action="store_true",
-      help="skip the global model's loss on every client's data (by default "
-      "computed before the first and after the last round: "
-      "train.eval_clients \"auto\"; true or an int n in a --config file "
-      "for every or every n-th evaluation)")
   add("--out", default="results/run", help="output folder")
   add("--no-progress", action="store_true", help="no progress bar")
   add("--tensorboard", default=None, metavar="DIR",
@@ -377,14 +300,15 @@ def _keys(dest: str, algorithm: str) -> list[str]:
 
 
 def _config_value(dest: str, value):
-  if dest in _PAIRS:
+  kind = _KINDS[dest]
+  if kind == "pairs":
     return parse_kv(value, _flag(dest))
-  if dest == "no_client_eval":
+  if kind == "negate":
     # Absent: the library's schedule ("auto"), never a forced True.
     return False if value else "auto"
-  if dest == "seed":
+  if kind == "seed":
     return [value]
-  if dest == "seeds":
+  if kind == "seeds":
     return parse_seeds(value)
   return value
 
@@ -432,7 +356,8 @@ def config_from_args(args, base: Optional[dict] = None,
       given.discard("attack_arg")
   else:
     config = copy.deepcopy(base)
-    config.setdefault("seeds", [0])
+    config.setdefault("seeds", spec_lib.defaults(
+        spec_lib.Experiment)["seeds"])
   algorithm = _algorithm(args, base, given)
   if base is not None and not (base.get("algorithms") or {}):
     given.add("aggregator")
@@ -446,8 +371,9 @@ def config_from_args(args, base: Optional[dict] = None,
     parent = config
     for key in keys[:-1]:
       parent = parent.setdefault(key, {})
-    if dest in _ARGUMENTS_OF and parent.get(keys[-1]) != value:
-      parent.pop(_ARGUMENTS_OF[dest], None)  # They were the old one's.
+    arguments = _arguments_of(dest)
+    if arguments is not None and parent.get(keys[-1]) != value:
+      parent.pop(arguments, None)  # They were the old one's.
     if dest in _PAIRS:
       value = {**parent.get(keys[-1], {}), **value}
     parent[keys[-1]] = value
@@ -551,14 +477,14 @@ def _check_grid(config: dict, algorithm: str, grid: dict) -> None:
   takers = {"aggregator_args": aggregators.REGISTRY.parameters(
                 spec["aggregator"]),
             "objective_args": objectives.REGISTRY.parameters(
-                spec.get("objective", "cross_entropy"))}
+                experiment.objective_of(spec))}
   for name, values in grid.items():
     keys = [key for key, parameters in takers.items() if name in parameters]
     if name != "learning_rate" and not keys:
       raise UsageError(
           f"--sweep: {name!r} is an argument neither of aggregator "
           f"{spec['aggregator']!r} nor of objective "
-          f"{spec.get('objective', 'cross_entropy')!r} (nor lr)")
+          f"{experiment.objective_of(spec)!r} (nor lr)")
     if not values:
       raise UsageError(f"--sweep: {name} has no values")
     for value in values:

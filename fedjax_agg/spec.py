@@ -1,0 +1,401 @@
+"""The typed description of an experiment: the schema of a JSON config.
+
+One frozen dataclass per section of a config (``DataSpec`` for "dataset",
+``PartitionSpec``, ``ModelSpec``, ``TrainSpec`` for "train",
+``AlgorithmSpec`` for each entry of "algorithms", ``AttackSpec``,
+``PrivacySpec``) and ``Experiment`` for the whole. Each field is one
+concept with ONE name and ONE default, and this module is the only place
+that states them:
+
+* a JSON config is an ``Experiment`` serialised (``Experiment.from_dict``
+  checks and builds one, ``to_dict`` writes it back with every default
+  written out); ``fedjax_agg.experiment`` reads its keys and defaults from
+  here (``keys``, ``defaults``);
+* the command line's config flags are derived from the fields' ``Flag``
+  metadata (``flags``): the flag, its help, its choices and the config key
+  it sets come from the field, so a flag and a JSON key cannot disagree;
+* Python users build the same objects.
+
+The command line starts from a preset where a config must name something
+(dataset, partition, model, rule) and, for a quick first run, with 10 % of
+the clients per round at learning rate 0.05 (``Flag.preset``); a config
+file states what it runs.
+"""
+
+import dataclasses
+from typing import Any, Mapping, NamedTuple, Optional, Union
+
+__all__ = ["ADVERSARY_MODES", "AlgorithmSpec", "AttackSpec", "DataSpec",
+           "Experiment", "Flag", "ModelSpec", "PartitionSpec", "PrivacySpec",
+           "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "SECTIONS", "TrainSpec",
+           "defaults", "flags", "keys"]
+
+# Who is malicious in an attacked run (``fedjax_agg.attacks``).
+ADVERSARY_MODES = ("per_round", "fixed")
+# Keys that scripts of experiments/ read and the runner passes over: the
+# FedLap script's "report_rounds" and "early_rounds", the FedDRL script's
+# "reference" (top level) and "two_stage" (per algorithm).
+SCRIPT_KEYS = ("report_rounds", "early_rounds", "reference")
+SCRIPT_ALGORITHM_KEYS = ("two_stage",)
+
+
+class Flag(NamedTuple):
+  """How the command line sets a field.
+
+  Attributes:
+    name: the flag, e.g. "--lr".
+    help: its help text.
+    kind: "value" (the flag's value is the field's), "pairs" (repeatable
+      NAME=VALUE, merged into the field's mapping), "switch" (given: True),
+      "negate" (given: False, else "auto"), "seed" (one int: the list
+      [seed]), "seeds" (comma-separated ints), "subkey" (sets the entry
+      ``subkey`` of the field's mapping).
+    type: the argparse type of the value (None: a string).
+    choices: the names the value must be one of (None: any).
+    preset: the command line's value when the flag is not given (None:
+      the key is left out, so the spec's default holds).
+    subkey: for kind "subkey".
+  """
+  name: str
+  help: str
+  kind: str = "value"
+  type: Any = None
+  choices: Any = None
+  preset: Any = None
+  subkey: Optional[str] = None
+
+
+def _field(default: Any = dataclasses.MISSING, *flag_list: Flag):
+  """A spec field with its default and its command-line flags."""
+  metadata = {"flags": tuple(flag_list)}
+  if isinstance(default, (dict, list)):
+    value = default
+    return dataclasses.field(default_factory=lambda: type(value)(value),
+                             metadata=metadata)
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def _names(module: str, attribute: str):
+  """A registry's names, imported when the flags are built."""
+  def get():
+    import importlib  # pylint: disable=g-import-not-at-top
+    return tuple(getattr(importlib.import_module(module), attribute))
+  return get
+
+
+_DATASETS = _names("fedjax_agg.data", "NAMES")
+_SOURCES = _names("fedjax_agg.data", "SOURCES")
+_PARTITIONS = _names("fedjax_agg.partitions", "NAMES")
+_MODELS = _names("fedjax_agg.models", "NAMES")
+_OPTIMIZERS = _names("fedjax_agg.config", "OPTIMIZERS")
+_SAMPLINGS = _names("fedjax_agg.privacy", "SAMPLINGS")
+_ACCOUNTANTS = _names("fedjax_agg.privacy", "ACCOUNTANTS")
+
+
+def _registry(module: str):
+  def get():
+    import importlib  # pylint: disable=g-import-not-at-top
+    return tuple(importlib.import_module(module).REGISTRY.names)
+  return get
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """"dataset": which data and how it is read (``fedjax_agg.data``)."""
+  name: str = _field(dataclasses.MISSING, Flag(
+      "--dataset", "dataset", choices=_DATASETS, preset="fashion_mnist"))
+  source: str = _field("auto", Flag(
+      "--source", "where the data comes from", choices=_SOURCES,
+      preset="auto"))
+  data_dir: Optional[str] = _field(None, Flag(
+      "--data-dir", "folder holding the dataset files"))
+  standardize: bool = _field(False, Flag(
+      "--standardize", "per-channel standardisation of the images",
+      kind="switch"))
+  max_train_examples: Optional[int] = _field(None, Flag(
+      "--max-train-examples", "keep only the first M training examples",
+      type=int))
+  max_test_examples: Optional[int] = _field(None)
+  allow_subset: bool = _field(True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionSpec:
+  """"partition": how the training examples are split over N clients."""
+  name: str = _field(dataclasses.MISSING, Flag(
+      "--partition", "partition recipe", choices=_PARTITIONS, preset="iid"))
+  num_clients: int = _field(dataclasses.MISSING, Flag(
+      "--num-clients", "N: clients", type=int, preset=100))
+  args: dict = _field({}, Flag(
+      "--partition-arg", "argument of the partition recipe (repeatable; "
+      "see --list partitions)", kind="pairs"))
+  seed_offset: int = _field(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """"model": the network (``fedjax_agg.models``)."""
+  name: str = _field(dataclasses.MISSING, Flag(
+      "--model", "network", choices=_MODELS, preset="cnn_mcmahan"))
+  args: dict = _field({}, Flag(
+      "--conv-impl", "conv lowering (default: the models' default)",
+      kind="subkey", subkey="conv_impl"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+  """"train": what every round does (an algorithm may override any)."""
+  rounds: int = _field(10, Flag("--rounds", "R: rounds", type=int,
+                                preset=10))
+  participation: float = _field(1.0, Flag(
+      "--participation", "C: fraction of clients per round", type=float,
+      preset=0.1))
+  local_epochs: int = _field(1, Flag("--epochs", "E: local epochs",
+                                     type=int, preset=1))
+  batch_size: int = _field(16, Flag("--batch-size", "B: local batch size",
+                                    type=int, preset=16))
+  learning_rate: float = _field(0.01, Flag(
+      "--lr", "client learning rate", type=float, preset=0.05))
+  momentum: float = _field(0.0, Flag("--momentum", "client SGD momentum",
+                                     type=float, preset=0.0))
+  stragglers: float = _field(0.0, Flag(
+      "--stragglers", "fraction of each cohort that straggles", type=float,
+      preset=0.0))
+  eval_every: int = _field(1, Flag(
+      "--eval-every", "evaluate the global model every this many rounds",
+      type=int, preset=1))
+  eval_clients: Union[bool, int, str] = _field("auto", Flag(
+      "--no-client-eval", "skip the global model's loss on every client's "
+      "data (by default computed before the first and after the last "
+      "round: train.eval_clients \"auto\"; true or an int n in a --config "
+      "file for every or every n-th evaluation)", kind="negate"))
+  clients_per_step: Optional[int] = _field(None, Flag(
+      "--clients-per-step", "clients trained side by side (vmap width)",
+      type=int))
+  compute_losses: Union[bool, str] = _field("auto")
+  devices: Optional[int] = _field(None, Flag(
+      "--devices", "shard each round's clients over this many devices "
+      "(default: all devices of the job; 1: unsharded)", type=int))
+  optimizer: str = _field("sgd", Flag(
+      "--optimizer", "client optimizer", choices=_OPTIMIZERS, preset="sgd"))
+  weight_decay: float = _field(0.0, Flag(
+      "--weight-decay", "client L2 weight decay (parameters only, not "
+      "BatchNorm statistics)", type=float, preset=0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+  """One entry of "algorithms": a server rule and a local objective."""
+  aggregator: str = _field(dataclasses.MISSING, Flag(
+      "--aggregator", "server rule",
+      choices=_registry("fedjax_agg.aggregators"), preset="fedavg"))
+  aggregator_args: dict = _field({}, Flag(
+      "--agg-arg", "argument of the aggregator (repeatable; see --list "
+      "aggregators)", kind="pairs"))
+  objective: str = _field("cross_entropy", Flag(
+      "--objective", "local objective",
+      choices=_registry("fedjax_agg.objectives"), preset="cross_entropy"))
+  objective_args: dict = _field({}, Flag(
+      "--objective-arg", "argument of the local objective (repeatable; see "
+      "--list objectives)", kind="pairs"))
+  train: dict = _field({})
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackSpec:
+  """"attack": simulated malicious clients in every algorithm's runs."""
+  name: str = _field(dataclasses.MISSING, Flag(
+      "--attack", "simulate malicious clients with this attack (see --list "
+      "attacks)", choices=_registry("fedjax_agg.attacks")))
+  args: dict = _field({}, Flag(
+      "--attack-arg", "argument of the attack (repeatable), e.g. scale=10",
+      kind="pairs"))
+  fraction: float = _field(0.1, Flag(
+      "--attack-fraction", "fraction of malicious clients (default 0.1 "
+      "with --attack)", type=float))
+  adversaries: str = _field("per_round", Flag(
+      "--adversaries", "per_round: floor(fraction m) of each round's m "
+      "participants; fixed: a set of clients drawn once (default "
+      "per_round)", choices=lambda: ADVERSARY_MODES))
+  seed: int = _field(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacySpec:
+  """"privacy": the accounting of the private rules' runs (the noise
+  multiplier is the rule's own, ``config.Privacy``)."""
+  delta: float = _field(1e-5, Flag(
+      "--dp-delta", "with --aggregator dp_fedavg: delta of the epsilon "
+      "recorded after every round (default 1e-5)", type=float))
+  accountant: str = _field("rdp", Flag(
+      "--dp-accountant", "with dp_fedavg: privacy accountant (default rdp)",
+      choices=_ACCOUNTANTS))
+  sampling: str = _field("without_replacement", Flag(
+      "--dp-sampling", "with dp_fedavg: fixed-size cohorts (default) or "
+      "Poisson cohorts, accounted as drawn", choices=_SAMPLINGS))
+  target_epsilon: Optional[float] = _field(None, Flag(
+      "--target-epsilon", "with dp_fedavg: end the run before epsilon "
+      "passes this", type=float))
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """A whole experiment: several algorithms x seeds on one setting.
+
+  Build it in Python (each section a spec object, or a mapping of its
+  keys), or from a JSON config with ``from_dict``; either way every key
+  and value is checked (``experiment.check_config``: a ``ConfigError``
+  naming the key path) when it is built.
+  """
+  dataset: DataSpec = _field(dataclasses.MISSING)
+  partition: PartitionSpec = _field(dataclasses.MISSING)
+  model: ModelSpec = _field(dataclasses.MISSING)
+  algorithms: Mapping[str, AlgorithmSpec] = _field(dataclasses.MISSING)
+  name: Optional[str] = _field(None)
+  train: TrainSpec = dataclasses.field(default_factory=TrainSpec,
+                                       metadata={"flags": ()})
+  seeds: list = _field([0], Flag(
+      "--seed", "seed of the run", kind="seed", type=int, preset=0),
+      Flag("--seeds", "comma-separated seeds, run as ONE vmapped sweep "
+           "(e.g. 0,1,2); replaces --seed", kind="seeds"))
+  target_accuracy: Optional[float] = _field(None)
+  vmap_seeds: bool = _field(False)
+  attack: Optional[AttackSpec] = _field(None)
+  privacy: Optional[PrivacySpec] = _field(None)
+  provenance: Optional[dict] = _field(None)
+
+  def __post_init__(self):
+    # Mappings become spec objects; then the whole is checked at once.
+    sections = {"dataset": DataSpec, "partition": PartitionSpec,
+                "model": ModelSpec, "train": TrainSpec,
+                "attack": AttackSpec, "privacy": PrivacySpec}
+    for name, cls in sections.items():
+      value = getattr(self, name, None)
+      if isinstance(value, Mapping):
+        object.__setattr__(self, name, _build(cls, name, value))
+    if isinstance(self.algorithms, Mapping):
+      object.__setattr__(self, "algorithms", {
+          name: (_build(AlgorithmSpec, f"algorithms.{name}", spec)
+                 if isinstance(spec, Mapping) else spec)
+          for name, spec in self.algorithms.items()})
+    object.__setattr__(self, "seeds", list(self.seeds))
+    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+    experiment.check_config(self.to_dict(written_out=False))
+
+  @classmethod
+  def from_dict(cls, config: Mapping) -> "Experiment":
+    """A JSON config -> the checked ``Experiment``.
+
+    Script keys (``SCRIPT_KEYS``) are the scripts' own and are dropped.
+
+    Raises:
+      experiment.ConfigError: naming the key path of the first bad entry.
+    """
+    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+    experiment.check_config(dict(config))
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{key: value for key, value in config.items()
+                  if key in fields})
+
+  def to_dict(self, written_out: bool = True) -> dict:
+    """The JSON config of this experiment; ``written_out``: with every
+    default written out (``experiment.resolve_config``), else only what
+    differs from the defaults."""
+    config = {}
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if dataclasses.is_dataclass(value):
+        value = _section_dict(value)
+      elif f.name == "algorithms":
+        value = {name: (_section_dict(spec)
+                        if dataclasses.is_dataclass(spec) else dict(spec))
+                 for name, spec in value.items()}
+      if (value is None and f.name in ("name", "target_accuracy", "attack",
+                                       "privacy", "provenance")) or (
+                                           f.name == "vmap_seeds"
+                                           and value is False):
+        continue  # Left out unless set, as a config file does.
+      config[f.name] = value
+    if not written_out:
+      return config
+    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+    return experiment.resolve_config(config)
+
+
+SECTIONS = {"dataset": DataSpec, "partition": PartitionSpec,
+            "model": ModelSpec, "train": TrainSpec,
+            "algorithms": AlgorithmSpec, "attack": AttackSpec,
+            "privacy": PrivacySpec}
+
+
+def _build(cls, path: str, mapping: Mapping):
+  """``cls(**mapping)``, an unknown or missing key named as a config
+  error (the values are checked with the whole experiment)."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  allowed = keys(cls)
+  extra = SCRIPT_ALGORITHM_KEYS if cls is AlgorithmSpec else ()
+  for key in mapping:
+    if key not in allowed and key not in extra:
+      raise experiment.ConfigError(
+          f"{path}.{key}", f"{path}.{key}: unknown key; allowed: "
+          f"{sorted(allowed)}")
+  required = [f.name for f in dataclasses.fields(cls)
+              if f.default is dataclasses.MISSING
+              and f.default_factory is dataclasses.MISSING]
+  for key in required:
+    if key not in mapping:
+      raise experiment.ConfigError(f"{path}.{key}", f"{path} must have a "
+                                   f"{key!r} entry")
+  return cls(**{k: v for k, v in mapping.items() if k in allowed})
+
+
+def _section_dict(spec) -> dict:
+  """A section's keys that differ from their defaults (and the required
+  ones)."""
+  out = {}
+  for f in dataclasses.fields(spec):
+    value = getattr(spec, f.name)
+    default = (f.default_factory() if f.default_factory
+               is not dataclasses.MISSING else f.default)
+    if default is dataclasses.MISSING or value != default:
+      out[f.name] = dict(value) if isinstance(value, Mapping) else value
+  return out
+
+
+def keys(cls) -> tuple[str, ...]:
+  """The JSON keys of a section (its fields, in order)."""
+  return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def defaults(cls) -> dict[str, Any]:
+  """A section's defaults (fields without one are left out)."""
+  out = {}
+  for f in dataclasses.fields(cls):
+    if f.default_factory is not dataclasses.MISSING:
+      out[f.name] = f.default_factory()
+    elif f.default is not dataclasses.MISSING:
+      out[f.name] = f.default
+  return out
+
+
+def flags() -> list[tuple[str, Flag]]:
+  """Every command-line flag of the spec with the config key it sets, in
+  the order flags apply (a section's name before its arguments; --seed
+  before --seeds): ``[("train.learning_rate", Flag("--lr", ...)), ...]``;
+  an algorithm's keys read ``algorithms.{algorithm}.<key>``. Callable
+  choices are resolved to their names here."""
+  out = []
+  for prefix, cls in (("dataset", DataSpec), ("partition", PartitionSpec),
+                      ("model", ModelSpec),
+                      ("algorithms.{algorithm}", AlgorithmSpec),
+                      ("train", TrainSpec), ("", Experiment),
+                      ("attack", AttackSpec), ("privacy", PrivacySpec)):
+    for f in dataclasses.fields(cls):
+      for flag in f.metadata.get("flags", ()):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if flag.kind == "subkey":
+          key = f"{key}.{flag.subkey}"
+        if callable(flag.choices):
+          flag = flag._replace(choices=flag.choices())
+        out.append((key, flag))
+  return out
