@@ -1,46 +1,30 @@
-"""The round driver: seeding, cohorts, the jitted round, evaluation, history.
+"""One run: R rounds of one experiment (``run``).
 
-``run`` drives R rounds of one experiment. Everything a run does besides
-the round itself lives here once and is shared by every way of running:
-
-* seeding: ``seed`` -> (model init key, run key); the cohort of round r is
-  drawn from ``split(fold_in(run_key, 1), R)[r]`` (a prefix of the keys of
-  a longer run, so a finished run can be extended) and the round's own keys
-  from the state's key;
-* the evaluation schedule (``config.Evaluation``), the history rows and
-  client rows (``fedjax_agg.history``), the non-finite policy
-  (``config.NonFinite``), checkpoints, the progress bar and callbacks.
-
-``Driver`` is that loop over one or several *members*: ``run`` is one
-member; ``fedjax_agg.sweep.run_sweep`` is the same loop over S vmapped
-members; client-side algorithms (ADCT) are ``run`` with another
-``local_update`` (see ``fedjax_agg.rounds``).
-
-Callbacks. Each callable in ``callbacks`` is called after every round with
-``(row, client_row)``: the round's history row (a dict of scalars) and its
-per-client arrays; ``history.HistoryWriter`` writes the history files that
-way as the run goes.
+``run`` builds one member's jitted round (``rounds.make_round_fn``), its
+cohort sampling (fixed-size, or Poisson under ``config.Privacy``), its
+evaluation (test set, clients' data, held-out personalised and fine-tuned
+accuracies) and its privacy accounting, and hands them to the one round
+loop, ``loop.Driver``, which every run shares (``sweep.run_sweep`` is the
+same loop over S vmapped members; client-side algorithms such as ADCT are
+``run`` with another ``local_update``, see ``fedjax_agg.rounds``). Seeding,
+the evaluation schedule, history rows, the non-finite policy, checkpoints,
+callbacks and early stopping are the loop's (``fedjax_agg.loop``).
 """
 
 import dataclasses
-import sys
-import time
 import warnings
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm.auto as tqdm
 
 from fedjax_agg import aggregators
-from fedjax_agg import checkpoint
-from fedjax_agg import checks
 from fedjax_agg import clients as clients_lib
 from fedjax_agg import distributed
 from fedjax_agg import engine
 from fedjax_agg import evaluation as evaluation_lib
-from fedjax_agg import history as history_lib
+from fedjax_agg import loop
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import rounds
 from fedjax_agg import sampling as sampling_lib
@@ -48,96 +32,22 @@ from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
                                LocalTraining, NonFinite, Privacy)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
+# The loop's names, as this module gave them before the loop had its own.
+from fedjax_agg.loop import (Callback, Driver, MAX_SEED, NonFiniteError,
+                             check_labels, cohort_keys,
+                             loop_with_checkpoints, num_classes_of,
+                             open_checkpoints, seed_keys)
 from fedjax_agg.types import Aggregator, Model, Params
 
-__all__ = ["Driver", "MAX_SEED", "NonFiniteError", "RunResult",
-           "loop_with_checkpoints", "num_classes_of", "open_checkpoints",
-           "resolve_privacy", "run", "seed_keys"]
-
-Callback = Callable[[dict, Optional[dict]], None]
-
-
-class NonFiniteError(FloatingPointError):
-  """A run met a non-finite value its ``config.NonFinite`` policy refuses."""
+__all__ = ["Callback", "Driver", "MAX_SEED", "NonFiniteError", "RunResult",
+           "check_labels", "cohort_keys", "loop_with_checkpoints",
+           "num_classes_of", "open_checkpoints", "resolve_privacy", "run",
+           "seed_keys"]
 
 
 class RunResult(NamedTuple):
   history: History
   state: rounds.ServerState
-
-
-# Seeds are 32-bit: ``jax.random.key`` keeps only the low 32 bits of a
-# larger one (2**32 + 5 would silently be seed 5) and overflows at 2**63.
-MAX_SEED = 2**32 - 1
-
-
-def seed_keys(seed: int) -> tuple[jax.Array, jax.Array]:
-  """``seed`` (an int in [0, 2**32 - 1]) -> (model init key, run key)."""
-  checks.check_int("seed", seed, 0, MAX_SEED)
-  return tuple(jax.random.split(jax.random.key(int(seed))))
-
-
-def cohort_keys(run_key: jax.Array, num_rounds: int) -> jax.Array:
-  """[R] keys of the rounds' cohorts (prefix-stable in R)."""
-  return jax.random.split(jax.random.fold_in(run_key, 1), max(num_rounds, 1))
-
-
-def num_classes_of(model: Model, params: Params, x) -> int:
-  """The width of the model's outputs on ``x`` (classes for metrics)."""
-  shape = jax.eval_shape(lambda p, xb: model.apply(p, xb, False)[0], params,
-                         jax.ShapeDtypeStruct((1,) + tuple(x.shape[1:]),
-                                              x.dtype))
-  return int(shape.shape[-1])
-
-
-def check_labels(y, num_classes: int, where: str) -> None:
-  """Refuses labels outside [0, num_classes) naming ``where``."""
-  y = np.asarray(y)
-  bad = (y < 0) | (y >= num_classes)
-  if bad.any():
-    raise ValueError(
-        f"{where} holds labels outside [0, {num_classes}) (the model's "
-        f"{num_classes} outputs): {sorted(set(y[bad].tolist()))[:10]}")
-
-
-def open_checkpoints(checkpointing: Optional[Checkpointing],
-                     fingerprint: Callable[[], dict], state, run_key,
-                     num_rounds: int):
-  """-> (checkpointer or None, snapshot or None) for a run of
-  ``num_rounds`` rounds; refuses a checkpoint past ``num_rounds``.
-  ``fingerprint()`` (called only with ``checkpointing``) describes what a
-  checkpoint must match."""
-  if checkpointing is None:
-    return None, None
-  checkpointer, snapshot = checkpoint.open_run(
-      checkpointing.directory, checkpointing.every, checkpointing.resume,
-      checkpoint.describe(fingerprint()), state, run_key)
-  if snapshot is not None and snapshot.round > num_rounds:
-    checkpointer.close()
-    raise checkpoint.CheckpointMismatchError(
-        f"the checkpoint in {checkpointing.directory} is at round "
-        f"{snapshot.round}, past num_rounds={num_rounds}")
-  return checkpointer, snapshot
-
-
-def loop_with_checkpoints(driver: "Driver", checkpointer, state, run_key,
-                          num_rounds: int, rows, client_rows,
-                          pack=lambda rows, client_rows: (rows[0],
-                                                          client_rows[0])):
-  """``driver.loop`` from the rows' last round, saving as ``checkpointer``
-  says (``pack`` turns the members' rows into what a checkpoint holds)."""
-  def after_round(round_num, state):
-    if checkpointer is not None and checkpointer.should_save(round_num,
-                                                             num_rounds):
-      checkpointer.save(round_num, state, run_key,
-                        *pack(rows, client_rows))
-
-  try:
-    return driver.loop(state, len(rows[0]) - 1, num_rounds, rows,
-                       client_rows, after_round)
-  finally:
-    if checkpointer is not None:
-      checkpointer.close()
 
 
 def _global_for_all(client_state, params, client_ids):
@@ -162,147 +72,6 @@ def _check_per_client_evaluation(evaluation: Evaluation, data,
         "evaluation.personalized=True needs a local_update with personal "
         "models (a LocalUpdate with personalize, e.g. clients.ditto or "
         "clients.fedbn); use finetune_steps for fine-tuned global models")
-
-
-def _check_rounds(num_rounds) -> None:
-  if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or (
-      num_rounds < 0):
-    raise ValueError(f"num_rounds must be an int >= 0, got {num_rounds!r}")
-
-
-class Driver:
-  """The round loop over ``num_members`` runs stepped together.
-
-  Args:
-    round_step: ``(state, cohorts) -> (state, outputs)`` for all members
-      (outputs already on the host, numpy).
-    sample: ``r -> cohorts`` of round r (0-based).
-    evaluate: ``(state, with_clients) -> [one dict of test metrics per
-      member]``; ``with_clients``: also the losses on the clients' data.
-    member_output: ``(outputs, m) -> member m's RoundOutput``.
-    member_state: ``(state, m) -> member m's ServerState`` (for the
-      non-finite checks).
-    num_members: M.
-    nonfinite: the ``config.NonFinite`` policy.
-    progress: show a progress bar.
-    callbacks: per member, called with each row (see the module docstring).
-    with_losses: the rounds compute per-client losses (else the rows have
-      no ``cohort_loss_*`` columns).
-  """
-
-  def __init__(self, *, round_step, sample, evaluate, member_output,
-               member_state, num_members: int, nonfinite: NonFinite,
-               evaluation: Evaluation, progress: bool,
-               callbacks: Sequence[Sequence[Callback]],
-               with_losses: bool = True):
-    self.round_step = round_step
-    self.sample = sample
-    self.evaluate = evaluate
-    self.member_output = member_output
-    self.member_state = member_state
-    self.num_members = num_members
-    self.nonfinite = nonfinite
-    self.evaluation = evaluation
-    self.progress = progress
-    self.callbacks = callbacks
-    self.with_losses = with_losses
-
-  def initial_rows(self, state, num_rounds: int) -> list[dict]:
-    if self.progress:
-      # The bar appears after the first evaluation; say what runs first.
-      print("fedjax_agg: evaluating the initial model, then compiling the "
-            "round (the first round's time includes compilation) ...",
-            file=sys.stderr, flush=True)
-    with_clients = self.evaluation.clients_due(0, num_rounds)
-    rows = [{"round": 0, "time_s": 0.0, **test}
-            for test in self.evaluate(state, with_clients)]
-    for m, row in enumerate(rows):
-      self._check_model(row, state, m)
-      for callback in self.callbacks[m]:
-        callback(row, None)
-    return rows
-
-  def replay(self, rows: list[list[dict]],
-             client_rows: list[list[dict]]) -> None:
-    """Hands a resumed run's restored rows to the callbacks, in order, so
-    that history writers start from the checkpoint's rows (a resumed run's
-    files then hold every round, not only those after the resume)."""
-    for m in range(self.num_members):
-      for i, row in enumerate(rows[m]):
-        client = client_rows[m][i - 1] if i > 0 else None
-        for callback in self.callbacks[m]:
-          callback(row, client)
-
-  def _check_model(self, row: dict, state, m: int) -> None:
-    """The global model (and its test loss) must stay finite."""
-    if self.nonfinite.model == "record":
-      return
-    bad = []
-    loss = row.get("test_loss")
-    if loss is not None and not np.isfinite(loss):
-      bad.append(f"test loss {loss}")
-    params = self.member_state(state, m).params
-    finite = all(bool(jnp.all(jnp.isfinite(leaf)))
-                 for leaf in jax.tree.leaves(params)
-                 if jnp.issubdtype(leaf.dtype, jnp.inexact))
-    if not finite:
-      bad.append("non-finite global parameters")
-    if bad:
-      member = f" (member {m})" if self.num_members > 1 else ""
-      raise NonFiniteError(
-          f"round {row['round']}{member}: {', '.join(bad)}; the model "
-          "diverged (lower the learning rate, or pass "
-          "NonFinite(model='record') to record it and go on)")
-
-  def loop(self, state, first_round: int, num_rounds: int,
-           rows: list[list[dict]], client_rows: list[list[dict]],
-           after_round: Optional[Callable[..., None]] = None):
-    """Rounds ``first_round + 1 .. num_rounds``; appends to the rows."""
-    desc = "rounds" if self.num_members == 1 else (
-        f"rounds ({self.num_members} members)")
-    bar = tqdm.trange(first_round, num_rounds, disable=not self.progress,
-                      desc=desc)
-    for r in bar:
-      start = time.perf_counter()
-      state, outputs = self.round_step(state, self.sample(r))
-      elapsed = time.perf_counter() - start
-      round_num = r + 1
-      if self.evaluation.due(round_num, num_rounds):
-        with_clients = self.evaluation.clients_due(round_num, num_rounds)
-        new_rows = [{"round": round_num, "time_s": elapsed, **test}
-                    for test in self.evaluate(state, with_clients)]
-      else:
-        new_rows = [{"round": round_num, "time_s": elapsed}
-                    for _ in range(self.num_members)]
-      for m, row in enumerate(new_rows):
-        out = self.member_output(outputs, m)
-        row.update(history_lib.round_scalars(out, self.with_losses))
-        client = history_lib.client_row(round_num, out, self.with_losses)
-        rows[m].append(row)
-        client_rows[m].append(client)
-        for callback in self.callbacks[m]:
-          callback(row, client)
-        self._check_clients(out, round_num, m)
-        if "test_loss" in row or self.nonfinite.model == "raise":
-          self._check_model(row, state, m)
-      if "test_accuracy" in new_rows[0]:
-        bar.set_postfix(acc=" ".join(f"{row['test_accuracy']:.4f}"
-                                     for row in new_rows[:4]))
-      if after_round is not None:
-        after_round(round_num, state)
-    return state
-
-  def _check_clients(self, out, round_num: int, m: int) -> None:
-    if self.nonfinite.clients != "raise":
-      return
-    excluded = (np.asarray(out.mask) > 0) & ~np.asarray(out.finite)
-    if excluded.any():
-      member = f" (member {m})" if self.num_members > 1 else ""
-      ids = np.asarray(out.client_ids)[excluded].tolist()
-      raise NonFiniteError(
-          f"round {round_num}{member}: clients {ids} returned non-finite "
-          "models or losses (NonFinite(clients='raise'); 'exclude' drops "
-          "them from the round instead)")
 
 
 def run(
@@ -367,7 +136,7 @@ def run(
     NonFiniteError: per ``nonfinite``.
     checkpoint.CheckpointError: a checkpoint of another run or data.
   """
-  _check_rounds(num_rounds)
+  loop.check_rounds(num_rounds)
   _check_per_client_evaluation(evaluation, data, local_update)
   cohort_size = rounds.num_sampled(data.num_clients, participation)
   privacy = resolve_privacy(privacy, aggregator, cohort_size)
@@ -399,15 +168,13 @@ def run(
   # What must match for a checkpoint to continue this run: everything that
   # decides its results (not how rounds are executed, nor R).
   checkpointer, snapshot = open_checkpoints(
-      checkpointing, lambda: {
-        "participation": participation, "training": training,
-        "seed": seed, "evaluation": evaluation, "model": model,
-        "aggregator": aggregator, "local_update": local_update,
-        "nonfinite": nonfinite, "init_params": init_params,
-        "privacy": privacy,
-        "data": checkpoint.data_fingerprint(data),
-        "test_data": checkpoint.data_fingerprint(test_data),
-        "config": config}, state, run_key, num_rounds)
+      checkpointing, lambda: loop.fingerprint(
+          model=model, data=data, test_data=test_data,
+          participation=participation, training=training,
+          evaluation=evaluation, nonfinite=nonfinite,
+          local_update=local_update, init_params=init_params, config=config,
+          seed=seed, aggregator=aggregator, privacy=privacy),
+      state, run_key, num_rounds)
   if snapshot is not None:
     state, run_key = snapshot.state, snapshot.run_key
   mesh, device = distributed.round_mesh(execution.devices)
@@ -533,14 +300,13 @@ def run(
 
   state = loop_with_checkpoints(driver, checkpointer, state, run_key,
                                 num_rounds, rows, client_rows)
-  base_config = {"num_rounds": num_rounds, "participation": participation,
-                 "cohort_size": cohort_size,
-                 "local_epochs": training.epochs,
-                 "batch_size": training.batch_size,
-                 "learning_rate": training.learning_rate,
-                 "seed": seed, "num_clients": data.num_clients,
-                 "num_classes": num_classes,
-                 "num_devices": 1 if mesh is None else mesh.size}
+  base_config = loop.base_config(
+      num_rounds=num_rounds, participation=participation,
+      cohort_size=cohort_size, training=training,
+      learning_rate=training.learning_rate, seed=seed,
+      num_clients=data.num_clients, num_classes=num_classes,
+      num_devices=1 if mesh is None else mesh.size,
+      extra=driver.stop_record())
   if privacy is not None:
     base_config["privacy"] = {
         **dataclasses.asdict(privacy),

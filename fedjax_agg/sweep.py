@@ -47,13 +47,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg import aggregators
-from fedjax_agg import checkpoint
 from fedjax_agg import checks
 from fedjax_agg import clients
 from fedjax_agg import distributed
 from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import rounds
-from fedjax_agg import simulation
+from fedjax_agg import loop
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
                                LocalTraining, NonFinite)
 from fedjax_agg.federated import FederatedData
@@ -308,7 +307,7 @@ def run_sweep(
     ValueError / TypeError: a bad grid, seed or data, a grid value the
       factories reject, or members whose aggregator states differ in shape.
   """
-  simulation._check_rounds(num_rounds)  # pylint: disable=protected-access
+  loop.check_rounds(num_rounds)
   seeds = list(seeds)
   if not seeds:
     raise ValueError("seeds must be a non-empty list of ints")
@@ -323,7 +322,7 @@ def run_sweep(
                                                  rounds.LocalUpdate):
     raise TypeError(f"local_update must be a rounds.LocalUpdate, got "
                     f"{type(local_update).__name__}")
-  keys = [simulation.seed_keys(s) for s in seeds]
+  keys = [loop.seed_keys(s) for s in seeds]
   per_seed_data = not isinstance(data, FederatedData)
   if per_seed_data:
     data = list(data)
@@ -365,16 +364,14 @@ def run_sweep(
           "cannot be swept in one call")
   state = _stack(states)
   run_key = jnp.stack(run_keys)
-  checkpointer, snapshot = simulation.open_checkpoints(
-      checkpointing, lambda: {
-          "sweep": {"build": build, "grid": points, "seeds": seeds},
-          "participation": participation, "training": training,
-          "evaluation": evaluation, "model": model, "nonfinite": nonfinite,
-          "init_params": init_params, "local_update": local_update,
-          "data": [checkpoint.data_fingerprint(d) for d in data]
-                  if per_seed_data else checkpoint.data_fingerprint(data),
-          "test_data": checkpoint.data_fingerprint(test_data),
-          "config": config}, state, run_key, num_rounds)
+  checkpointer, snapshot = loop.open_checkpoints(
+      checkpointing, lambda: loop.fingerprint(
+          model=model, data=data, test_data=test_data,
+          participation=participation, training=training,
+          evaluation=evaluation, nonfinite=nonfinite,
+          local_update=local_update, init_params=init_params, config=config,
+          sweep={"build": build, "grid": points, "seeds": seeds}),
+      state, run_key, num_rounds)
   if snapshot is not None:
     state = snapshot.state
   mesh, _ = distributed.round_mesh(execution.devices,
@@ -390,9 +387,9 @@ def run_sweep(
       lambda tree: distributed.replicate(tree, mesh))
   state = by_member(state)
   test_x, test_y = (jnp.asarray(a) for a in test_data)
-  num_classes = simulation.num_classes_of(model, states[0].params, test_x)
-  simulation.check_labels(test_y, num_classes, "test_data")
-  simulation.check_labels(member_data.y, num_classes, "data")
+  num_classes = loop.num_classes_of(model, states[0].params, test_x)
+  loop.check_labels(test_y, num_classes, "test_data")
+  loop.check_labels(member_data.y, num_classes, "data")
   if per_seed_data:
     by_seed = stack_data(data)
     seed_of = np.array([s for _, s in members])
@@ -425,7 +422,7 @@ def run_sweep(
   num_clients = member_data.num_clients
   sample = jax.vmap(lambda key: rounds.sample_cohort(
       key, num_clients, cohort_size, execution.sampler))
-  sample_keys = jax.vmap(lambda key: simulation.cohort_keys(
+  sample_keys = jax.vmap(lambda key: loop.cohort_keys(
       key, num_rounds))(jnp.stack(run_keys))
   mask = jnp.ones((cohort_size,), jnp.float32)
   stacked_eval = evaluation_lib.stacked_per_example_fn(model)
@@ -466,7 +463,7 @@ def run_sweep(
     jax.block_until_ready(state.params)
     return state, jax.device_get(out)
 
-  driver = simulation.Driver(
+  driver = loop.Driver(
       round_step=round_step,
       sample=lambda r: by_member(sample(sample_keys[:, r])),
       evaluate=evaluate, member_output=_member, member_state=_member,
@@ -484,23 +481,22 @@ def run_sweep(
                                      len(members))
     driver.replay(rows, client_rows)
 
-  state = simulation.loop_with_checkpoints(
+  state = loop.loop_with_checkpoints(
       driver, checkpointer, state, run_key, num_rounds, rows, client_rows,
       pack=_pack_rows)
 
   results = []
   for m, (p, s) in enumerate(members):
     point = points[p]
-    base_config = {
-        "num_rounds": num_rounds, "participation": participation,
-        "cohort_size": cohort_size, "local_epochs": training.epochs,
-        "batch_size": training.batch_size,
-        "learning_rate": point.get(CLIENT_LEARNING_RATE,
-                                   training.learning_rate),
-        "seed": int(seeds[s]), "num_clients": num_clients,
-        "num_classes": num_classes, "num_devices": 1,
-        "sweep_size": len(members), "sweep_hparams": dict(point)}
-    base_config.update(config or {})
+    base_config = loop.base_config(
+        num_rounds=num_rounds, participation=participation,
+        cohort_size=cohort_size, training=training,
+        learning_rate=point.get(CLIENT_LEARNING_RATE,
+                                training.learning_rate),
+        seed=seeds[s], num_clients=num_clients, num_classes=num_classes,
+        num_devices=1, extra={"sweep_size": len(members),
+                              "sweep_hparams": dict(point),
+                              **driver.stop_record(), **(config or {})})
     results.append(SweepMember(
         dict(point), int(seeds[s]),
         History(rows[m], client_rows[m], base_config), _member(state, m)))

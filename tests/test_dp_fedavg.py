@@ -6,6 +6,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from hypothesis import given
 from hypothesis import settings
@@ -220,11 +221,164 @@ def test_adaptive_clipping_has_no_streaming_form():
   assert aggregators.dp_fedavg(adaptive=True).stream is None
 
 
-def test_a_cohort_of_padding_only_keeps_model_and_clip_norm():
+def test_a_cohort_of_padding_only_without_noise_keeps_the_model():
+  # An empty round is a round like any other (module docstring): with
+  # z = 0 its update is 0, and the adaptive clip norm takes Andrew et al.'s
+  # step with no unclipped client, C exp(eta_C gamma). (Until every round
+  # had to add the noise it is accounted for, this test had the default
+  # z = 1 and asserted that an empty round changed nothing.)
   global_params, clients, info, _, _ = garbage_cohort(25, [1] * K)
-  kwargs = dict(adaptive=True, clip_norm=2.0)
+  kwargs = dict(adaptive=True, clip_norm=2.0, noise_multiplier=0.0)
   _, state, _ = _run(global_params, clients, info, **kwargs)
   empty = info._replace(mask=jnp.zeros((K,), jnp.float32))
   out, new_state, _ = _run(global_params, clients, empty, state, **kwargs)
   tu.assert_trees_close(out, global_params, rtol=0, atol=0)
-  assert float(new_state.clip_norm) == float(state.clip_norm)
+  np.testing.assert_allclose(new_state.clip_norm,
+                             float(state.clip_norm) * np.exp(0.2 * 0.5),
+                             rtol=1e-6)
+
+
+def np_clipped_sum(updates, clip_norm):
+  """McMahan et al. Alg. 1's sum of clipped updates, [m, P] -> [P]."""
+  norms = np.linalg.norm(updates, axis=1)
+  scale = np.minimum(1.0, clip_norm / np.where(norms > 0, norms, 1.0))
+  return (updates * scale[:, None]).sum(0), norms
+
+
+EMPTY = [0] * K
+
+
+@pytest.mark.parametrize("mask", MASKS + [EMPTY])
+@pytest.mark.parametrize("expected_clients", [2.5, 9.0])
+def test_expected_clients_is_the_denominator_whatever_the_cohort(
+    mask, expected_clients):
+  # McMahan et al. 2018's fixed denominator qN: m = 6, 4, 4, 1, 2, 0 real
+  # participants, the same divisor; with sigma = 0 the update is
+  # sum_k clipped dw_k / qN, and the adaptive count fraction uses qN too.
+  global_params, clients, info, updates, _ = garbage_cohort(26, mask)
+  kwargs = dict(clip_norm=1.5, noise_multiplier=0.0, adaptive=True,
+                target_quantile=0.4, clip_learning_rate=0.3,
+                expected_clients=expected_clients)
+  out, state, metrics = _run(global_params, clients, info, **kwargs)
+  clipped_sum, norms = np_clipped_sum(updates, 1.5)
+  np.testing.assert_allclose(flat(out) - flat(global_params),
+                             clipped_sum / expected_clients, rtol=1e-5,
+                             atol=1e-6)
+  unclipped = np.sum(norms <= 1.5)
+  np.testing.assert_allclose(
+      state.clip_norm,
+      1.5 * np.exp(-0.3 * (unclipped / expected_clients - 0.4)), rtol=1e-6)
+  assert float(metrics["noise_stddev"]) == 0.0
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_noise_with_expected_clients_does_not_depend_on_who_was_drawn(
+    adaptive):
+  # 60 rounds, each a fresh key and a random Poisson-like mask (m from 0 to
+  # K): the update minus the numpy clipped sum / qN is the noise alone,
+  # N(0, (sigma_dw C / qN)^2) per coordinate for every m. Its sample
+  # variance over n values is within 5 sqrt(2 / n) of that, relatively
+  # (chi-square with n degrees of freedom), pooled and per m.
+  clip_norm, z, expected_clients, rounds = 0.8, 1.3, 3.0, 60
+  sigma = z if not adaptive else (z**-2 - (2 * 5 * z)**-2) ** -0.5
+  stddev = sigma * clip_norm / expected_clients
+  rng = np.random.default_rng(27)
+  by_m = {}
+  for round_ in range(rounds):
+    mask = (rng.random(K) < 0.5).astype(int).tolist()
+    global_params, clients, info, updates, _ = garbage_cohort(
+        1000 + round_, mask)
+    info = info._replace(key=jax.random.key(round_))
+    out, _, metrics = _run(global_params, clients, info,
+                           clip_norm=clip_norm, noise_multiplier=z,
+                           adaptive=adaptive,
+                           expected_clients=expected_clients)
+    np.testing.assert_allclose(metrics["noise_stddev"], stddev, rtol=1e-6)
+    clipped_sum, _ = np_clipped_sum(updates, clip_norm)
+    noise = flat(out) - flat(global_params) - clipped_sum / expected_clients
+    by_m.setdefault(sum(mask), []).append(noise)
+  assert len(by_m) >= 4  # several realised cohort sizes
+  pooled = np.concatenate([np.concatenate(v) for v in by_m.values()])
+  assert abs(pooled.mean()) < 5 * stddev / np.sqrt(pooled.size)
+  for sample in [pooled] + [np.concatenate(v) for v in by_m.values()]:
+    variance = np.mean(np.square(sample))  # known mean 0
+    assert abs(variance / stddev**2 - 1) < 5 * np.sqrt(2 / sample.size)
+
+
+@pytest.mark.parametrize("expected_clients", [None, 4.0])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_an_empty_round_adds_the_noise_it_is_accounted_for(expected_clients,
+                                                           adaptive):
+  # No real participant (padding rows of NaN and 1e30): the update is the
+  # noise alone, sigma_dw C / D with D = qN, or 1 without expected_clients.
+  clip_norm, z = 0.5, 1.2
+  sigma = z if not adaptive else (z**-2 - (2 * 5 * z)**-2) ** -0.5
+  stddev = sigma * clip_norm / (expected_clients or 1.0)
+  global_params = {"w": jnp.zeros((100_000,), jnp.float32)}
+  clients = {"w": jnp.stack([jnp.full((100_000,), v, jnp.float32)
+                             for v in (np.nan, 1e30, np.nan)])}
+  info = tu.make_info(np.arange(3), np.ones(3), [0, 0, 0], seed=8)
+  kwargs = dict(clip_norm=clip_norm, noise_multiplier=z, adaptive=adaptive,
+                expected_clients=expected_clients)
+  out, state, metrics = _run(global_params, clients, info, **kwargs)
+  noise = np.asarray(out["w"], np.float64)
+  assert abs(noise.mean()) < 5 * stddev / np.sqrt(noise.size)
+  assert (abs(noise.var() / stddev**2 - 1)
+          < 5 * np.sqrt(2 / noise.size))
+  np.testing.assert_allclose(metrics["noise_stddev"], stddev, rtol=1e-6)
+  assert float(metrics["fraction_clipped"]) == 0.0
+  if adaptive:  # the noised count moved C
+    assert float(state.clip_norm) != clip_norm
+  # Without noise the same round leaves the model as it was.
+  kwargs["noise_multiplier"] = 0.0
+  out, _, _ = _run(global_params, clients, info, **kwargs)
+  tu.assert_trees_close(out, global_params, rtol=0, atol=0)
+
+
+def test_the_aggregator_carries_the_noise_it_adds():
+  assert aggregators.dp_fedavg(noise_multiplier=0.7).noise_multiplier == 0.7
+  rule = aggregators.dp_fedavg(noise_multiplier=1.1, adaptive=True,
+                               expected_clients=20.0)
+  assert rule.noise_multiplier == 1.1  # z of the round, not sigma_dw
+  assert rule.expected_clients == 20.0
+  assert aggregators.dp_fedavg().expected_clients is None
+  assert aggregators.fedavg().noise_multiplier is None
+  # Server optimizers over DP-FedAvg pass it on; over FedAvg there is none.
+  for wrapped in (
+      aggregators.with_server_optimizer(rule, optax.sgd(1.0)),
+      aggregators.fedadam(base=rule),
+      aggregators.fedavgm(base=rule)):
+    assert wrapped.noise_multiplier == 1.1
+    assert wrapped.expected_clients == 20.0
+  assert aggregators.fedadam().noise_multiplier is None
+
+
+@pytest.mark.parametrize("expected_clients", [None, 3.0])
+def test_a_server_optimizer_keeps_the_noise_of_an_empty_round(
+    expected_clients):
+  # with_server_optimizer(rule, sgd(1)) is the rule: an empty round moves
+  # the model by DP-FedAvg's noise, where the wrapper once kept it.
+  rule = aggregators.dp_fedavg(clip_norm=0.5, noise_multiplier=1.0,
+                               expected_clients=expected_clients)
+  wrapped = aggregators.with_server_optimizer(rule, optax.sgd(1.0))
+  global_params, clients, info, _, _ = garbage_cohort(28, [1] * K)
+  empty = info._replace(mask=jnp.zeros((K,), jnp.float32))
+  expected, _, _ = jax.jit(rule.aggregate)(
+      global_params, clients, empty, rule.init(global_params))
+  out, _, metrics = jax.jit(wrapped.aggregate)(
+      global_params, clients, empty, wrapped.init(global_params))
+  tu.assert_trees_close(out, expected, rtol=1e-6, atol=1e-6)
+  noise = flat(out) - flat(global_params)
+  assert np.abs(noise).max() > 0.1 * 0.5 / (expected_clients or 1.0)
+  np.testing.assert_allclose(metrics["pseudo_gradient_norm"],
+                             np.linalg.norm(noise), rtol=1e-5)
+  # The streaming form agrees.
+  streamed = jax.jit(functools.partial(tu.streamed_aggregate, wrapped))(
+      global_params, clients, empty, wrapped.init(global_params))
+  tu.assert_trees_close(streamed[0], out, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [0.0, -2.0, float("nan"), float("inf")])
+def test_expected_clients_must_be_positive(value):
+  with pytest.raises(ValueError, match="expected_clients"):
+    aggregators.dp_fedavg(expected_clients=value)

@@ -39,10 +39,15 @@ def test_poisson_capacity_covers_the_draws():
 
 def _run(priv, num_rounds=4, participation=0.5):
   data, test = _run_data()
+  # Under Poisson sampling the rule divides by the expected cohort size
+  # q N = m = floor(participation N) (McMahan et al. 2018).
+  expected = (float(int(participation * 6)) if priv.sampling == "poisson"
+              else None)
   return simulation.run(
       linear_model(), data, test,
       aggregators.dp_fedavg(clip_norm=1.0,
-                            noise_multiplier=priv.noise_multiplier),
+                            noise_multiplier=priv.noise_multiplier,
+                            expected_clients=expected),
       num_rounds=num_rounds, participation=participation, execution=QUIET,
       privacy=priv, seed=0)
 

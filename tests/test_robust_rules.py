@@ -108,7 +108,8 @@ def np_krum(updates, num_byzantine, num_selected):
 
 def np_geometric_median(updates, alpha, max_iterations, tolerance,
                         smoothing):
-  """Pillutla et al. Alg. 3 (smoothed Weiszfeld), weights alpha."""
+  """Pillutla et al. Alg. 3 (smoothed Weiszfeld), weights alpha; stops
+  after the first step with |z_t - z_{t-1}| <= tolerance |z_t|."""
   alpha = alpha / alpha.sum()
   z = alpha @ updates
 
@@ -116,12 +117,11 @@ def np_geometric_median(updates, alpha, max_iterations, tolerance,
     dist = np.linalg.norm(updates - z, axis=1)
     return dist, alpha @ dist
   dist, obj = objective(z)
-  previous, iterations = np.inf, 0
-  while iterations < max_iterations and not (
-      abs(previous - obj) <= tolerance * obj):
+  settled, iterations = False, 0
+  while iterations < max_iterations and not settled:
     beta = alpha / np.maximum(smoothing, dist)
-    z = beta @ updates / beta.sum()
-    previous = obj
+    previous, z = z, beta @ updates / beta.sum()
+    settled = np.linalg.norm(z - previous) <= tolerance * np.linalg.norm(z)
     dist, obj = objective(z)
     iterations += 1
   return z, iterations, obj
@@ -187,6 +187,43 @@ def test_geometric_median_runs_exactly_the_steps_asked(max_iterations):
   expected, iterations, _ = np_geometric_median(updates, counts,
                                                 max_iterations, 0.0, 1e-6)
   assert int(metrics["gm_iterations"]) == iterations == max_iterations
+  _assert_update(out, global_params, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("mask", [[1] * K, [1, 0, 1, 1, 0, 1]])
+def test_geometric_median_without_tolerance_reaches_the_float64_median(
+    seed, mask):
+  # tolerance=0 once stopped where the float32 objective stopped changing
+  # (7 to 104 steps here), up to 4e-3 relative (2.3e-2 absolute) from the
+  # median; stopping on the iterate's movement runs until float32 z stops
+  # moving: within 5e-6 relative of float64 Weiszfeld run to its end.
+  global_params, clients, info, updates, counts = garbage_cohort(seed, mask)
+  out, _, metrics = _run("geometric_median", global_params, clients, info,
+                         max_iterations=5000, tolerance=0.0)
+  expected, _, objective = np_geometric_median(updates, counts, 100_000,
+                                               0.0, 1e-6)
+  got = flat(out) - flat(global_params)
+  assert (np.linalg.norm(got - expected)
+          <= 1e-5 * np.linalg.norm(expected))
+  np.testing.assert_allclose(metrics["gm_objective"], objective, rtol=1e-6)
+  assert int(metrics["gm_iterations"]) < 5000  # z settled in float32
+
+
+def test_geometric_median_without_tolerance_runs_every_step_while_moving():
+  # This cohort converges slowly: float64 z still moves by 1e-5 |z| at
+  # step 150, far above float32 resolution, so all 150 steps run (the
+  # objective rule stopped after 104).
+  mask = [1, 0, 1, 1, 0, 1]
+  global_params, clients, info, updates, counts = garbage_cohort(3, mask)
+  out, _, metrics = _run("geometric_median", global_params, clients, info,
+                         max_iterations=150, tolerance=0.0)
+  expected, iterations, _ = np_geometric_median(updates, counts, 150, 0.0,
+                                                1e-6)
+  previous, _, _ = np_geometric_median(updates, counts, 149, 0.0, 1e-6)
+  assert (np.linalg.norm(expected - previous)
+          > 1e-6 * np.linalg.norm(expected))
+  assert int(metrics["gm_iterations"]) == iterations == 150
   _assert_update(out, global_params, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -274,6 +311,71 @@ def test_krum_never_selects_far_attackers(seed, num_bad, distance):
   selected = np.asarray(metrics["krum_selected"])
   assert selected[bad].sum() == 0
   assert selected.sum() == num - num_bad
+
+
+def _krum_hostile_cohort(seed, common, far):
+  """Honest updates c + N(0, 1e-3^2) (c per coordinate ~ ``common`` times
+  the noise), one outlier 3 noise scales off them, one attacker ``far``
+  off in every coordinate (0: none), two padding rows of garbage (NaN,
+  1e30). Returns params, clients, info, the real rows' float64 updates,
+  the real rows, and the outlier's and attacker's indices among them."""
+  num_real, noise = 6, 1e-3
+  rng = np.random.default_rng(seed)
+  global_params = tu.make_params(rng)
+  shift = jax.tree.map(lambda g: rng.normal(size=g.shape) * noise * common,
+                       global_params)
+  outlier, attacker = rng.choice(num_real, size=2, replace=False)
+
+  def leaf(g, c):
+    rows = (np.asarray(g, np.float64) + c
+            + rng.normal(size=(num_real,) + g.shape) * noise)
+    rows[outlier] += rng.normal(size=g.shape) * 3 * noise
+    rows[attacker] += far
+    return rows
+  real_rows = jax.tree.map(leaf, global_params, shift)
+  # Padding rows at positions 1 and 4 of K = 8 hold garbage.
+  order = [0, 6, 1, 2, 7, 3, 4, 5]
+  mask = np.asarray([1, 0, 1, 1, 0, 1, 1, 1])
+
+  def padded(rows):
+    garbage = np.stack([np.full(rows.shape[1:], np.nan),
+                        np.full(rows.shape[1:], 1e30)])
+    return jnp.asarray(np.concatenate([rows, garbage])[order], jnp.float32)
+  clients = jax.tree.map(padded, real_rows)
+  real = np.flatnonzero(mask)
+  updates = flat_rows(clients)[real] - flat(global_params)
+  info = tu.make_info(np.arange(8) % tu.NUM_CLIENTS, np.ones(8), mask)
+  return (global_params, clients, info, updates, real, outlier,
+          attacker if far else None)
+
+
+@pytest.mark.parametrize("common,far,num_byzantine,num_selected", [
+    (3e4, 0.0, 1, 3),  # a large component common to every update
+    (3e4, 0.0, 1, 1),
+    (0.0, 1e3, 2, 3),  # one far attacker: a mean centre would move to it
+    (1e4, 1e3, 2, 1),
+])
+def test_krum_in_float32_selects_what_float64_krum_selects(
+    common, far, num_byzantine, num_selected):
+  # The Gram form |a|^2 + |b|^2 - 2<a, b> of the distances cancels in
+  # float32 when the updates share a component 1e4 times their spread
+  # (before the rows were centred, Multi-Krum picked the outlier in 10 of
+  # these 20 draws and disagreed with float64 in 19). A reference Krum in
+  # float64 on the same float32 inputs never picks the outlier.
+  for seed in range(20):
+    (global_params, clients, info, updates, real, outlier,
+     attacker) = _krum_hostile_cohort(seed, common, far)
+    out, _, metrics = _run("krum", global_params, clients, info,
+                           num_byzantine=num_byzantine,
+                           num_selected=num_selected)
+    expected, chosen = np_krum(updates, num_byzantine, num_selected)
+    assert outlier not in chosen and attacker not in chosen
+    selected = np.zeros(8)
+    selected[real[chosen]] = 1.0
+    np.testing.assert_array_equal(metrics["krum_selected"], selected,
+                                  err_msg=f"seed {seed}")
+    np.testing.assert_allclose(flat(out), flat(global_params) + expected,
+                               rtol=1e-6, atol=1e-6)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

@@ -118,9 +118,13 @@ def test_a_local_update_plugs_into_the_round():
   ids = np.concatenate([r["client_ids"] for r in plain.history.client_rows])
   np.testing.assert_array_equal(plugged.state.client_state,
                                 np.bincount(ids, minlength=5))
+  # Two different XLA programs (the trainer jitted inside the update vs
+  # fused into the round) may round differently: float32 tolerance. At
+  # rtol 1e-6 this failed on its own (1.5e-6 on one parameter) while it
+  # passed inside the whole suite.
   for a, b in zip(jax.tree.leaves(plugged.state.params),
                   jax.tree.leaves(plain.state.params), strict=True):
-    np.testing.assert_allclose(a, b, rtol=1e-6)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   assert "participations" in plugged.history.client_rows[0]
 
 

@@ -5,12 +5,13 @@ Recurrent Language Models", ICLR 2018 (Algorithm 1, fixed denominator);
 Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning
 with Adaptive Clipping", NeurIPS 2021 (Algorithm 1).
 
-Round t over the m real participants (mask 1), clip norm C:
+Round t over the m real participants (mask 1), clip norm C, denominator
+D (below):
 
   Alg. 1 (2018)  dw_k <- dw_k min(1, C / |dw_k|),  dw_k = w_k - w_t
-                 w_{t+1} = w_t + (sum_k dw_k + N(0, (sigma_dw C)^2 I)) / m
+                 w_{t+1} = w_t + (sum_k dw_k + N(0, (sigma_dw C)^2 I)) / D
   Alg. 1 (2021)  b_k = 1 if |dw_k| <= C else 0
-                 b = (sum_k b_k + N(0, sigma_b^2)) / m
+                 b = (sum_k b_k + N(0, sigma_b^2)) / D
                  C <- C exp(-eta_C (b - gamma))
   Thm. 1 (2021)  sigma_dw = (z^-2 - (2 sigma_b)^-2)^(-1/2)
 
@@ -21,10 +22,25 @@ budget, so the update noise grows to sigma_dw (two Gaussian queries of
 sensitivities C and 1/2 compose as one of multiplier z).
 
 Interpretations:
-* The denominator is m = the number of real participants of the round
-  (the paper's fixed denominator is the expected cohort size qW; with
-  fixed-size cohorts the two coincide). Every client weighs the same
+* The denominator D. With ``expected_clients`` given, D = expected_clients
+  = qN, the expected cohort size: McMahan et al.'s fixed-denominator
+  estimator, the same D every round whatever the realised m, so the noise
+  on the update has the standard deviation sigma_dw C / qN that the
+  accountant assumes under Poisson sampling (dividing by the realised m
+  would make it depend on who was drawn). Without it (None), D = max(m, 1):
+  for fixed-size cohorts, where m is the cohort size (smaller only when
+  participants were excluded as non-finite). Every client weighs the same
   (w_k = 1): the number of examples is unused.
+* Every round adds its noise, including a round with no real participant
+  (an empty Poisson draw, or every participant excluded as non-finite):
+  the accountant counts each round as a Gaussian release, and an empty
+  round left exactly unchanged would also tell that it was empty. Its
+  update is the noise alone, N(0, (sigma_dw C / D)^2 I); with z = 0 the
+  model stays. With ``adaptive`` an empty round also takes its Alg. 1
+  (2021) step, with sum_k b_k = 0: b = N(0, sigma_b^2) / D, so C is
+  multiplied by exp(eta_C (gamma - b)), by exp(eta_C gamma) when z = 0
+  (the noised count is released as in any round; without
+  ``expected_clients`` D = 1 there, so its noise is sigma_b itself).
 * Norms are whole-model (all leaves together). The noise is drawn from
   the round's key ``info.key`` (split once: update noise, count noise).
 * ``clipped_count_stddev`` (sigma_b) defaults to 5 z: the paper's
@@ -35,9 +51,10 @@ Interpretations:
   exists: the count alone would spend the budget).
 * The clip norm lives in the state (fixed unless ``adaptive``); the round
   clips with the state's C, then updates it.
-* A cohort with no real participant leaves model and state unchanged.
+* The ``Aggregator`` carries ``noise_multiplier`` (z) and
+  ``expected_clients`` for the privacy accounting of a run.
 
-Breakdown point: 0 (a mean); each client's influence is bounded by C / m.
+Breakdown point: 0 (a mean); each client's influence is bounded by C / D.
 
 Memory: a sum over clients, so with a fixed clip norm the rule streams
 (``Aggregator.stream``; the noise is drawn in ``finalize``). With
@@ -92,7 +109,8 @@ def gaussian_noise(key: PRNGKey, tree: Params, stddev) -> Params:
 def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
               adaptive: bool = False, target_quantile: float = 0.5,
               clip_learning_rate: float = 0.2,
-              clipped_count_stddev: Optional[float] = None) -> Aggregator:
+              clipped_count_stddev: Optional[float] = None,
+              expected_clients: Optional[float] = None) -> Aggregator:
   """DP-FedAvg aggregator (user-level DP, optional adaptive clipping).
 
   Args:
@@ -103,11 +121,18 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
     clip_learning_rate: eta_C >= 0, the geometric step of C.
     clipped_count_stddev: sigma_b >= 0, the noise of the clipped count
       (used when adaptive; default 5 z, see the module docstring).
+    expected_clients: qN > 0, the fixed denominator of the update and of
+      the adaptive count (McMahan et al. 2018): the expected cohort size
+      under Poisson sampling with rate q over N clients. None: divide by
+      the round's number of real participants, max(m, 1), as suits
+      fixed-size cohorts.
 
   Returns:
-    An ``Aggregator`` (with a streaming form unless ``adaptive``); metrics
-    hold "clip_norm" [] (the C used this round), "fraction_clipped" [] and
-    "noise_stddev" [] (of the noise added to each coordinate of the mean).
+    An ``Aggregator`` (with a streaming form unless ``adaptive``) whose
+    ``noise_multiplier`` is z and ``expected_clients`` the argument;
+    metrics hold "clip_norm" [] (the C used this round), "fraction_clipped"
+    [] (of the real participants) and "noise_stddev" [] (of the noise
+    added to each coordinate of the update, sigma_dw C / D).
 
   Raises:
     ValueError: naming the argument out of range, or
@@ -118,6 +143,9 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
   checks.check_bool("adaptive", adaptive)
   checks.check_range("target_quantile", target_quantile, 0, 1)
   checks.check_range("clip_learning_rate", clip_learning_rate, 0)
+  if expected_clients is not None:
+    checks.check_range("expected_clients", expected_clients, 0,
+                       low_open=True)
   if clipped_count_stddev is None:
     clipped_count_stddev = 5.0 * noise_multiplier
   else:
@@ -146,27 +174,34 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
 
   def finalize(global_params, stats, info, state):
     clip = state.clip_norm
-    num_real = jnp.maximum(stats.sums.count, 1.0)
+    num_real = stats.sums.count
+    if expected_clients is None:
+      denominator = jnp.maximum(num_real, 1.0)
+    else:
+      denominator = jnp.asarray(expected_clients, jnp.float32)
     update_key, count_key = jax.random.split(info.key)
-    # Alg. 1 (2018): noise sigma_dw C on the sum, i.e. / m on the mean.
-    stddev = update_multiplier * clip / num_real
+    # Alg. 1 (2018): noise sigma_dw C on the sum, then / D. Every round,
+    # empty or not (module docstring).
+    stddev = update_multiplier * clip / denominator
+    clipped_sum = stats.sums.weighted  # unweighted: sum_k clipped dw_k
+    inverse = 1.0 / denominator
     update = tree_math.add_update(
-        tree_math.mean_from_sums(stats.sums),
+        jax.tree.map(lambda x: x * inverse.astype(x.dtype), clipped_sum),
         gaussian_noise(update_key, global_params, stddev))
     new_clip = clip
     if adaptive:
       # Alg. 1 (2021): noised fraction of unclipped clients, geometric step.
-      unclipped = (stats.sums.count - stats.num_clipped
+      unclipped = (num_real - stats.num_clipped
                    + count_stddev * jax.random.normal(count_key))
       new_clip = clip * jnp.exp(-clip_learning_rate
-                                * (unclipped / num_real - target_quantile))
-    new_global, new_state = tree_math.keep_if_no_clients(
-        info.mask, (tree_math.add_update(global_params, update),
-                    DPFedAvgState(new_clip.astype(jnp.float32))),
-        (global_params, state))
-    return new_global, new_state, {
-        "clip_norm": clip, "fraction_clipped": stats.num_clipped / num_real,
-        "noise_stddev": jnp.asarray(stddev, jnp.float32)}
+                                * (unclipped / denominator
+                                   - target_quantile))
+    return (tree_math.add_update(global_params, update),
+            DPFedAvgState(new_clip.astype(jnp.float32)), {
+                "clip_norm": clip,
+                "fraction_clipped": (stats.num_clipped
+                                     / jnp.maximum(num_real, 1.0)),
+                "noise_stddev": jnp.asarray(stddev, jnp.float32)})
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,
@@ -177,4 +212,6 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
         client_stats, global_params, client_params, info), info, state)
 
   stream = None if adaptive else StreamingForm(stream_stats, finalize)
-  return Aggregator(init, aggregate, stream)
+  return Aggregator(init, aggregate, stream,
+                    noise_multiplier=noise_multiplier,
+                    expected_clients=expected_clients)

@@ -9,9 +9,17 @@ Over the m real participants (mask 1) with weights alpha_k = n_k / n:
   Alg. 3    beta_k = alpha_k / max(nu, |z - w_k|)          (nu: smoothing)
             z <- sum_k beta_k w_k / sum_k beta_k
 
-starting from the weighted mean z = sum_k alpha_k w_k and stopping after
-``max_iterations`` steps or once the objective g(z) = sum_k alpha_k
-|z - w_k| changes by at most ``tolerance`` g(z) in a step.
+starting from the weighted mean z_0 = sum_k alpha_k w_k and stopping after
+``max_iterations`` steps or after the first step t with
+
+            |z_t - z_{t-1}| <= tolerance |z_t|
+
+(whole-model norms), whichever comes first. The rule watches the iterate,
+not the objective g(z) = sum_k alpha_k |z - w_k|: near the median g is
+flat (its change is second order in the step), so in float32 it stops
+changing while z is still far from converged. With ``tolerance=0`` the
+iteration stops early only once a step leaves z exactly where it was, so
+it runs all ``max_iterations`` while the iterate moves.
 
 Interpretations:
 * Norms are whole-model (all leaves together). The iteration runs on the
@@ -46,7 +54,7 @@ class _Iterate(NamedTuple):
   median: Params
   distances: jax.Array  # [K] |z - w_k|
   objective: jax.Array  # [] g(z)
-  previous: jax.Array  # [] g of the previous iterate (+inf at the start)
+  settled: jax.Array  # [] bool, the last step moved z by <= tol |z|
   iterations: jax.Array  # [] int32
 
 
@@ -78,17 +86,18 @@ def weiszfeld(points: StackedParams, weights: jax.Array, *,
     median = tree_math.weighted_sum(
         points, tree_math.normalize_weights(beta, live.astype(beta.dtype)))
     distances, objective = evaluate(median)
-    return _Iterate(median, distances, objective, it.objective,
+    movement = tree_math.tree_norm(tree_math.tree_sub(median, it.median))
+    settled = movement <= tolerance * tree_math.tree_norm(median)
+    return _Iterate(median, distances, objective, settled,
                     it.iterations + 1)
 
   def going_on(it):
-    settled = jnp.abs(it.previous - it.objective) <= tolerance * it.objective
-    return (it.iterations < max_iterations) & ~settled
+    return (it.iterations < max_iterations) & ~it.settled
 
   start = tree_math.weighted_sum(points, weights)
   distances, objective = evaluate(start)
   last = jax.lax.while_loop(going_on, step, _Iterate(
-      start, distances, objective, jnp.asarray(jnp.inf, objective.dtype),
+      start, distances, objective, jnp.zeros((), bool),
       jnp.zeros((), jnp.int32)))
   return last.median, last.iterations, last.objective
 
@@ -99,7 +108,9 @@ def geometric_median(max_iterations: int = 10, tolerance: float = 1e-6,
 
   Args:
     max_iterations: most Weiszfeld steps (>= 1).
-    tolerance: relative change of the objective that stops early (>= 0).
+    tolerance: stop after a step that moves the iterate z by at most
+      ``tolerance`` |z| (>= 0; 0: only a step that leaves z unchanged
+      stops early, see the module docstring).
     smoothing: nu > 0, the smallest distance divided by (keeps a client
       at the current iterate from taking all the weight).
 

@@ -15,9 +15,16 @@ Interpretations:
   [1, m - 1] (a single real participant gets the score 0 and is selected),
   and ``num_selected`` to m.
 * Distances are taken between whole models (every leaf together) on the
-  updates w_k - w_t (equal differences, smaller magnitudes), divided by a
-  common power of two near the largest update entry so that huge updates
-  neither overflow nor round away.
+  updates w_k - w_t (equal differences, smaller magnitudes), centred on
+  their coordinate-wise median over the real participants and divided by a
+  common power of two near the largest centred entry. Distances do not
+  change under a common shift, but their Gram matrix form cancels
+  catastrophically in float32 when every update shares a component much
+  larger than their spread (at a ratio of 1e4 the squared norms are 1e8
+  times the distances they must resolve); centring removes it. The median
+  rather than the mean: one far Byzantine update would drag a mean away
+  from the honest ones and bring the cancellation back. The power of two
+  keeps huge updates from overflowing and tiny ones from rounding away.
 * The selected models are averaged without weights (number of examples
   unused); equal scores are broken by cohort position (stable order).
 * A cohort with no real participant leaves the model unchanged.
@@ -27,16 +34,19 @@ a fraction just under 1/2.
 
 Memory: the rule needs all K updates at once (stacked [K, ...] models, no
 streaming form); the pairwise distances come from a [K, K] Gram matrix
-accumulated leaf by leaf, never a [K, K, params] temporary.
+accumulated leaf by leaf, never a [K, K, params] temporary. The median
+centre sorts each leaf over the client axis (a temporary of the leaf's
+[K, ...] size).
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
+from fedjax_agg.aggregators._fedmedian import masked_median
 from fedjax_agg.types import Aggregator, StackedParams
 
 __all__ = ["KrumState", "krum", "krum_scores", "pairwise_squared_distances"]
@@ -46,22 +56,52 @@ class KrumState(NamedTuple):
   """Krum keeps no state."""
 
 
-def pairwise_squared_distances(stacked: StackedParams) -> jax.Array:
+def pairwise_squared_distances(stacked: StackedParams,
+                               mask: Optional[jax.Array] = None
+                               ) -> jax.Array:
   """|x_i - x_j|^2 between the K rows of ``stacked`` (all leaves), [K, K].
 
-  From the Gram matrix, |a|^2 + |b|^2 - 2 <a, b>, summed leaf by leaf; the
-  rows are first divided by a common power of two near their largest entry
-  (exactly), so the result is the distance divided by that scale squared:
-  only comparisons between the entries are meaningful. Clamped at 0
-  (rounding may leave a tiny negative value for close rows). Rows must be
-  finite.
+  From the Gram matrix, |a|^2 + |b|^2 - 2 <a, b>, summed leaf by leaf
+  (never a [K, K, params] temporary). The rows are first centred on their
+  coordinate-wise median over the real rows (the distances do not change,
+  but the Gram form no longer cancels away a large component common to
+  every row), then divided by a common power of two near their largest
+  centred entry (exactly), so the result is the distance divided by that
+  scale squared: only comparisons between the entries are meaningful.
+  Clamped at 0 (rounding may leave a tiny negative value for close rows).
+
+  Args:
+    stacked: [K, ...] rows; the real ones must be finite.
+    mask: [K], 1 for a real row; rows with mask 0 (which may hold
+      anything) are left out of the centre and replaced by zeros, so their
+      entries are meaningless and the real rows' are unaffected by them.
+      None: every row is real.
+
+  Returns:
+    [K, K] squared distances (divided by the common scale squared).
   """
   leaves = jax.tree.leaves(stacked)
-  largest = jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in leaves]))
+  num = leaves[0].shape[0]
+  if mask is None:
+    mask = jnp.ones((num,), jnp.float32)
+  real = mask > 0
+  centre = jax.tree.leaves(masked_median(stacked, mask))
+
+  def centred(leaf, middle):
+    rows = leaf.reshape(num, -1)
+    middle = jnp.where(jnp.any(real), middle.reshape(1, -1), 0.0)
+    return jnp.where(real[:, None], rows - middle.astype(rows.dtype),
+                     jnp.zeros_like(rows))
+
+  # Centring leaf by leaf twice (for the scale, then for the Gram matrix)
+  # keeps one leaf's centred rows alive at a time.
+  largest = jnp.max(jnp.stack([
+      jnp.max(jnp.abs(centred(leaf, middle)))
+      for leaf, middle in zip(leaves, centre, strict=True)]))
   scale = tree_math.power_of_two_scale(largest)
   gram = 0.0
-  for leaf in leaves:
-    rows = tree_math.divide_by_scale(leaf.reshape(leaf.shape[0], -1), scale)
+  for leaf, middle in zip(leaves, centre, strict=True):
+    rows = tree_math.divide_by_scale(centred(leaf, middle), scale)
     gram = gram + jnp.matmul(rows, rows.T,
                              precision=jax.lax.Precision.HIGHEST)
   squares = jnp.diagonal(gram)
@@ -109,8 +149,8 @@ def krum(num_byzantine: int = 0, num_selected: int = 1) -> Aggregator:
     # n = m - f - 2, clamped to [1, m - 1] (0 for a single participant).
     num_neighbours = jnp.minimum(
         jnp.maximum(num_real - num_byzantine - 2, 1), num_real - 1)
-    scores = krum_scores(pairwise_squared_distances(updates), info.mask,
-                         num_neighbours)
+    scores = krum_scores(pairwise_squared_distances(updates, info.mask),
+                         info.mask, num_neighbours)
     order = jnp.argsort(scores, stable=True)
     rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
     count = jnp.minimum(num_selected, num_real)

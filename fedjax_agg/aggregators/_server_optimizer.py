@@ -9,7 +9,12 @@ steps an optax transformation with it. The wrapped rule is any
 default.
 
 A cohort with no real participant leaves the model and every state
-unchanged (no step on an empty pseudo-gradient).
+unchanged (no step on an empty pseudo-gradient), unless the wrapped rule
+adds calibrated noise (``Aggregator.noise_multiplier`` not None, DP-FedAvg):
+its output then differs from w_t by that noise even in an empty round, the
+privacy accounting counts the round, and the server steps on it as on any
+round. The wrapper passes ``noise_multiplier`` and ``expected_clients`` on,
+so the accounting of a run sees the wrapped rule's noise.
 
 Streaming: the server step needs only the wrapped rule's output, so a
 wrapped rule with a streaming form (FedAvg, FedNNNN) keeps it; the round then
@@ -59,7 +64,9 @@ def with_server_optimizer(aggregator: Aggregator,
     An ``Aggregator`` with ``ServerOptState``; metrics are the wrapped
     rule's plus "pseudo_gradient_norm" and "optimizer_update_norm". It has
     a streaming form when ``aggregator`` has one (the same client
-    statistics; the server step runs on the finalized target).
+    statistics; the server step runs on the finalized target), and the
+    wrapped rule's ``uses_losses``, ``noise_multiplier`` and
+    ``expected_clients``.
   """
   if not isinstance(aggregator, Aggregator):
     raise TypeError(
@@ -87,9 +94,10 @@ def with_server_optimizer(aggregator: Aggregator,
     updates, opt_state = transformation.update(
         pseudo_gradient, state.opt_state, global_params)
     new_global = optax.apply_updates(global_params, updates)
-    new_global, new_state = tree_math.keep_if_no_clients(
-        info.mask, (new_global, ServerOptState(base_state, opt_state)),
-        (global_params, state))
+    new_state = ServerOptState(base_state, opt_state)
+    if aggregator.noise_multiplier is None:
+      new_global, new_state = tree_math.keep_if_no_clients(
+          info.mask, (new_global, new_state), (global_params, state))
     metrics = dict(metrics)
     metrics["pseudo_gradient_norm"] = tree_math.tree_norm(pseudo_gradient)
     metrics["optimizer_update_norm"] = tree_math.tree_norm(updates)
@@ -99,4 +107,6 @@ def with_server_optimizer(aggregator: Aggregator,
   if aggregator.stream is not None:
     stream = StreamingForm(aggregator.stream.client_stats, finalize)
   return Aggregator(init, aggregate, stream,
-                    uses_losses=aggregator.uses_losses)
+                    uses_losses=aggregator.uses_losses,
+                    noise_multiplier=aggregator.noise_multiplier,
+                    expected_clients=aggregator.expected_clients)
