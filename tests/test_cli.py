@@ -437,3 +437,4 @@ def test_tiny_dp_run_records_epsilon_and_stops_at_the_target(tmp_path,
 def test_privacy_flag_errors_name_the_flag(flags, flag, tmp_path, capsys):
   line = _error_line(capsys, TINY + ["--out", str(tmp_path / "r")] + flags)
   assert flag in line, line
+

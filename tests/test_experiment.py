@@ -10,6 +10,7 @@ import pytest
 
 from fedjax_agg import data as data_lib
 from fedjax_agg import experiment
+from fedjax_agg.experiment import _runs
 
 CONFIG = {
     "name": "tiny",
@@ -167,7 +168,8 @@ def test_run_config_checks_the_output_folder_before_the_data(tmp_path,
                                                              monkeypatch):
   def never(config):
     raise AssertionError("the data must not be read")
-  monkeypatch.setattr(experiment, "load_dataset", never)
+  # run_config looks the name up in its own submodule.
+  monkeypatch.setattr(_runs, "load_dataset", never)
   (tmp_path / "FedAdp").write_text("")  # where seed0.csv must go
   with pytest.raises(ValueError, match="FedAdp is a file"):
     experiment.run_config(MNIST_5K, str(tmp_path), progress=False)

@@ -11,6 +11,7 @@ import pytest
 from fedjax_agg import cli
 from fedjax_agg import experiment
 from fedjax_agg import spec
+from fedjax_agg.experiment import _runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ADCT's script reads train keys of its own (its client optimizer and
@@ -160,7 +161,8 @@ def test_run_config_takes_a_spec(tmp_path, monkeypatch):
     seen["names"] = list(names)
     raise RuntimeError("stop before the data")
 
-  monkeypatch.setattr(experiment, "check_output_dir", check_output_dir)
+  # run_config looks the name up in its own submodule.
+  monkeypatch.setattr(_runs, "check_output_dir", check_output_dir)
   with pytest.raises(RuntimeError, match="stop before"):
     experiment.run_config(_python_experiment(rounds=1), str(tmp_path))
   assert "FedAdp/seed1.csv" in seen["names"]

@@ -8,7 +8,7 @@ Tables 2, 3 and 5.
   python experiments/adct/run.py --config configs/grid_mnist.json --resume
   python experiments/adct/run.py --config configs/table5_fmnist.json --full
 
-A config is ``experiment``'s format (see ``fedjax_agg/experiment.py``) with
+A config is ``experiment``'s format (see ``fedjax_agg/experiment/``) with
 three differences, since ADCT and FedACS are not plain registry rules:
 
 * an algorithm may hold ``"adct": {accuracy_threshold, search_step, ...}``

@@ -1,0 +1,150 @@
+"""Config-driven experiments: several algorithms × seeds on one setting.
+
+A config is a JSON-able dict::
+
+  {
+    "name": "5iid_5noniid",
+    "dataset": {"name": "fashion_mnist", "source": "auto",
+                "standardize": false, "max_test_examples": null},
+    "partition": {"name": "mixed_iid", "num_clients": 10,
+                  "args": {"num_iid": 5, "num_noniid": 5}},
+    "model": {"name": "cnn_fedlayerwise", "args": {}},
+    "train": {"rounds": 30, "participation": 1.0, "local_epochs": 1,
+              "batch_size": 16, "learning_rate": 0.005, "momentum": 0.0,
+              "stragglers": 0.0, "eval_every": 1, "eval_clients": true},
+    "algorithms": {
+      "FedAvg": {"aggregator": "fedavg"},
+      "FedLayerWise": {"aggregator": "fedlayerwise",
+                        "aggregator_args": {"alpha": 5.0}},
+      "FedProx": {"aggregator": "fedavg", "objective": "fedprox",
+                  "objective_args": {"mu": 0.01}}
+    },
+    "seeds": [0, 1, 2],
+    "target_accuracy": 0.8
+  }
+
+Any "train" key can be overridden per algorithm (e.g. a different learning
+rate). ``run_config`` writes ``<out>/<algorithm>/seed<k>.csv|json``,
+``<out>/summary.json`` (per algorithm: final and best accuracy, rounds to
+target, mean ± std over seeds), ``<out>/curves.png`` and
+``<out>/config.json`` (``run_record``: the config with every default
+written out, plus a "provenance" entry with the data source and sizes,
+every rule's full arguments, versions, devices and the command line; it
+can be run again as it is).
+
+``check_config`` refuses unknown keys anywhere (naming the key path and
+the allowed keys), values of the wrong type or range, and arguments that
+the aggregator or objective factories reject, before anything runs;
+``check_output_dir`` refuses an output folder that cannot take the
+results. The keys "report_rounds", "early_rounds", "reference" and an
+algorithm's "two_stage" belong to scripts of ``experiments/`` and are
+passed over here.
+
+"train.devices" picks the devices a run shards its clients over
+(``simulation.run``'s ``devices``): null = every device of the job, an int
+= that many; vmapped sweeps (``sweep_algorithm``) shard their members
+over that many devices (null = the most devices that divide the member
+count).
+
+The code lives in submodules, each importing only those above it in this
+list (every public name is re-exported here):
+
+- ``_data``: reading a config (``load_config``, ``override``) and its
+  data (``load_dataset``, ``partition_indices``, ``prepare_data``,
+  ``plot_partition``).
+- ``_build``: one algorithm built (``seeds_of``, ``objective_of``,
+  ``rule_arguments``, ``build_rule``, ``run_privacy``, ``attack_update``,
+  ``run_arguments``).
+- ``_checks``: ``check_config`` and its errors (``ConfigError``,
+  ``ConfigTypeError``), the keys of each part of a config and the
+  arguments of the partition recipes and networks
+  (``partition_parameters``, ``model_parameters``, ...).
+- ``_record``: what a run writes down (``resolve_config``,
+  ``run_record``, ``write_run_config``, ``environment``,
+  ``describe_data``, ``shown_path``), the output folder's check
+  (``check_output_dir``, ``output_names``) and ``setting_title``.
+- ``_runs``: running (``run_algorithm``, ``sweep_algorithm``,
+  ``run_config``, ``warn_short_feddrl``) and summing up (``summarize``,
+  ``write_summary_csv``).
+- ``_script``: the command line of the ``experiments/`` scripts
+  (``script_parser``, ``config_path``, ``parse_sets``,
+  ``script_config``).
+"""
+
+from fedjax_agg.experiment._build import build_rule
+from fedjax_agg.experiment._build import objective_of
+from fedjax_agg.experiment._build import rule_arguments
+from fedjax_agg.experiment._build import run_arguments
+from fedjax_agg.experiment._build import seeds_of
+from fedjax_agg.experiment._build import TRAIN_DEFAULTS
+from fedjax_agg.experiment._checks import ALGORITHM_KEYS
+from fedjax_agg.experiment._checks import check_algorithm_name
+from fedjax_agg.experiment._checks import check_config
+from fedjax_agg.experiment._checks import ConfigError
+from fedjax_agg.experiment._checks import ConfigTypeError
+from fedjax_agg.experiment._checks import describe_parameters
+from fedjax_agg.experiment._checks import MODEL_KEYS
+from fedjax_agg.experiment._checks import model_parameters
+from fedjax_agg.experiment._checks import model_takes_options
+from fedjax_agg.experiment._checks import PARTITION_KEYS
+from fedjax_agg.experiment._checks import partition_parameters
+from fedjax_agg.experiment._checks import SCRIPT_ALGORITHM_KEYS
+from fedjax_agg.experiment._checks import SCRIPT_KEYS
+from fedjax_agg.experiment._checks import takes_any_keyword
+from fedjax_agg.experiment._checks import TOP_KEYS
+from fedjax_agg.experiment._checks import TRAIN_CHECKS
+from fedjax_agg.experiment._data import DATASET_DEFAULTS
+from fedjax_agg.experiment._data import load_config
+from fedjax_agg.experiment._data import load_dataset
+from fedjax_agg.experiment._data import override
+from fedjax_agg.experiment._data import partition_indices
+from fedjax_agg.experiment._data import plot_partition
+from fedjax_agg.experiment._data import prepare_data
+from fedjax_agg.experiment._record import check_output_dir
+from fedjax_agg.experiment._record import describe_data
+from fedjax_agg.experiment._record import environment
+from fedjax_agg.experiment._record import output_names
+from fedjax_agg.experiment._record import resolve_config
+from fedjax_agg.experiment._record import run_record
+from fedjax_agg.experiment._record import setting_title
+from fedjax_agg.experiment._record import write_run_config
+from fedjax_agg.experiment._runs import FEDDRL_MIN_AGENT_STEPS
+from fedjax_agg.experiment._runs import run_algorithm
+from fedjax_agg.experiment._runs import run_config
+from fedjax_agg.experiment._runs import summarize
+from fedjax_agg.experiment._runs import sweep_algorithm
+from fedjax_agg.experiment._runs import warn_short_feddrl
+from fedjax_agg.experiment._runs import write_summary_csv
+from fedjax_agg.experiment._script import config_path
+from fedjax_agg.experiment._script import parse_sets
+from fedjax_agg.experiment._script import script_config
+from fedjax_agg.experiment._script import script_parser
+
+# Public names outside ``__all__``, importable here as before the split
+# (scripts and tests use some of them):
+from fedjax_agg.experiment._build import ATTACK_DEFAULTS as ATTACK_DEFAULTS
+from fedjax_agg.experiment._build import attack_update as attack_update
+from fedjax_agg.experiment._build import (
+    PRIVATE_AGGREGATORS as PRIVATE_AGGREGATORS)
+from fedjax_agg.experiment._build import run_privacy as run_privacy
+from fedjax_agg.experiment._checks import ADVERSARY_MODES as ADVERSARY_MODES
+from fedjax_agg.experiment._checks import ATTACK_KEYS as ATTACK_KEYS
+from fedjax_agg.experiment._checks import PRIVACY_KEYS as PRIVACY_KEYS
+from fedjax_agg.experiment._data import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
+from fedjax_agg.experiment._data import SUBSET_SOURCES as SUBSET_SOURCES
+from fedjax_agg.experiment._record import shown_path as shown_path
+
+__all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
+    "ConfigError", "ConfigTypeError", "check_algorithm_name", "objective_of",
+    "seeds_of",
+    "DATASET_DEFAULTS", "MODEL_KEYS", "PARTITION_KEYS",
+    "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "TOP_KEYS", "TRAIN_CHECKS",
+    "TRAIN_DEFAULTS", "build_rule", "check_config", "check_output_dir",
+    "config_path", "describe_data", "describe_parameters", "environment",
+    "load_config", "load_dataset", "model_parameters", "model_takes_options",
+    "output_names", "override", "parse_sets", "partition_indices",
+    "partition_parameters", "plot_partition", "prepare_data", "resolve_config",
+    "rule_arguments", "run_algorithm", "run_arguments", "run_config",
+    "run_record", "script_config", "script_parser", "setting_title",
+    "summarize", "sweep_algorithm", "takes_any_keyword", "write_run_config",
+    "write_summary_csv"]

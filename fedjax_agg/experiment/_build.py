@@ -1,0 +1,221 @@
+"""One algorithm of an experiment config, built: its rules' full arguments,
+its aggregator and local objective, its privacy accounting, its attacked
+local update and the rest of ``simulation.run``'s arguments.
+
+Part of ``fedjax_agg.experiment`` (its docstring describes the config).
+"""
+
+import inspect
+from typing import Any, Optional
+
+from fedjax_agg import aggregators
+from fedjax_agg import attacks
+from fedjax_agg import distributed
+from fedjax_agg import models
+from fedjax_agg import objectives
+from fedjax_agg import rounds
+from fedjax_agg import spec as spec_lib
+from fedjax_agg.config import client_optimizer
+from fedjax_agg.config import Evaluation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
+from fedjax_agg.config import Privacy
+
+
+# The train keys and defaults come from the typed spec (one name and one
+# default per concept, ``fedjax_agg.spec``).
+TRAIN_DEFAULTS = spec_lib.defaults(spec_lib.TrainSpec)
+# The defaults of a config's "attack" block (see ``_checks.ATTACK_KEYS``).
+ATTACK_DEFAULTS = spec_lib.defaults(spec_lib.AttackSpec)
+# Aggregators whose runs record their privacy (the "privacy" block, see
+# ``_checks.PRIVACY_KEYS``).
+PRIVATE_AGGREGATORS = ("dp_fedavg",)
+
+
+def seeds_of(config: dict) -> list[int]:
+  """A config's seeds (the spec's default where it names none)."""
+  return list(config.get("seeds", spec_lib.defaults(
+      spec_lib.Experiment)["seeds"]))
+
+
+def objective_of(algorithm: dict) -> str:
+  """An algorithm entry's local objective (the spec's default where it
+  names none)."""
+  return algorithm.get("objective", spec_lib.defaults(
+      spec_lib.AlgorithmSpec)["objective"])
+
+
+def _train_config(config: dict, algorithm: str) -> dict:
+  spec = config["algorithms"][algorithm]
+  return {**TRAIN_DEFAULTS, **config.get("train", {}),
+          **spec.get("train", {})}
+
+
+def _defaults(parameters: dict[str, inspect.Parameter]) -> dict[str, Any]:
+  return {name: p.default for name, p in parameters.items()
+          if p.default is not inspect.Parameter.empty}
+
+
+def _rule_parameters(registry, name: str) -> dict[str, inspect.Parameter]:
+  """A rule's arguments a config may give (all but the context ones)."""
+  return {arg: p for arg, p in registry.parameters(name).items()
+          if arg not in registry.context}
+
+
+def _parameters(factory) -> set[str]:
+  return set(inspect.signature(factory).parameters)
+
+
+def _runner_arguments(config: dict, algorithm: str) -> dict[str, Any]:
+  """Aggregator arguments the runner fills in unless the spec gives them:
+  the client learning rate and the cohort size (as ``build_rule``)."""
+  train = _train_config(config, algorithm)
+  cohort = rounds.num_sampled(config["partition"]["num_clients"],
+                              train["participation"])
+  filled = {"learning_rate": train["learning_rate"],
+            "num_participants": cohort}
+  expected = _expected_clients(config, cohort)
+  if expected is not None:
+    filled["expected_clients"] = expected
+  return filled
+
+
+def _expected_clients(config: dict, cohort: int) -> Optional[float]:
+  """The fixed denominator q N = m of a private rule under Poisson
+  sampling (McMahan et al. 2018), else None."""
+  if (config.get("privacy") or {}).get("sampling") == "poisson":
+    return float(cohort)
+  return None
+
+
+def rule_arguments(config: dict, algorithm: str) -> tuple[dict, dict]:
+  """An algorithm's full aggregator and objective arguments.
+
+  The factories' defaults, the arguments the runner fills in (the client
+  learning rate and cohort size, to rules that take them), then the
+  spec's ``aggregator_args`` / ``objective_args``; context arguments
+  (``num_clients``, FedACS's model and data) are left out.
+
+  Returns:
+    ``(aggregator_args, objective_args)``.
+  """
+  spec = config["algorithms"][algorithm]
+  parameters = _rule_parameters(aggregators.REGISTRY, spec["aggregator"])
+  aggregator_args = _defaults(parameters)
+  for name, value in _runner_arguments(config, algorithm).items():
+    if name in parameters:
+      aggregator_args[name] = value
+  aggregator_args.update(spec.get("aggregator_args", {}))
+  objective = objective_of(spec)
+  objective_args = {
+      **_defaults(_rule_parameters(objectives.REGISTRY, objective)),
+      **spec.get("objective_args", {})}
+  return aggregator_args, objective_args
+
+
+def run_privacy(config: dict, algorithm: str) -> Optional[Privacy]:
+  """The accounting of ``algorithm``'s runs (None for a non-private rule):
+  the config's "privacy" block with the rule's noise multiplier."""
+  spec = config["algorithms"][algorithm]
+  if spec.get("aggregator") not in PRIVATE_AGGREGATORS:
+    return None
+  aggregator_args, _ = rule_arguments(config, algorithm)
+  return Privacy(aggregator_args["noise_multiplier"],
+                 **(config.get("privacy") or {}))
+
+
+def build_rule(config: dict, algorithm: str, num_clients: int,
+               hparams: Optional[dict] = None, aggregator=None):
+  """The aggregator and local objective of one algorithm of ``config``.
+
+  Args:
+    config: the experiment config.
+    algorithm: a key of ``config["algorithms"]``.
+    num_clients: N, the federation size.
+    hparams: name -> value replacing the aggregator's or the objective's
+      argument of that name (a sweep's grid point; values may be traced).
+      "learning_rate" is the client learning rate: it also reaches an
+      aggregator that takes one (as the train config's rate does).
+    aggregator: a ready aggregator to use instead of the spec's.
+
+  Returns:
+    ``(aggregator, objective)``.
+  """
+  spec = config["algorithms"][algorithm]
+  train = _train_config(config, algorithm)
+  hparams = dict(hparams or {})
+  cohort = rounds.num_sampled(num_clients, train["participation"])
+  agg_args = dict(spec.get("aggregator_args", {}))
+  factory = aggregators.REGISTRY[spec["aggregator"]]
+  for name, value in (("learning_rate", hparams.pop(
+      "learning_rate", train["learning_rate"])), ("num_participants",
+                                                  cohort),
+                      ("expected_clients", _expected_clients(config,
+                                                             cohort))):
+    if (value is not None and name in _parameters(factory)
+        and name not in agg_args):
+      agg_args[name] = value
+  objective_name = objective_of(spec)
+  objective_args = dict(spec.get("objective_args", {}))
+  objective_factory = objectives.REGISTRY[objective_name]
+  for name, value in hparams.items():
+    takers = [args for args, fn in ((agg_args, factory),
+                                    (objective_args, objective_factory))
+              if name in _parameters(fn)]
+    if not takers:
+      raise ValueError(
+          f"hyperparameter {name!r} is an argument neither of aggregator "
+          f"{spec['aggregator']!r} nor of objective {objective_name!r}")
+    for args in takers:
+      args[name] = value
+  if aggregator is None:
+    aggregator = aggregators.get(spec["aggregator"], num_clients=num_clients,
+                                 **agg_args)
+  return aggregator, objectives.get(objective_name, **objective_args)
+
+
+def run_arguments(config: dict, algorithm: str, prepared) -> dict:
+  """``simulation.run``'s arguments for one algorithm of ``config`` on
+  ``prepare_data``'s result, all but the aggregator, objective, seed,
+  progress and checkpoints (also ``sweep.run_sweep``'s)."""
+  train = _train_config(config, algorithm)
+  data, test, num_classes, input_shape, _, _ = prepared
+  mcfg = config["model"]
+  model = models.get(mcfg["name"], num_classes=num_classes,
+                     input_shape=input_shape, **mcfg.get("args", {}))
+  local_steps_fn = None
+  if train["stragglers"]:
+    from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
+    local_steps_fn = stragglers.stragglers(train["stragglers"],
+                                           train["local_epochs"])
+  optimizer = client_optimizer(train["optimizer"], train["momentum"],
+                               train["weight_decay"])
+  training = LocalTraining(
+      epochs=train["local_epochs"], batch_size=train["batch_size"],
+      learning_rate=train["learning_rate"], optimizer=optimizer,
+      compute_losses=train["compute_losses"], steps_fn=local_steps_fn)
+  return dict(
+      model=model, data=data, test_data=test, num_rounds=train["rounds"],
+      participation=train["participation"], training=training,
+      execution=Execution(clients_per_step=train["clients_per_step"] or None),
+      evaluation=Evaluation(every=train["eval_every"],
+                            clients=train["eval_clients"]),
+      config={"experiment": config.get("name"), "algorithm": algorithm,
+              **{f"train.{k}": v for k, v in train.items()}})
+
+
+def attack_update(config: dict, model, training: LocalTraining,
+                  execution: Execution, num_clients: int):
+  """The run's local update with the config's attack, or None."""
+  if config.get("attack") is None:
+    return None
+  attack = {**ATTACK_DEFAULTS, **config["attack"]}
+  if attack["adversaries"] == "fixed":
+    adversaries = attacks.fixed(num_clients, attack["fraction"],
+                                seed=attack["seed"])
+  else:
+    adversaries = attacks.per_round(attack["fraction"])
+  mesh, _ = distributed.round_mesh(execution.devices)
+  return attacks.local_update(
+      model, training, attacks.build(attack["name"], **attack["args"]),
+      adversaries, execution=execution, mesh=mesh)

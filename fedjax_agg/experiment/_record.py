@@ -1,0 +1,262 @@
+"""What an experiment run writes down: the config with every default
+written out and its provenance (``config.json``), the check of the output
+folder, the names of the files written there, a setting's title.
+
+Part of ``fedjax_agg.experiment`` (its docstring describes the config).
+"""
+
+import copy
+import dataclasses
+import datetime
+import importlib.metadata
+import os
+import platform
+import sys
+from typing import Optional, Sequence
+
+from fedjax_agg import attacks
+from fedjax_agg import data as data_lib
+from fedjax_agg import jsonio
+from fedjax_agg import spec as spec_lib
+from fedjax_agg.experiment._build import _defaults
+from fedjax_agg.experiment._build import _runner_arguments
+from fedjax_agg.experiment._build import _train_config
+from fedjax_agg.experiment._build import ATTACK_DEFAULTS
+from fedjax_agg.experiment._build import objective_of
+from fedjax_agg.experiment._build import rule_arguments
+from fedjax_agg.experiment._build import run_privacy
+from fedjax_agg.experiment._build import seeds_of
+from fedjax_agg.experiment._build import TRAIN_DEFAULTS
+from fedjax_agg.experiment._checks import _keyword_parameters
+from fedjax_agg.experiment._checks import model_parameters
+from fedjax_agg.experiment._checks import partition_parameters
+from fedjax_agg.experiment._data import DATASET_DEFAULTS
+from fedjax_agg.experiment._data import partition_indices
+from fedjax_agg.experiment._data import SUBSET_SOURCES
+
+
+def resolve_config(config: dict) -> dict:
+  """``config`` with every default written out.
+
+  The dataset's options, the partition's and model's arguments, ``train``
+  and ``seeds`` take their defaults where the config is silent; each
+  algorithm's aggregator and objective arguments take their factories'
+  defaults (all but those the runner fills in, see ``rule_arguments``,
+  so that the result run again behaves the same under a changed
+  learning rate). The result is a valid config.
+  """
+  resolved = copy.deepcopy(config)
+  resolved["dataset"] = {"name": config["dataset"]["name"],
+                         **DATASET_DEFAULTS, **config["dataset"]}
+  partition = resolved["partition"]
+  partition.setdefault("seed_offset", 0)
+  partition["args"] = {
+      **_defaults(partition_parameters(partition["name"])),
+      **partition.get("args", {})}
+  model = resolved["model"]
+  model["args"] = {**_defaults(model_parameters(model["name"])),
+                   **model.get("args", {})}
+  resolved["train"] = {**TRAIN_DEFAULTS, **config.get("train", {})}
+  resolved["seeds"] = list(seeds_of(config))
+  for name, spec in resolved["algorithms"].items():
+    aggregator_args, objective_args = rule_arguments(config, name)
+    filled = _runner_arguments(config, name)
+    spec["aggregator_args"] = {
+        arg: value for arg, value in aggregator_args.items()
+        if arg not in filled or arg in spec.get("aggregator_args", {})}
+    spec["objective"] = objective_of(spec)
+    spec["objective_args"] = objective_args
+  if config.get("privacy") is not None:
+    resolved["privacy"] = {**spec_lib.defaults(spec_lib.PrivacySpec),
+                           **config["privacy"]}
+  if config.get("attack") is not None:
+    attack = {**ATTACK_DEFAULTS, **config["attack"]}
+    attack["args"] = {
+        **_defaults(_keyword_parameters(attacks.REGISTRY.factory(
+            attack["name"]))), **attack["args"]}
+    resolved["attack"] = attack
+  return resolved
+
+
+def environment() -> dict:
+  """Versions of the library and its numeric stack, Python, and the JAX
+  devices this process sees."""
+  import jax  # pylint: disable=g-import-not-at-top
+  versions = {}
+  for package in ("fedjax_agg", "jax", "jaxlib", "flax", "optax", "numpy"):
+    try:
+      versions[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      versions[package] = None
+  devices = jax.devices()
+  return {"versions": versions, "python": platform.python_version(),
+          "system": platform.system(),
+          "devices": {"platform": devices[0].platform,
+                      "kind": devices[0].device_kind, "count": len(devices),
+                      "local_count": jax.local_device_count(),
+                      "processes": jax.process_count()}}
+
+
+def describe_data(config: dict, dataset: data_lib.Dataset,
+                  seeds: Sequence[int],
+                  indices: Optional[dict[int, Sequence]] = None) -> dict:
+  """The data a run used: the source ``data.load`` read, split sizes, and
+  per seed the clients' sizes.
+
+  Args:
+    config: the experiment config.
+    dataset: ``load_dataset(config)``.
+    seeds: the run's seeds (a partition may depend on the seed).
+    indices: seed -> that seed's ``partition_indices``, where already
+      computed (default: computed here).
+  """
+  clients = {}
+  for seed in seeds:
+    parts = (indices or {}).get(seed)
+    if parts is None:
+      parts = partition_indices(config, seed, dataset.train_y)
+    sizes = [len(part) for part in parts]
+    clients[str(seed)] = {"num_clients": len(sizes),
+                          "examples_min": int(min(sizes)),
+                          "examples_max": int(max(sizes)),
+                          "examples_total": int(sum(sizes))}
+  source = getattr(dataset, "source", None)
+  return {"name": dataset.name, "source": source,
+          "subset": source in SUBSET_SOURCES,
+          "train_examples": int(len(dataset.train_y)),
+          "test_examples": int(len(dataset.test_y)),
+          "num_classes": int(dataset.num_classes),
+          "input_shape": list(dataset.input_shape),
+          "clients_by_seed": clients}
+
+
+def shown_path(path: str) -> str:
+  """``path`` as a record shows it: relative to the repository holding
+  this package when inside it (results committed with the code carry no
+  machine's paths), else as given."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  full = os.path.abspath(path)
+  if os.path.commonpath([root, full]) == root:
+    return os.path.relpath(full, root)
+  return path
+
+
+def run_record(config: dict, dataset: Optional[data_lib.Dataset] = None,
+               indices: Optional[dict[int, Sequence]] = None,
+               algorithms: Optional[Sequence[str]] = None,
+               execution: Optional[dict] = None,
+               command: Optional[Sequence[str]] = None) -> dict:
+  """What ``config.json`` holds: ``resolve_config(config)`` plus a
+  "provenance" entry (the data used, every algorithm's full aggregator and
+  objective arguments, how it was executed, versions, devices and the
+  command line).
+
+  Args:
+    config: the experiment config (checked).
+    dataset: ``load_dataset(config)`` (None: no data entry).
+    indices: see ``describe_data``.
+    algorithms: the algorithms run (default: all of the config's).
+    execution: settings that are not config keys (checkpoints, devices,
+      output folder, ...).
+    command: the command line (default ``sys.argv``).
+  """
+  resolved = resolve_config(config)
+  rules = {}
+  for name in algorithms or list(config["algorithms"]):
+    aggregator_args, objective_args = rule_arguments(config, name)
+    rules[name] = {"aggregator": resolved["algorithms"][name]["aggregator"],
+                   "aggregator_args": aggregator_args,
+                   "objective": resolved["algorithms"][name]["objective"],
+                   "objective_args": objective_args,
+                   "train": _train_config(config, name)}
+    privacy = run_privacy(config, name)
+    if privacy is not None:
+      rules[name]["privacy"] = dataclasses.asdict(privacy)
+  resolved["provenance"] = {
+      "data": (None if dataset is None else
+               describe_data(config, dataset, resolved["seeds"], indices)),
+      "algorithms": rules,
+      "execution": dict(execution or {}),
+      "environment": environment(),
+      "command": list(sys.argv if command is None else command),
+      "written": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+  }
+  return resolved
+
+
+def write_run_config(directory: str, config: dict, **record_args) -> str:
+  """Writes ``run_record(config, **record_args)`` to
+  ``<directory>/config.json``. Returns its path."""
+  return jsonio.dump_json(run_record(config, **record_args),
+                          os.path.join(directory, "config.json"))
+
+
+def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
+  """Makes sure results can be written to ``path``, before anything runs.
+
+  Creates ``path`` (with its parents) if it is missing.
+
+  Args:
+    path: the output folder.
+    names: the files that will be written there, relative to ``path``
+      (e.g. "history.csv", "FedAvg/seed0.json").
+
+  Returns:
+    ``path``.
+
+  Raises:
+    ValueError: naming the path: ``path`` is a file, cannot be created or
+      is not writable; one of ``names``, or a folder on the way to it, is
+      a directory where a file goes (or a file where a folder goes), or an
+      existing file that cannot be overwritten.
+  """
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{path} exists and is not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as error:
+    raise ValueError(f"cannot create {path}: {error.strerror}") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"{path} is not writable")
+  for name in names:
+    target = os.path.join(path, name)
+    folder = path
+    for part in os.path.normpath(name).split(os.sep)[:-1]:
+      folder = os.path.join(folder, part)
+      if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{folder} is a file; results go into a folder "
+                         "of that name")
+      if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{folder} is not writable")
+    if os.path.isdir(target):
+      raise ValueError(f"{target} is a directory; the file {name} is "
+                       "written there")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+      raise ValueError(f"{target} exists and is not writable")
+  return path
+
+
+def output_names(config: dict, algorithms: Optional[Sequence[str]] = None
+                 ) -> list[str]:
+  """The files ``run_config`` writes into its output folder."""
+  names = ["config.json", "summary.json", "curves.png", "partition.png"]
+  for algorithm in algorithms or list(config["algorithms"]):
+    for seed in seeds_of(config):
+      names += [f"{algorithm}/seed{seed}.csv", f"{algorithm}/seed{seed}.json"]
+  return names
+
+
+def setting_title(config: dict) -> str:
+  """One line naming a config's setting (for plot titles): dataset,
+  partition, model and the training constants."""
+  train = {**TRAIN_DEFAULTS, **config.get("train", {})}
+  partition = config["partition"]
+  arguments = "".join(f", {key}={value}" for key, value in
+                      partition.get("args", {}).items())
+  return (f"{config['dataset']['name']}, {partition['name']}(N="
+          f"{partition['num_clients']}{arguments}), "
+          f"{config['model']['name']}; C={train['participation']} "
+          f"E={train['local_epochs']} B={train['batch_size']} "
+          f"lr={train['learning_rate']}")

@@ -1,0 +1,297 @@
+"""Running an experiment config: one algorithm with one seed, an
+algorithm's seeds and grid points as one vmapped sweep, every algorithm ×
+seed of a config (``run_config``) and the summaries of their histories.
+
+Part of ``fedjax_agg.experiment`` (its docstring describes the config).
+"""
+
+import dataclasses
+import math
+import os
+import warnings
+from typing import Optional
+
+import jax
+import numpy as np
+
+from fedjax_agg import aggregators
+from fedjax_agg import history as history_lib
+from fedjax_agg import jsonio
+from fedjax_agg import objectives
+from fedjax_agg import plotting
+from fedjax_agg import simulation
+from fedjax_agg import spec as spec_lib
+from fedjax_agg import sweep
+from fedjax_agg.config import Checkpointing
+from fedjax_agg.experiment._build import _parameters
+from fedjax_agg.experiment._build import _train_config
+from fedjax_agg.experiment._build import attack_update
+from fedjax_agg.experiment._build import build_rule
+from fedjax_agg.experiment._build import objective_of
+from fedjax_agg.experiment._build import run_arguments
+from fedjax_agg.experiment._build import run_privacy
+from fedjax_agg.experiment._build import seeds_of
+from fedjax_agg.experiment._checks import check_config
+from fedjax_agg.experiment._checks import ConfigError
+from fedjax_agg.experiment._data import load_dataset
+from fedjax_agg.experiment._data import plot_partition
+from fedjax_agg.experiment._data import prepare_data
+from fedjax_agg.experiment._record import check_output_dir
+from fedjax_agg.experiment._record import output_names
+from fedjax_agg.experiment._record import setting_title
+from fedjax_agg.experiment._record import shown_path
+from fedjax_agg.experiment._record import write_run_config
+
+
+def run_algorithm(config: dict, algorithm: str, seed: int,
+                  prepared=None, progress: bool = False,
+                  aggregator=None, checkpoint_dir: Optional[str] = None,
+                  checkpoint_every: int = 0, resume: bool = False,
+                  callbacks=()):
+  """Runs one algorithm of ``config`` with one seed. -> RunResult.
+
+  ``aggregator``, when given, replaces the one the algorithm's spec names
+  (e.g. a rule built from a pre-trained state); everything else still
+  comes from ``config``. ``checkpoint_dir``, ``checkpoint_every`` and
+  ``resume``: ``config.Checkpointing``; ``callbacks``: see
+  ``simulation.run``.
+  """
+  arguments = run_arguments(config, algorithm,
+                            prepared or prepare_data(config, seed))
+  built, objective = build_rule(config, algorithm,
+                                arguments["data"].num_clients,
+                                aggregator=aggregator)
+  arguments["training"] = dataclasses.replace(arguments["training"],
+                                              objective=objective)
+  arguments["execution"] = dataclasses.replace(
+      arguments["execution"], progress=progress,
+      devices=_train_config(config, algorithm)["devices"])
+  checkpointing = None
+  if checkpoint_dir is not None:
+    checkpointing = Checkpointing(checkpoint_dir, checkpoint_every, resume)
+  elif checkpoint_every or resume:
+    raise ValueError("checkpoint_every / resume need checkpoint_dir (where "
+                     "the checkpoints are)")
+  warn_short_feddrl(config, algorithm)
+  arguments["local_update"] = attack_update(
+      config, arguments["model"], arguments["training"],
+      arguments["execution"], arguments["data"].num_clients)
+  return simulation.run(aggregator=built, seed=seed,
+                        checkpointing=checkpointing, callbacks=callbacks,
+                        privacy=run_privacy(config, algorithm), **arguments)
+
+
+# Fewer DDPG steps than this over a run leave FedDRL's agent near its
+# initial policy (the paper's agent trains continuously; it reports FedDRL
+# behind FedAvg for the first 200-300 rounds).
+FEDDRL_MIN_AGENT_STEPS = 200
+
+
+def warn_short_feddrl(config: dict, algorithm: str) -> Optional[str]:
+  """Warns (and returns the message) when a FedDRL algorithm's run gives
+  its agent fewer than ``FEDDRL_MIN_AGENT_STEPS`` learning steps."""
+  spec = config["algorithms"][algorithm]
+  if spec.get("aggregator") != "feddrl":
+    return None
+  args = spec.get("aggregator_args", {})
+  defaults = aggregators.AgentConfig()
+  per_round = args.get("updates_per_round", defaults.updates_per_round)
+  start = args.get("min_buffer_size", defaults.min_buffer_size)
+  rounds = _train_config(config, algorithm)["rounds"]
+  # One experience per round from round 2 on; learning once enough.
+  steps = max(0, rounds - 1 - start) * per_round
+  if steps >= FEDDRL_MIN_AGENT_STEPS:
+    return None
+  message = (f"{algorithm}: FedDRL's agent gets {steps} learning steps in "
+             f"{rounds} rounds ({per_round} per round once its buffer holds "
+             f"{start}), fewer than {FEDDRL_MIN_AGENT_STEPS}: its impact "
+             "factors stay close to an untrained policy. Run more rounds or "
+             "raise aggregator_args.updates_per_round.")
+  warnings.warn(message, stacklevel=2)
+  return message
+
+
+def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
+                    prepared: list, grid: Optional[dict] = None,
+                    progress: bool = False) -> list:
+  """Runs one algorithm of ``config`` for every seed and grid point as ONE
+  vmapped sweep (``sweep.run_sweep``). -> list of ``sweep.SweepMember``.
+
+  Args:
+    config, algorithm: as ``run_algorithm``.
+    seeds: the members' seeds.
+    prepared: ``prepare_data(config, seed)`` for each seed (the partition
+      may depend on the seed).
+    grid: name -> list of values of aggregator/objective arguments or
+      "learning_rate" (see ``build_rule``); None: seeds only.
+    progress: show a progress bar.
+  """
+  if len(prepared) != len(seeds):
+    raise ValueError(f"prepared must hold one prepare_data result per seed "
+                     f"({len(seeds)}), got {len(prepared)}")
+  arguments = run_arguments(config, algorithm, prepared[0])
+  num_clients = arguments["data"].num_clients
+  arguments["data"] = [p[0] for p in prepared]
+  # Members are sharded over devices: "train.devices" when set (it must
+  # divide the member count), else the most devices that divide it.
+  members = len(seeds) * len(sweep.grid_points(grid))
+  devices = _train_config(config, algorithm)["devices"]
+  if devices is None:
+    devices = math.gcd(members, len(jax.devices()))
+  arguments["execution"] = dataclasses.replace(
+      arguments["execution"], progress=progress, devices=devices)
+  if run_privacy(config, algorithm) is not None:
+    raise ConfigError(
+        f"algorithms.{algorithm}.aggregator",
+        f"algorithms.{algorithm}: privacy accounting runs one seed at a "
+        "time; run dp_fedavg without --seeds / vmap_seeds")
+  if config.get("attack") is not None:
+    # One attacked local update for every member: its objective is the
+    # algorithm's own, so a grid may not change the objective.
+    _, objective = build_rule(config, algorithm, num_clients)
+    objective_name = objective_of(config["algorithms"][algorithm])
+    swept = set(grid or {}) & set(_parameters(
+        objectives.REGISTRY[objective_name]))
+    if swept:
+      raise ConfigError("attack", f"attack: a sweep over objective "
+                        f"arguments {sorted(swept)} cannot share one "
+                        "attacked local update; run them one at a time")
+    arguments["local_update"] = attack_update(
+        config, arguments["model"], dataclasses.replace(
+            arguments["training"], objective=objective),
+        dataclasses.replace(arguments["execution"], devices=1), num_clients)
+  return sweep.run_sweep(
+      lambda hparams: build_rule(config, algorithm, num_clients, hparams),
+      grid, seeds=seeds, **arguments)
+
+
+def write_summary_csv(summary: dict, path: str) -> str:
+  """``summarize``'s result as a CSV, one row per algorithm (or grid
+  point): seeds, final / best mean and std, rounds to target."""
+  import csv  # pylint: disable=g-import-not-at-top
+  columns = ["name"] + sorted({key for entry in summary.values()
+                               for key, value in entry.items()
+                               if not isinstance(value, list)})
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=columns, restval="")
+    writer.writeheader()
+    for name, entry in summary.items():
+      writer.writerow({"name": name, **{
+          k: v for k, v in entry.items() if not isinstance(v, list)}})
+  return path
+
+
+def summarize(histories: dict[str, list], target: Optional[float],
+              metric: str = "test_accuracy") -> dict:
+  """Per algorithm: final/best metric and rounds to target over seeds."""
+  out = {}
+  for algorithm, runs in histories.items():
+    finals = [h.column(metric)[-1] for h in runs]
+    bests = [np.nanmax(h.column(metric)) for h in runs]
+    entry = {"seeds": len(runs),
+             f"final_{metric}_mean": float(np.mean(finals)),
+             f"final_{metric}_std": float(np.std(finals)),
+             f"best_{metric}_mean": float(np.mean(bests)),
+             f"best_{metric}_std": float(np.std(bests)),
+             f"final_{metric}": [float(v) for v in finals]}
+    if "client_loss_mean" in runs[0].rows[-1]:
+      entry["final_client_loss_mean"] = float(np.mean(
+          [h.column("client_loss_mean")[-1] for h in runs]))
+      entry["final_client_loss_var"] = float(np.mean(
+          [h.column("client_loss_var")[-1] for h in runs]))
+    if target is not None:
+      reached = [history_lib.rounds_to_target(h, target, metric)
+                 for h in runs]
+      entry["target"] = target
+      entry["rounds_to_target"] = reached
+      hits = [r for r in reached if r is not None]
+      entry["rounds_to_target_mean"] = (float(np.mean(hits)) if hits
+                                        else None)
+      entry["reached_target"] = f"{len(hits)}/{len(reached)}"
+    out[algorithm] = entry
+  return out
+
+
+def run_config(config: dict, out_dir: str, progress: bool = True,
+               algorithms: Optional[list[str]] = None,
+               checkpoint_every: int = 0, resume: bool = False,
+               vmap_seeds: Optional[bool] = None) -> dict:
+  """Runs every algorithm × seed of ``config`` (a JSON config or a
+  ``spec.Experiment``); writes results to ``out_dir``; returns the summary
+  dict.
+
+  The config and the output folder are checked before the data is read;
+  ``config.json`` (``write_run_config``) is written before the first round.
+
+  ``checkpoint_every`` > 0 checkpoints each run every this many rounds in
+  ``<out_dir>/checkpoints/<algorithm>/seed<k>``; ``resume`` continues the
+  runs found there (a finished run is read back, not re-run).
+
+  ``vmap_seeds`` (default: the config's ``"vmap_seeds"`` entry, else
+  False) runs all seeds of an algorithm as one vmapped sweep
+  (``sweep_algorithm``) instead of one run after the other: the same
+  results to float tolerance, written to the same files. The sweep runs on
+  one device ("train.devices" is not used).
+  """
+  if isinstance(config, spec_lib.Experiment):
+    config = config.to_dict(written_out=False)
+  if vmap_seeds is None:
+    vmap_seeds = bool(config.get("vmap_seeds", False))
+  if vmap_seeds and (checkpoint_every or resume):
+    raise ValueError("vmap_seeds runs do not checkpoint: drop "
+                     "checkpoint_every/resume or vmap_seeds")
+  check_config(config)
+  names = algorithms or list(config["algorithms"])
+  unknown = [name for name in names if name not in config["algorithms"]]
+  if unknown:
+    raise ValueError(f"algorithms {unknown} are not in the config's "
+                     f"{sorted(config['algorithms'])}")
+  check_output_dir(out_dir, output_names(config, names))
+  seeds = list(seeds_of(config))
+  dataset = load_dataset(config)
+  write_run_config(out_dir, config, dataset=dataset, algorithms=names,
+                   execution={"out_dir": shown_path(out_dir),
+                              "vmap_seeds": vmap_seeds,
+                              "checkpoint_every": checkpoint_every,
+                              "resume": resume})
+  histories = {name: [] for name in names}
+  for seed in [] if vmap_seeds else seeds:
+    prepared = prepare_data(config, seed, dataset)
+    if seed == seeds[0]:
+      plot_partition(prepared, os.path.join(out_dir, "partition.png"))
+    for name in names:
+      checkpoint_dir = None
+      if checkpoint_every or resume:
+        checkpoint_dir = os.path.join(out_dir, "checkpoints", name,
+                                      f"seed{seed}")
+      result = run_algorithm(config, name, seed, prepared, progress,
+                             checkpoint_dir=checkpoint_dir,
+                             checkpoint_every=checkpoint_every,
+                             resume=resume)
+      result.history.save(os.path.join(out_dir, name), f"seed{seed}")
+      histories[name].append(result.history)
+      if progress:
+        print(f"{config.get('name')} {name} seed {seed}: final acc "
+              f"{result.history.rows[-1].get('test_accuracy')}", flush=True)
+  if vmap_seeds:
+    prepared = [prepare_data(config, seed, dataset) for seed in seeds]
+    plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
+    for name in names:
+      for member in sweep_algorithm(config, name, seeds, prepared,
+                                    progress=progress):
+        member.history.save(os.path.join(out_dir, name),
+                            f"seed{member.seed}")
+        histories[name].append(member.history)
+        if progress:
+          print(f"{config.get('name')} {name} seed {member.seed} (vmapped): "
+                f"final acc {member.history.rows[-1].get('test_accuracy')}",
+                flush=True)
+  summary = summarize(histories, config.get("target_accuracy"))
+  jsonio.dump_json({"name": config.get("name"), "algorithms": summary},
+                   os.path.join(out_dir, "summary.json"))
+  title = setting_title(config)
+  if config.get("name"):
+    title = f"{config['name']}: {title}"
+  plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
+                            title=title)
+  return summary
