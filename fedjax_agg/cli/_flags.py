@@ -1,0 +1,368 @@
+"""The command line's flags and the experiment config they build.
+
+The config flags are derived from the typed spec (``fedjax_agg.spec``):
+each names the key it sets, its choices and its preset there; the flags of
+how a run is executed (``RUN_FLAGS``) are the command line's own.
+``config_from_args`` turns parsed flags (and a ``--config`` file) into an
+experiment config; ``describe`` prints ``--list``.
+"""
+
+import argparse
+import ast
+import copy
+from typing import Any, Optional, Sequence
+
+from fedjax_agg import aggregators
+from fedjax_agg import attacks
+from fedjax_agg import data as data_lib
+from fedjax_agg import models
+from fedjax_agg import objectives
+from fedjax_agg import partitions
+from fedjax_agg import spec as spec_lib
+
+__all__ = ["CONFIG_KEYS", "LISTS", "RUN_FLAGS", "SPEC_FLAGS", "UsageError",
+           "build_parser", "config_from_args", "describe", "parse_grid",
+           "parse_kv", "parse_seeds"]
+
+# The first line of ``python -m fedjax_agg --help``.
+_DESCRIPTION = "Command line: run one configurable federated experiment."
+
+LISTS = ("aggregators", "objectives", "partitions", "models", "datasets",
+         "attacks")
+
+
+def _dest(flag: str) -> str:
+  return flag[2:].replace("-", "_")
+
+
+# The config flags, derived from the spec (``fedjax_agg.spec``): argparse
+# dest -> the config key its flag sets ("{algorithm}": the algorithm run),
+# in the order they apply (a name before its arguments, --seeds after
+# --seed).
+SPEC_FLAGS = spec_lib.flags()
+CONFIG_KEYS = {_dest(flag.name): key for key, flag in SPEC_FLAGS}
+_KINDS = {_dest(flag.name): flag.kind for key, flag in SPEC_FLAGS}
+# Flags whose name=value pairs are merged into the config's mapping.
+_PAIRS = tuple(dest for dest, kind in _KINDS.items() if kind == "pairs")
+# The flags of how a run is executed and written (not experiment settings:
+# config.json records them under provenance.execution).
+RUN_FLAGS = ("--config", "--algorithm", "--list", "--partition-plot",
+             "--cpu-devices", "--distributed", "--coordinator-address",
+             "--num-processes", "--process-id", "--sweep", "--out",
+             "--no-progress", "--tensorboard", "--checkpoint-dir",
+             "--checkpoint-every", "--resume")
+
+
+def _arguments_of(dest: str) -> Optional[str]:
+  """A name flag -> the key, beside its own, of the arguments that belong
+  to the name it sets (they are dropped when it changes the name)."""
+  key = CONFIG_KEYS[dest].rsplit(".", 1)
+  if _KINDS[dest] != "value" or len(key) != 2:
+    return None
+  section = key[0].split(".")[0]
+  fields = spec_lib.keys(spec_lib.SECTIONS.get(section, object)) if (
+      section in spec_lib.SECTIONS) else ()
+  for candidate in (f"{key[1]}_args", "args" if key[1] == "name" else None):
+    if candidate in fields:
+      return candidate
+  return None
+
+
+class UsageError(SystemExit):
+  """A mistake in what the command line asks for; ``main`` prints it as one
+  line ``error: <message>`` and exits with status 2."""
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self.message = " ".join(str(message).split())
+
+
+class _Parser(argparse.ArgumentParser):
+
+  def error(self, message):
+    raise UsageError(message)
+
+
+def _flag(dest: str) -> str:
+  return "--" + dest.replace("_", "-")
+
+
+def _literal(text: str):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def parse_kv(pairs: Sequence[str], flag: str) -> dict:
+  """["a=1", "b=x"] -> {"a": 1, "b": "x"}; names the flag on bad input."""
+  out = {}
+  for pair in pairs or ():
+    if "=" not in pair:
+      raise UsageError(f"{flag}: expects name=value, got {pair!r}")
+    name, value = pair.split("=", 1)
+    out[name.strip().replace("-", "_")] = _literal(value.strip())
+  return out
+
+
+def parse_seeds(text: str) -> list[int]:
+  """"0,1,2" -> [0, 1, 2]; names --seeds on bad input."""
+  try:
+    return [int(s) for s in text.split(",") if s.strip()]
+  except ValueError:
+    raise UsageError(f"--seeds: expects comma-separated ints, got "
+                     f"{text!r}") from None
+
+
+def parse_grid(pairs: Sequence[str]) -> dict[str, list]:
+  """["alpha=1,5", "lr=0.1,0.2"] -> {"alpha": [1, 5], "learning_rate":
+  [0.1, 0.2]} ("lr" is the client learning rate)."""
+  grid = {}
+  for pair in pairs or ():
+    if "=" not in pair:
+      raise UsageError(f"--sweep: expects name=v1,v2,..., got {pair!r}")
+    name, values = pair.split("=", 1)
+    name = name.strip().replace("-", "_")
+    grid["learning_rate" if name == "lr" else name] = [
+        _literal(v.strip()) for v in values.split(",") if v.strip()]
+  return grid
+
+
+def _one_of(names: Sequence[str]) -> str:
+  return "one of: " + ", ".join(names)
+
+
+def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
+  """The command line's parser: the spec's config flags
+  (``SPEC_FLAGS``) and the flags of how the run is executed
+  (``RUN_FLAGS``).
+
+  Args:
+    defaults: False leaves every flag that is not given out of the parsed
+      namespace (how ``main`` tells given flags from defaults).
+  """
+  parser = _Parser(
+      prog="python -m fedjax_agg", description=_DESCRIPTION,
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+  def add(*flags, **kwargs):
+    if not defaults:
+      kwargs["default"] = argparse.SUPPRESS
+    parser.add_argument(*flags, **kwargs)
+
+  add("--config", default=None, metavar="FILE",
+      help="start from this experiment config (JSON, the format of "
+      "fedjax_agg.spec); flags given override its keys")
+  add("--algorithm", default=None, metavar="NAME",
+      help="with --config: which of its algorithms to run (needed where it "
+      "has several); without: the run's name, else the aggregator's")
+  add("--list", default=None, choices=LISTS, metavar="WHAT",
+      help=f"print every name of WHAT ({_one_of(LISTS)}) with its "
+      "arguments and their defaults, and exit")
+  for key, flag in SPEC_FLAGS:
+    help_text = f"{flag.help} (sets {key})"
+    if flag.kind in ("switch", "negate"):
+      add(flag.name, action="store_true", help=help_text)
+    elif flag.kind == "pairs":
+      add(flag.name, action="append", default=[], metavar="NAME=VALUE",
+          help=help_text)
+    else:
+      if flag.choices is not None:
+        help_text = f"{flag.help}, {_one_of(flag.choices)} (sets {key})"
+      add(flag.name, default=flag.preset, type=flag.type,
+          choices=flag.choices,
+          metavar="NAME" if flag.choices is not None else None,
+          help=help_text)
+  add("--partition-plot", action="store_true",
+      help="save the partition's label heatmap")
+  add("--cpu-devices", type=int, default=None,
+      help="split the CPU into this many XLA devices before JAX starts; "
+      "rounds then shard the clients over them (default: one per available "
+      "core, 2x faster than one device on a 2-core CPU; 1 opts out; an "
+      "XLA_FLAGS host device count in the environment wins)")
+  add("--distributed", action="store_true",
+      help="multi-host: call jax.distributed.initialize() first (one "
+      "process per host; coordinator, process count and id from the flags "
+      "below, else detected: SLURM, Open MPI, Kubernetes, Cloud TPU, "
+      "JAX_COORDINATOR_ADDRESS)")
+  add("--coordinator-address", default=None,
+      help="with --distributed: host:port of process 0")
+  add("--num-processes", type=int, default=None,
+      help="with --distributed: number of processes (hosts)")
+  add("--process-id", type=int, default=None,
+      help="with --distributed: this process' index")
+  add("--sweep", action="append", default=[], metavar="NAME=V1,V2,...",
+      help="sweep an aggregator/objective argument or lr in the same "
+      "vmapped call (repeatable; the members are the product with the "
+      "seeds)")
+  add("--out", default="results/run", help="output folder")
+  add("--no-progress", action="store_true", help="no progress bar")
+  add("--tensorboard", default=None, metavar="DIR",
+      help="also write every history scalar as TensorBoard events to DIR "
+      "(needs tensorboardX: pip install 'fedjax_agg[tensorboard]')")
+  add("--checkpoint-dir", default=None,
+      help="checkpoint folder (default <out>/checkpoint when "
+      "--checkpoint-every or --resume is given)")
+  add("--checkpoint-every", type=int, default=0,
+      help="save the whole run every this many rounds (0: never)")
+  add("--resume", action="store_true",
+      help="continue from the latest checkpoint (starts at round 0 if there "
+      "is none)")
+  return parser
+
+
+# ------------------------------------------------------------------ --list
+
+
+def _call_line(name: str, defaults: dict[str, Any], more: bool = False
+               ) -> str:
+  arguments = [f"{arg}={value!r}" if value != "<required>" else arg
+               for arg, value in defaults.items()]
+  return f"{name}({', '.join(arguments + (['...'] if more else []))})"
+
+
+def describe(what: str) -> list[str]:
+  """One line per name of ``what`` (one of ``LISTS``): the name with its
+  arguments and their defaults (an argument without one is bare; "..."
+  where the factory passes other keyword arguments on)."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  lines = []
+  if what in ("aggregators", "objectives", "attacks"):
+    registry = {"aggregators": aggregators, "objectives": objectives,
+                "attacks": attacks}[what].REGISTRY
+    for name in registry.names:
+      defaults = {arg: value for arg, value in registry.describe(name).items()
+                  if arg not in registry.context}
+      lines.append(_call_line(name, defaults, experiment.takes_any_keyword(
+          registry.factory(name))))
+  elif what == "partitions":
+    for name in partitions.NAMES:
+      lines.append(_call_line(name, experiment.describe_parameters(
+          experiment.partition_parameters(name))))
+  elif what == "models":
+    for name in models.NAMES:
+      lines.append(_call_line(name, experiment.describe_parameters(
+          experiment.model_parameters(name)),
+                              experiment.model_takes_options(name)))
+  elif what == "datasets":
+    for name in data_lib.NAMES:
+      spec = data_lib.REGISTRY.factory(name)
+      shape = "x".join(str(d) for d in spec.input_shape)
+      lines.append(f"{_call_line(name, experiment.DATASET_DEFAULTS)}: "
+                   f"{spec.num_classes} classes, inputs {shape}")
+  else:
+    raise ValueError(f"what must be one of {LISTS}, got {what!r}")
+  return lines
+
+
+# ----------------------------------------------------------- the config
+
+
+def _keys(dest: str, algorithm: str) -> list[str]:
+  """The config keys of a flag; the algorithm's name may hold dots."""
+  template = CONFIG_KEYS[dest]
+  if template.startswith("algorithms.{algorithm}."):
+    return ["algorithms", algorithm, template.rsplit(".", 1)[1]]
+  return template.split(".")
+
+
+def _config_value(dest: str, value):
+  kind = _KINDS[dest]
+  if kind == "pairs":
+    return parse_kv(value, _flag(dest))
+  if kind == "negate":
+    # Absent: the library's schedule ("auto"), never a forced True.
+    return False if value else "auto"
+  if kind == "seed":
+    return [value]
+  if kind == "seeds":
+    return parse_seeds(value)
+  return value
+
+
+def _algorithm(args, base: Optional[dict], given: set[str]) -> str:
+  """The name of the algorithm to run."""
+  if base is None:
+    return args.algorithm or args.aggregator
+  names = list(base.get("algorithms") or {})
+  if "algorithm" in given:
+    if args.algorithm not in names and "aggregator" not in given:
+      raise UsageError(f"--algorithm: {args.algorithm!r} is not an algorithm "
+                       f"of --config {args.config} ({names}); give "
+                       "--aggregator to add it")
+    return args.algorithm
+  if len(names) == 1:
+    return names[0]
+  if not names:
+    return args.aggregator
+  raise UsageError(f"--algorithm: --config {args.config} has several "
+                   f"algorithms {names}; pick one")
+
+
+def config_from_args(args, base: Optional[dict] = None,
+                     given: Optional[set[str]] = None) -> tuple[dict, str]:
+  """The experiment config (see ``fedjax_agg.experiment``) of the flags.
+
+  Args:
+    args: the parsed flags.
+    base: a config file's config; None: every flag sets its key (given or
+      default).
+    given: with ``base``, the dests of the flags given (their keys
+      override the base's).
+
+  Returns:
+    ``(config, algorithm)``: the config, holding the one algorithm to run,
+    and that algorithm's name.
+  """
+  given = set(given or ())
+  if base is None:
+    config = {"name": "cli", "dataset": {}, "partition": {}, "model": {},
+              "train": {}, "algorithms": {}, "seeds": [0]}
+    given = {dest for dest in CONFIG_KEYS if getattr(args, dest) is not None}
+    if not args.attack_arg:
+      given.discard("attack_arg")
+  else:
+    config = copy.deepcopy(base)
+    config.setdefault("seeds", spec_lib.defaults(
+        spec_lib.Experiment)["seeds"])
+  algorithm = _algorithm(args, base, given)
+  if base is not None and not (base.get("algorithms") or {}):
+    given.add("aggregator")
+  specs = config.setdefault("algorithms", {})
+  config["algorithms"] = {algorithm: specs.get(algorithm, {})}
+  for dest in CONFIG_KEYS:
+    if dest not in given:
+      continue
+    keys = _keys(dest, algorithm)
+    value = _config_value(dest, getattr(args, dest))
+    parent = config
+    for key in keys[:-1]:
+      parent = parent.setdefault(key, {})
+    arguments = _arguments_of(dest)
+    if arguments is not None and parent.get(keys[-1]) != value:
+      parent.pop(arguments, None)  # They were the old one's.
+    if dest in _PAIRS:
+      value = {**parent.get(keys[-1], {}), **value}
+    parent[keys[-1]] = value
+  attack = config.get("attack")
+  if isinstance(attack, dict) and "name" not in attack:
+    flags = [_flag(dest) for dest in ("attack_arg", "attack_fraction",
+                                      "adversaries") if dest in given]
+    raise UsageError(f"{', '.join(flags) or '--attack'}: needs --attack "
+                     "NAME (the attack to simulate)")
+  return config, algorithm
+
+
+def _flag_of(path: str, algorithm: str, given: set[str],
+             config_file: Optional[str]) -> str:
+  """The flag that set config key ``path`` (else the config file)."""
+  best = None
+  for dest in CONFIG_KEYS:
+    key = ".".join(_keys(dest, algorithm))
+    if path == key or path.startswith((key + ".", key + "[")):
+      if (best is None or len(key) > len(best[1])
+          or (len(key) == len(best[1]) and dest in given)):
+        best = (dest, key)
+  if best is not None and (best[0] in given or config_file is None):
+    return _flag(best[0])
+  return f"--config {config_file}" if config_file else "config"
