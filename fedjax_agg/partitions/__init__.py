@@ -25,16 +25,16 @@ per-client data; ``summary`` and ``plot_heatmap`` describe it.
 
 from fedjax_agg.partitions._recipes import classes_per_client
 from fedjax_agg.partitions._recipes import ClientIndices
-from fedjax_agg.partitions._recipes import clustered_equal
-from fedjax_agg.partitions._recipes import clustered_non_equal
+from fedjax_agg.partitions._skewed import clustered_equal
+from fedjax_agg.partitions._skewed import clustered_non_equal
 from fedjax_agg.partitions._recipes import dirichlet
 from fedjax_agg.partitions._recipes import dirichlet_per_client
 from fedjax_agg.partitions._recipes import iid
 from fedjax_agg.partitions._recipes import mixed_iid
-from fedjax_agg.partitions._recipes import pareto
+from fedjax_agg.partitions._skewed import pareto
 from fedjax_agg.partitions._recipes import shards
 from fedjax_agg.partitions._recipes import shards_non_equal
-from fedjax_agg.partitions._recipes import unbalanced
+from fedjax_agg.partitions._skewed import unbalanced
 from fedjax_agg.partitions._report import heatmap_figure
 from fedjax_agg.partitions._report import label_histogram
 from fedjax_agg.partitions._report import plot_heatmap
