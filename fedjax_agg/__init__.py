@@ -4,7 +4,8 @@ Packages by layer (each imports only from the layers below it):
 
 * contracts and shared math: ``types``, ``config``, ``checks``,
   ``tree_math``, ``registry``;
-* rules: ``aggregators``, ``objectives``, ``client_selection``;
+* rules: ``aggregators``, ``objectives``, ``clients`` (every client-side
+  algorithm, ADCT's tuning included), ``attacks``;
 * data: ``data``, ``partitions``, ``federated``, ``validation``;
 * local training: ``engine``; one round: ``rounds``;
 * drivers: ``simulation`` (the round loop), ``sweep``, ``drivers`` (ADCT,

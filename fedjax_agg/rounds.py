@@ -14,7 +14,7 @@ algorithm plugs in: ``init(num_clients) -> client_state`` (a pytree with a
 leading [N] axis, or ``()``) and ``update(client_state, global_params,
 data, client_ids, mask, learning_rates, num_steps, round, key) ->
 (LocalResult, new_client_state, metrics)``. ADCT's per-client grid search
-is one (``client_selection.adct_update``). A plain function with the
+is one (``clients.adct_update``). A plain function with the
 engine's interface ``(global_params, data, client_ids, learning_rates,
 num_steps, key) -> LocalResult`` is accepted too (``stateless``).
 

@@ -13,10 +13,10 @@ import pytest
 from fedjax_agg import aggregators
 from fedjax_agg import federated
 from fedjax_agg import objectives
-from fedjax_agg.client_selection._adct import ADCTState
-from fedjax_agg.client_selection._adct import adct
-from fedjax_agg.client_selection._adct import search_mask
-from fedjax_agg.client_selection._adct import select_configs
+from fedjax_agg.clients._adct import ADCTState
+from fedjax_agg.clients._adct import adct
+from fedjax_agg.clients._adct import search_mask
+from fedjax_agg.clients._adct import select_configs
 from fedjax_agg import validation
 from fedjax_agg.config import Execution
 from fedjax_agg import drivers

@@ -18,7 +18,7 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import checks
-from fedjax_agg import client_selection
+from fedjax_agg import clients
 from fedjax_agg import objectives
 from fedjax_agg import stragglers
 from tests import agg_testutil as tu
@@ -48,9 +48,9 @@ def _cases():
     for arg in _numeric_defaults(factory):
       cases.append((f"objective {name}", name, arg,
                     lambda n, a, v: objectives.get(n, **{a: v})))
-  for arg in _numeric_defaults(client_selection.adct):
+  for arg in _numeric_defaults(clients.adct):
     cases.append(("adct", "adct", arg,
-                  lambda n, a, v: client_selection.adct(tu.MODEL,
+                  lambda n, a, v: clients.adct(tu.MODEL,
                                                         **{a: v})))
   for arg in ("fraction", "num_epochs"):
     cases.append(("stragglers", "stragglers", arg, lambda n, a, v:
@@ -95,9 +95,9 @@ def test_examples_of_the_task():
   with pytest.raises(ValueError, match="beta"):
     aggregators.fednnnn(beta=float("nan"))
   with pytest.raises(ValueError, match="grid"):
-    client_selection.adct(tu.MODEL, grid=[(float("inf"), 1)])
+    clients.adct(tu.MODEL, grid=[(float("inf"), 1)])
   with pytest.raises(TypeError, match="grid"):
-    client_selection.adct(tu.MODEL, grid=[("fast", 1)])
+    clients.adct(tu.MODEL, grid=[("fast", 1)])
 
 
 def test_check_range_infinite_values_only_where_a_bound_names_them():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fedjax_agg import aggregators
-from fedjax_agg import client_selection
+from fedjax_agg import clients
 from fedjax_agg import drivers
 from fedjax_agg import simulation
 from fedjax_agg.config import Evaluation
@@ -44,7 +44,7 @@ def _history(name):
   model = tiny_model()
   aggregator = _aggregator(name, data.num_clients)
   if name == "adct":
-    tuner = client_selection.adct(
+    tuner = clients.adct(
         model, grid=[(0.05, 1), (0.2, 1), (0.2, 2)], batch_size=3,
         threshold_mode="absolute", round_one="first")
     history = drivers.run_adct(
@@ -62,9 +62,9 @@ def _history(name):
         seed=4).history
   rows = [{k: v for k, v in row.items() if k != "time_s"}
           for row in history.rows]
-  clients = [{k: np.asarray(v).tolist() for k, v in row.items()}
-             for row in history.client_rows]
-  return {"rows": rows, "clients": clients}
+  client_rows = [{k: np.asarray(v).tolist() for k, v in row.items()}
+                 for row in history.client_rows]
+  return {"rows": rows, "clients": client_rows}
 
 
 def _assert_close(got, want, where):

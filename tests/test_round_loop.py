@@ -31,7 +31,7 @@ QUIET = Execution(clients_per_step=2, progress=False)
 
 def test_rules_import_nothing_from_the_round_or_the_drivers():
   code = ("import sys, fedjax_agg.aggregators, fedjax_agg.objectives, "
-          "fedjax_agg.client_selection\n"
+          "fedjax_agg.clients\n"
           "up = {'fedjax_agg.simulation', 'fedjax_agg.sweep', "
           "'fedjax_agg.rounds', 'fedjax_agg.drivers', "
           "'fedjax_agg.experiment'} & set(sys.modules)\n"

@@ -12,7 +12,7 @@ A config is ``experiment``'s format (see ``fedjax_agg/experiment/``) with
 three differences, since ADCT and FedACS are not plain registry rules:
 
 * an algorithm may hold ``"adct": {accuracy_threshold, search_step, ...}``
-  (ADCT's client side, ``client_selection.adct``, driven by
+  (ADCT's client side, ``clients.adct``, driven by
   ``drivers.run_adct``; its ``aggregator`` is the server rule),
   or name ``"aggregator": "fedacs"`` (``aggregators.fedacs``, whose
   server evaluation set is the union of the clients' held-out parts);
@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 # pylint: disable=wrong-import-position
 from fedjax_agg import aggregators
-from fedjax_agg import client_selection
+from fedjax_agg import clients
 from fedjax_agg import experiment
 from fedjax_agg import jsonio
 from fedjax_agg import models
@@ -122,7 +122,7 @@ def run_one(config: dict, name: str, seed: int, prepared, model):
     aggregator = aggregators.get(agg_name, num_clients=data.num_clients,
                                  **agg_args)
   if "adct" in spec:
-    tuner = client_selection.adct(
+    tuner = clients.adct(
         model, batch_size=train["batch_size"], client_optimizer=optimizer,
         clients_per_step=train["clients_per_step"], **spec["adct"])
     if train["measure_on"] == "server":

@@ -1,9 +1,16 @@
-"""Stateful clients: a per-client state table and the algorithms on it.
+"""Client-side algorithms: every ``LocalUpdate`` factory, and the
+per-client state table they keep.
 
 Every algorithm here is a ``types.LocalUpdate`` for ``simulation.run(...,
 local_update=...)``; its state is a pytree with a leading [N] axis (all
 clients) carried in ``ServerState.client_state``, so it is jitted with the
-round, checkpointed with the run, and vmapped by sweeps.
+round, checkpointed with the run, and vmapped by sweeps. (Malicious
+clients wrap any of them: ``attacks.local_update``.)
+
+* ``adct`` (+ ``adct_update``): ADCT's per-client grid search of the
+  learning rate and local epochs (client-side tuning;
+  ``fedjax_agg.drivers.run_adct`` drives rounds with it). FedACS, which
+  selects clients on the server, is an aggregator (``aggregators.fedacs``).
 
 * ``scaffold`` (+ ``scaffold_aggregator``): SCAFFOLD's control variates.
 * ``fedbn``: BatchNorm leaves kept per client.
@@ -16,6 +23,14 @@ round, checkpointed with the run, and vmapped by sweeps.
   for populations too large for the device.
 """
 
+from fedjax_agg.clients._adct import adct
+from fedjax_agg.clients._adct import ADCT
+from fedjax_agg.clients._adct import ADCTOutput
+from fedjax_agg.clients._adct import ADCTState
+from fedjax_agg.clients._adct import DEFAULT_GRID
+from fedjax_agg.clients._adct import search_mask
+from fedjax_agg.clients._adct import select_configs
+from fedjax_agg.clients._adct_update import adct_update
 from fedjax_agg.clients._common import batch_norm_leaf
 from fedjax_agg.clients._ditto import ditto
 from fedjax_agg.clients._ditto import DittoState
@@ -37,6 +52,8 @@ from fedjax_agg.clients._table import scatter
 from fedjax_agg.clients._table import Table
 
 __all__ = [
+    "ADCT", "ADCTOutput", "ADCTState", "DEFAULT_GRID", "adct", "adct_update",
+    "search_mask", "select_configs",
     "DittoState", "FedBNState", "HostRows", "ScaffoldState", "Table",
     "batch_norm_leaf", "uses_host_table",
     "correction_objective", "ditto", "fedbn", "finetuned_accuracies",

@@ -1,6 +1,6 @@
 """FL rounds with ADCT clients: the round driver with ADCT's local update.
 
-``run_adct`` is ``simulation.run`` with ``client_selection.adct_update``
+``run_adct`` is ``simulation.run`` with ``clients.adct_update``
 as the local update and, when client accuracy is measured on held-out
 data, the data's ``validation`` split cut here (``validation.holdout_split``).
 Every option of ``simulation.run`` (sampler, devices, evaluation schedule,
@@ -13,9 +13,9 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from fedjax_agg import simulation
 from fedjax_agg import validation
-from fedjax_agg.client_selection import ADCT
-from fedjax_agg.client_selection import ADCTState
-from fedjax_agg.client_selection import adct_update
+from fedjax_agg.clients import ADCT
+from fedjax_agg.clients import ADCTState
+from fedjax_agg.clients import adct_update
 from fedjax_agg.config import Checkpointing, Evaluation, Execution
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
@@ -51,7 +51,7 @@ def run_adct(model: Model, data: FederatedData, test_data: tuple[Any, Any],
     model, data, test_data, aggregator, num_rounds, participation, seed,
       init_params, execution, evaluation, checkpointing, callbacks, config:
       as in ``simulation.run``.
-    tuner: the ADCT client side (``client_selection.adct(model, ...)``).
+    tuner: the ADCT client side (``clients.adct(model, ...)``).
     measure_on: where client accuracy is measured: "validation" (a held-out
       ``validation_fraction`` of each client's examples, split with
       ``split_seed``, not used for training), "train" (its training data)

@@ -7,7 +7,7 @@ carried in the server state, and the accuracies are measured on the data's
 ``validation`` split when it has one, else on the training data.
 """
 
-from fedjax_agg.client_selection._adct import ADCT
+from fedjax_agg.clients._adct import ADCT
 from fedjax_agg.types import LocalUpdate
 
 
@@ -19,7 +19,7 @@ def adct_update(tuner: ADCT) -> LocalUpdate:
   scalars ``adct_mean_accuracy`` and ``adct_num_searching``.
   """
   if not isinstance(tuner, ADCT):
-    raise TypeError(f"tuner must be an ADCT (client_selection.adct(...)), "
+    raise TypeError(f"tuner must be an ADCT (clients.adct(...)), "
                     f"got {type(tuner).__name__}")
 
   def update(client_state, global_params, data, client_ids, mask,
