@@ -24,6 +24,7 @@ ends when every member has asked. The history's config then says at which
 round and why (``stopped_by``).
 """
 
+import dataclasses
 import math
 import sys
 import time
@@ -134,10 +135,11 @@ def check_rounds(num_rounds) -> None:
     raise ValueError(f"num_rounds must be an int >= 0, got {num_rounds!r}")
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class Driver:
   """The round loop over ``num_members`` runs stepped together.
 
-  Args:
+  Attributes:
     round_step: ``(state, cohorts) -> (state, outputs)`` for all members
       (outputs already on the host, numpy).
     sample: ``r -> cohorts`` of round r (0-based).
@@ -148,29 +150,26 @@ class Driver:
       non-finite checks).
     num_members: M.
     nonfinite: the ``config.NonFinite`` policy.
+    evaluation: the ``config.Evaluation`` schedule.
     progress: show a progress bar.
     callbacks: per member, called with each row (see the module docstring).
     with_losses: the rounds compute per-client losses (else the rows have
       no ``cohort_loss_*`` columns).
+    stopped_at: set by ``loop``: the round at which callbacks ended the
+      run (None: it ran to its end).
   """
-
-  def __init__(self, *, round_step, sample, evaluate, member_output,
-               member_state, num_members: int, nonfinite: NonFinite,
-               evaluation: Evaluation, progress: bool,
-               callbacks: Sequence[Sequence[Callback]],
-               with_losses: bool = True):
-    self.round_step = round_step
-    self.sample = sample
-    self.evaluate = evaluate
-    self.member_output = member_output
-    self.member_state = member_state
-    self.num_members = num_members
-    self.nonfinite = nonfinite
-    self.evaluation = evaluation
-    self.progress = progress
-    self.callbacks = callbacks
-    self.with_losses = with_losses
-    self.stopped_at = None
+  round_step: Callable
+  sample: Callable
+  evaluate: Callable
+  member_output: Callable
+  member_state: Callable
+  num_members: int
+  nonfinite: NonFinite
+  evaluation: Evaluation
+  progress: bool
+  callbacks: Sequence[Sequence[Callback]]
+  with_losses: bool = True
+  stopped_at: Optional[int] = None
 
   def initial_rows(self, state, num_rounds: int) -> list[dict]:
     if self.progress:
