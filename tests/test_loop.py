@@ -12,7 +12,7 @@ from fedjax_agg import loop
 from fedjax_agg import simulation
 from fedjax_agg import sweep
 from fedjax_agg.config import Checkpointing, Execution
-from tests.test_clients import _run_data, linear_model
+from tests.clients.test_clients import _run_data, linear_model
 
 QUIET = Execution(clients_per_step=2, progress=False)
 

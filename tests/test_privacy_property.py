@@ -16,7 +16,7 @@ from fedjax_agg import aggregators
 from fedjax_agg.aggregators import _dp_fedavg
 from fedjax_agg import simulation
 from fedjax_agg.config import Execution, Privacy
-from tests.test_clients import _run_data, linear_model
+from tests.clients.test_clients import _run_data, linear_model
 
 QUIET = Execution(clients_per_step=2, progress=False)
 NUM_CLIENTS, ROUNDS, DELTA, CLIP = 6, 3, 1e-5, 0.7

@@ -10,7 +10,7 @@ from fedjax_agg import privacy
 from fedjax_agg import sampling
 from fedjax_agg import simulation
 from fedjax_agg.config import Execution, Privacy
-from tests.test_clients import _run_data, linear_model
+from tests.clients.test_clients import _run_data, linear_model
 
 QUIET = Execution(clients_per_step=2, progress=False)
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from fedjax_agg import aggregators
 from tests import agg_testutil as tu
 from tests.agg_testutil import EXAMPLES
-from tests import test_fedadp
+from tests.aggregators import test_fedadp
 
 
 def _groups(tree, stacked=False, granularity="layer"):

@@ -16,10 +16,10 @@ from fedjax_agg import aggregators
 from fedjax_agg import testing
 from tests import agg_testutil as tu
 from tests.agg_testutil import EXAMPLES
-from tests.test_robust_rules import flat
-from tests.test_robust_rules import garbage_cohort
-from tests.test_robust_rules import MASKS
-from tests.test_robust_rules import permute_info
+from tests.aggregators.test_robust_rules import flat
+from tests.aggregators.test_robust_rules import garbage_cohort
+from tests.aggregators.test_robust_rules import MASKS
+from tests.aggregators.test_robust_rules import permute_info
 
 K = 6
 

@@ -163,7 +163,7 @@ def test_good_config_and_its_resolution_pass():
 def test_experiment_configs_pass():
   """The paper configs run through ``experiment`` (ADCT's script has its
   own format and checks)."""
-  root = os.path.join(os.path.dirname(__file__), "..", "experiments")
+  root = os.path.join(os.path.dirname(__file__), "..", "..", "experiments")
   paths = [p for p in glob.glob(os.path.join(root, "*", "configs", "*.json"))
            if os.sep + "adct" + os.sep not in p]
   assert paths

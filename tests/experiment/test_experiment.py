@@ -212,7 +212,8 @@ def test_full_scale_configs_never_run_on_the_subset():
   import glob
   import json
   import os
-  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  here = os.path.dirname(os.path.dirname(
+      os.path.dirname(os.path.abspath(__file__))))
   for path in glob.glob(os.path.join(here, "experiments", "*", "configs",
                                      "*_full.json")):
     with open(path) as f:
@@ -221,7 +222,8 @@ def test_full_scale_configs_never_run_on_the_subset():
 
 def test_records_show_paths_inside_the_repository_relative(tmp_path):
   import os
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(
+      os.path.dirname(os.path.abspath(__file__))))
   inside = os.path.join(root, "experiments", "x", "results")
   assert experiment.shown_path(inside) == os.path.join("experiments", "x",
                                                        "results")

@@ -14,7 +14,7 @@ import pytest
 
 from fedjax_agg import data
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class _Py2StylePickler(pickle._Pickler):  # pylint: disable=protected-access
