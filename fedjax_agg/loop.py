@@ -328,6 +328,11 @@ class EarlyStopping:
   def __call__(self, row: dict, client: Optional[dict]) -> None:
     del client
     if self.metric not in row:
+      if row.get("round", 0) >= 1 and "test_loss" in row:
+        # An evaluated round without it: a typo would never stop the run.
+        raise ValueError(
+            f"EarlyStopping: metric {self.metric!r} is not a column of the "
+            f"history; columns of round {row['round']}: {sorted(row)}")
       return
     value = float(row[self.metric])
     gain = value - self.best if self.mode == "max" else self.best - value

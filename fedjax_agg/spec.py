@@ -273,11 +273,15 @@ class Experiment:
       value = getattr(self, name, None)
       if isinstance(value, Mapping):
         object.__setattr__(self, name, _build(cls, name, value))
-    if isinstance(self.algorithms, Mapping):
-      object.__setattr__(self, "algorithms", {
-          name: (_build(AlgorithmSpec, f"algorithms.{name}", spec)
-                 if isinstance(spec, Mapping) else spec)
-          for name, spec in self.algorithms.items()})
+    if not isinstance(self.algorithms, Mapping):
+      from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+      raise experiment.ConfigTypeError(
+          "algorithms", "algorithms must be a mapping name -> "
+          f"AlgorithmSpec (or its keys), got {type(self.algorithms).__name__}")
+    object.__setattr__(self, "algorithms", {
+        name: (_build(AlgorithmSpec, f"algorithms.{name}", spec)
+               if isinstance(spec, Mapping) else spec)
+        for name, spec in self.algorithms.items()})
     object.__setattr__(self, "seeds", list(self.seeds))
     from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
     experiment.check_config(self.to_dict(written_out=False))
@@ -292,6 +296,10 @@ class Experiment:
       experiment.ConfigError: naming the key path of the first bad entry.
     """
     from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+    if not isinstance(config, Mapping):
+      raise experiment.ConfigTypeError(
+          "config", f"config must be a mapping (a JSON object), got "
+          f"{type(config).__name__}")
     experiment.check_config(dict(config))
     fields = {f.name for f in dataclasses.fields(cls)}
     return cls(**{key: value for key, value in config.items()

@@ -101,3 +101,8 @@ def test_a_sweep_stops_when_every_member_asks():
   both = _sweep(lambda m: [loop.EarlyStopping(patience=1, min_delta=1.0)])
   assert all(len(member.history.rows) == 2 for member in both)
   assert both[1].history.config["stopped_at_round"] == 1
+
+
+def test_early_stopping_on_a_column_the_history_lacks_is_refused():
+  with pytest.raises(ValueError, match="'test_acc' is not a column"):
+    _run(3, [loop.EarlyStopping("test_acc")])

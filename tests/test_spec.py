@@ -166,3 +166,17 @@ def test_run_config_takes_a_spec(tmp_path, monkeypatch):
   with pytest.raises(RuntimeError, match="stop before"):
     experiment.run_config(_python_experiment(rounds=1), str(tmp_path))
   assert "FedAdp/seed1.csv" in seen["names"]
+
+
+@pytest.mark.parametrize("config", [[1, 2], "config.json", None])
+def test_from_dict_refuses_what_is_not_a_mapping(config):
+  with pytest.raises(experiment.ConfigTypeError):
+    spec.Experiment.from_dict(config)
+
+
+def test_algorithms_must_be_a_mapping():
+  with pytest.raises(experiment.ConfigTypeError, match="algorithms"):
+    spec.Experiment(dataset={"name": "mnist"},
+                    partition={"name": "iid", "num_clients": 2},
+                    model={"name": "mlp2"},
+                    algorithms=[spec.AlgorithmSpec("fedavg")])
