@@ -3,9 +3,9 @@
 One frozen dataclass per section of a config (``DataSpec`` for "dataset",
 ``PartitionSpec``, ``ModelSpec``, ``TrainSpec`` for "train",
 ``AlgorithmSpec`` for each entry of "algorithms", ``AttackSpec``,
-``PrivacySpec``) and ``Experiment`` for the whole. Each field is one
-concept with ONE name and ONE default, and this module is the only place
-that states them:
+``PrivacySpec``, ``EarlyStoppingSpec``) and ``Experiment`` for the
+whole. Each field is one concept with ONE name and ONE default, and this
+module is the only place that states them:
 
 * a JSON config is an ``Experiment`` serialised (``Experiment.from_dict``
   checks and builds one, ``to_dict`` writes it back with every default
@@ -26,9 +26,10 @@ import dataclasses
 from typing import Any, Mapping, NamedTuple, Optional, Union
 
 __all__ = ["ADVERSARY_MODES", "AlgorithmSpec", "AttackSpec", "DataSpec",
-           "Experiment", "Flag", "ModelSpec", "PartitionSpec", "PrivacySpec",
-           "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "SECTIONS", "TrainSpec",
-           "defaults", "flags", "keys"]
+           "EarlyStoppingSpec", "Experiment", "Flag", "ModelSpec",
+           "PartitionSpec", "PrivacySpec", "SCRIPT_ALGORITHM_KEYS",
+           "SCRIPT_KEYS", "SECTIONS", "TrainSpec", "defaults", "flags",
+           "keys"]
 
 # Who is malicious in an attacked run (``fedjax_agg.attacks``).
 ADVERSARY_MODES = ("per_round", "fixed")
@@ -239,6 +240,25 @@ class PrivacySpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class EarlyStoppingSpec:
+  """"early_stopping": each run ends when a history column stops
+  improving (``loop.EarlyStopping``; a sweep when all its members do)."""
+  metric: str = _field("test_accuracy", Flag(
+      "--early-stopping", "end each run when this history column stops "
+      "improving (e.g. test_accuracy, test_loss with "
+      "--early-stopping-mode min)"))
+  mode: str = _field("max", Flag(
+      "--early-stopping-mode", "max: higher is better; min: lower is",
+      choices=lambda: ("max", "min")))
+  patience: int = _field(5, Flag(
+      "--patience", "evaluations without improvement before a run ends "
+      "(with --early-stopping; default 5)", type=int))
+  min_delta: float = _field(0.0, Flag(
+      "--min-delta", "the least change that counts as an improvement "
+      "(with --early-stopping; default 0)", type=float))
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
   """A whole experiment: several algorithms x seeds on one setting.
 
@@ -262,13 +282,15 @@ class Experiment:
   vmap_seeds: bool = _field(False)
   attack: Optional[AttackSpec] = _field(None)
   privacy: Optional[PrivacySpec] = _field(None)
+  early_stopping: Optional[EarlyStoppingSpec] = _field(None)
   provenance: Optional[dict] = _field(None)
 
   def __post_init__(self):
     # Mappings become spec objects; then the whole is checked at once.
     sections = {"dataset": DataSpec, "partition": PartitionSpec,
                 "model": ModelSpec, "train": TrainSpec,
-                "attack": AttackSpec, "privacy": PrivacySpec}
+                "attack": AttackSpec, "privacy": PrivacySpec,
+                "early_stopping": EarlyStoppingSpec}
     for name, cls in sections.items():
       value = getattr(self, name, None)
       if isinstance(value, Mapping):
@@ -319,7 +341,8 @@ class Experiment:
                         if dataclasses.is_dataclass(spec) else dict(spec))
                  for name, spec in value.items()}
       if (value is None and f.name in ("name", "target_accuracy", "attack",
-                                       "privacy", "provenance")) or (
+                                       "privacy", "early_stopping",
+                                       "provenance")) or (
                                            f.name == "vmap_seeds"
                                            and value is False):
         continue  # Left out unless set, as a config file does.
@@ -333,7 +356,7 @@ class Experiment:
 SECTIONS = {"dataset": DataSpec, "partition": PartitionSpec,
             "model": ModelSpec, "train": TrainSpec,
             "algorithms": AlgorithmSpec, "attack": AttackSpec,
-            "privacy": PrivacySpec}
+            "privacy": PrivacySpec, "early_stopping": EarlyStoppingSpec}
 
 
 def _build(cls, path: str, mapping: Mapping):
@@ -397,7 +420,8 @@ def flags() -> list[tuple[str, Flag]]:
                       ("model", ModelSpec),
                       ("algorithms.{algorithm}", AlgorithmSpec),
                       ("train", TrainSpec), ("", Experiment),
-                      ("attack", AttackSpec), ("privacy", PrivacySpec)):
+                      ("attack", AttackSpec), ("privacy", PrivacySpec),
+                      ("early_stopping", EarlyStoppingSpec)):
     for f in dataclasses.fields(cls):
       for flag in f.metadata.get("flags", ()):
         key = f"{prefix}.{f.name}" if prefix else f.name

@@ -16,6 +16,7 @@ from fedjax_agg import aggregators
 from fedjax_agg import attacks
 from fedjax_agg import checks
 from fedjax_agg import data as data_lib
+from fedjax_agg import loop
 from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import partitions
@@ -416,6 +417,21 @@ def _check_attack(config: dict) -> None:
     raise ConfigError("attack.args", f"attack.args: {error}") from None
 
 
+def _check_early_stopping(config: dict) -> None:
+  if config.get("early_stopping") is None:
+    return
+  block = _check_keys("early_stopping", config["early_stopping"],
+                      spec_lib.keys(spec_lib.EarlyStoppingSpec))
+  for key, value in block.items():
+    path = f"early_stopping.{key}"
+    try:
+      loop.EarlyStopping(**{key: value})
+    except TypeError as error:
+      raise ConfigTypeError(path, f"{path}: {error}") from None
+    except ValueError as error:
+      raise ConfigError(path, f"{path}: {error}") from None
+
+
 def _check_privacy(config: dict) -> None:
   if config.get("privacy") is None:
     return
@@ -473,6 +489,7 @@ def check_config(config: dict) -> None:
   _check_attack(config)
   algorithms = _check_mapping("algorithms", config["algorithms"])
   _check_privacy(config)
+  _check_early_stopping(config)
   if not algorithms:
     raise ConfigError("algorithms", "algorithms must name at least one "
                       "algorithm")

@@ -75,6 +75,10 @@ def resolve_config(config: dict) -> dict:
         **_defaults(_keyword_parameters(attacks.REGISTRY.factory(
             attack["name"]))), **attack["args"]}
     resolved["attack"] = attack
+  if config.get("early_stopping") is not None:
+    resolved["early_stopping"] = {
+        **spec_lib.defaults(spec_lib.EarlyStoppingSpec),
+        **config["early_stopping"]}
   return resolved
 
 

@@ -19,6 +19,7 @@ from fedjax_agg import history as history_lib
 from fedjax_agg import jsonio
 from fedjax_agg import objectives
 from fedjax_agg import plotting
+from fedjax_agg import loop
 from fedjax_agg import simulation
 from fedjax_agg import spec as spec_lib
 from fedjax_agg import sweep
@@ -77,8 +78,17 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
       config, arguments["model"], arguments["training"],
       arguments["execution"], arguments["data"].num_clients)
   return simulation.run(aggregator=built, seed=seed,
-                        checkpointing=checkpointing, callbacks=callbacks,
+                        checkpointing=checkpointing,
+                        callbacks=list(callbacks) + stopping_callbacks(config),
                         privacy=run_privacy(config, algorithm), **arguments)
+
+
+def stopping_callbacks(config: dict) -> list:
+  """A run's callbacks that may end it: the config's "early_stopping"
+  (``loop.EarlyStopping``), fresh for each run or sweep member."""
+  if config.get("early_stopping") is None:
+    return []
+  return [loop.EarlyStopping(**config["early_stopping"])]
 
 
 # Fewer DDPG steps than this over a run leave FedDRL's agent near its
@@ -162,7 +172,8 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
         dataclasses.replace(arguments["execution"], devices=1), num_clients)
   return sweep.run_sweep(
       lambda hparams: build_rule(config, algorithm, num_clients, hparams),
-      grid, seeds=seeds, **arguments)
+      grid, seeds=seeds,
+      callbacks=lambda member: stopping_callbacks(config), **arguments)
 
 
 def write_summary_csv(summary: dict, path: str) -> str:

@@ -130,6 +130,11 @@ BAD_FLAGS = [
      "--sweep"),
     (["--aggregator", "dp_fedavg", "--agg-arg", "noise_multiplier=0.3",
       "--target-epsilon", "0.01"], "--target-epsilon"),
+    (["--early-stopping", "test_accuracy", "--patience", "0"],
+     "--patience"),
+    (["--early-stopping", "test_accuracy", "--min-delta", "-0.1"],
+     "--min-delta"),
+    (["--early-stopping-mode", "up"], "--early-stopping-mode"),
     (["--seed", "-1"], "--seed"),
     (["--lr", "nan"], "--lr"),
     (["--lr", "inf"], "--lr"),
@@ -438,3 +443,23 @@ def test_privacy_flag_errors_name_the_flag(flags, flag, tmp_path, capsys):
   line = _error_line(capsys, TINY + ["--out", str(tmp_path / "r")] + flags)
   assert flag in line, line
 
+
+
+@pytest.mark.parametrize("sweep_flags", [[], ["--seeds", "0,1"]])
+def test_early_stopping_from_the_command_line(sweep_flags, tmp_path,
+                                              capsys):
+  # min_delta 1: no accuracy improves by more, so round 1 ends each run.
+  out = tmp_path / "run"
+  assert cli.main(TINY + sweep_flags + [
+      "--out", str(out), "--rounds", "4", "--early-stopping",
+      "test_accuracy", "--patience", "1", "--min-delta", "1.0"]) == 0
+  capsys.readouterr()
+  record = _strict((out / "config.json").read_text())
+  assert record["early_stopping"] == {"metric": "test_accuracy",
+                                      "mode": "max", "patience": 1,
+                                      "min_delta": 1.0}
+  folders = ["seed0", "seed1"] if sweep_flags else [""]
+  for folder in folders:
+    history = _strict((out / folder / "history.json").read_text())
+    assert [row["round"] for row in history["rows"]] == [0, 1]
+    assert history["config"]["stopped_by"] == "EarlyStopping"

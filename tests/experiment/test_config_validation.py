@@ -31,6 +31,16 @@ NAN, INF = math.nan, math.inf
 
 # (overrides of CONFIG, the error's type, the key path it names).
 BAD = [
+    ({"early_stopping": {"patince": 3}}, ValueError,
+     "early_stopping.patince"),
+    ({"early_stopping": {"patience": 0}}, ValueError,
+     "early_stopping.patience"),
+    ({"early_stopping": {"mode": "up"}}, ValueError, "early_stopping.mode"),
+    ({"early_stopping": {"min_delta": NAN}}, ValueError,
+     "early_stopping.min_delta"),
+    ({"early_stopping": {"metric": 3}}, TypeError,
+     "early_stopping.metric"),
+    ({"early_stopping": [1]}, TypeError, "early_stopping"),
     ({"datset": {}}, ValueError, "datset"),
     ({"name": 3}, TypeError, "name"),
     ({"train": [1]}, TypeError, "train"),
