@@ -42,9 +42,10 @@ from fedjax_agg.config import Checkpointing, Evaluation, NonFinite
 from fedjax_agg.types import Model, Params
 
 __all__ = ["Callback", "Driver", "EarlyStopping", "MAX_SEED",
-           "NonFiniteError", "base_config", "check_labels", "check_rounds",
-           "cohort_keys", "fingerprint", "loop_with_checkpoints",
-           "num_classes_of", "open_checkpoints", "seed_keys"]
+           "NonFiniteError", "STOPPING_MODES", "base_config", "check_labels",
+           "check_rounds", "cohort_keys", "fingerprint",
+           "loop_with_checkpoints", "num_classes_of", "open_checkpoints",
+           "seed_keys"]
 
 Callback = Callable[[dict, Optional[dict]], None]
 
@@ -295,6 +296,10 @@ class Driver:
 
 
 
+# Whether a higher ("max") or lower ("min") metric is better.
+STOPPING_MODES = ("max", "min")
+
+
 class EarlyStopping:
   """A callback that ends a run when a metric stops improving.
 
@@ -316,7 +321,7 @@ class EarlyStopping:
     if not isinstance(metric, str) or not metric:
       raise TypeError(f"metric must be a history column name, got "
                       f"{metric!r}")
-    checks.check_choice("mode", mode, ("max", "min"))
+    checks.check_choice("mode", mode, STOPPING_MODES)
     checks.check_int("patience", patience, 1)
     checks.check_range("min_delta", min_delta, 0)
     self.metric, self.mode = metric, mode

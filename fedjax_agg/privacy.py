@@ -29,12 +29,12 @@ import dp_accounting
 from dp_accounting import rdp
 
 from fedjax_agg import checks
+# The samplings and accountants, defined once with the run's Privacy.
+from fedjax_agg.config import ACCOUNTANTS
+from fedjax_agg.config import SAMPLINGS
 
 __all__ = ["ACCOUNTANTS", "SAMPLINGS", "epsilon", "epsilons", "round_event",
            "rounds_for_epsilon"]
-
-SAMPLINGS = ("without_replacement", "poisson")
-ACCOUNTANTS = ("rdp", "pld")
 
 
 def _check(noise_multiplier, num_clients, cohort_size, delta, sampling,

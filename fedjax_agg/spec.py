@@ -91,6 +91,7 @@ _MODELS = _names("fedjax_agg.models", "NAMES")
 _OPTIMIZERS = _names("fedjax_agg.config", "OPTIMIZERS")
 _SAMPLINGS = _names("fedjax_agg.privacy", "SAMPLINGS")
 _ACCOUNTANTS = _names("fedjax_agg.privacy", "ACCOUNTANTS")
+_STOPPING_MODES = _names("fedjax_agg.loop", "STOPPING_MODES")
 
 
 def _registry(module: str):
@@ -249,7 +250,7 @@ class EarlyStoppingSpec:
       "--early-stopping-mode min)"))
   mode: str = _field("max", Flag(
       "--early-stopping-mode", "max: higher is better; min: lower is",
-      choices=lambda: ("max", "min")))
+      choices=_STOPPING_MODES))
   patience: int = _field(5, Flag(
       "--patience", "evaluations without improvement before a run ends "
       "(with --early-stopping; default 5)", type=int))
