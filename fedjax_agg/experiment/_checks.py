@@ -80,6 +80,17 @@ _PARTITION_GIVEN = ("labels", "num_clients", "seed")
 _MODEL_GIVEN = ("name", "num_classes", "input_shape")
 
 
+def _built(path: str, build, /, *args, **kwargs) -> None:
+  """Calls ``build(...)`` (a factory, so that its own checks run); its
+  errors become ConfigError / ConfigTypeError "<path>: <error>"."""
+  try:
+    build(*args, **kwargs)
+  except TypeError as error:
+    raise ConfigTypeError(path, f"{path}: {error}") from None
+  except ValueError as error:
+    raise ConfigError(path, f"{path}: {error}") from None
+
+
 def _checked(path: str, check, *args, **kwargs) -> None:
   """Runs ``check(path, ...)`` of ``fedjax_agg.checks``; its errors become
   ConfigError / ConfigTypeError at ``path``."""
@@ -384,15 +395,9 @@ def _check_rules(config: dict, name: str) -> None:
              and arg not in arguments and arg != "num_clients"]
     if needs:  # E.g. FedACS's model and evaluation data: built by a script.
       continue
-    path = f"algorithms.{name}.{key}"
-    try:
-      registry.build(rule, **arguments, **(
-          {"num_clients": config["partition"]["num_clients"]}
-          if "num_clients" in registry.context else {}))
-    except TypeError as error:
-      raise ConfigTypeError(path, f"{path}: {error}") from None
-    except ValueError as error:
-      raise ConfigError(path, f"{path}: {error}") from None
+    _built(f"algorithms.{name}.{key}", registry.build, rule, **arguments,
+           **({"num_clients": config["partition"]["num_clients"]}
+              if "num_clients" in registry.context else {}))
 
 
 def _check_attack(config: dict) -> None:
@@ -409,12 +414,7 @@ def _check_attack(config: dict) -> None:
   _check_name("attack.adversaries", attack.get("adversaries", "per_round"),
               ADVERSARY_MODES)
   _check_int("attack.seed", attack.get("seed", 0), 0)
-  try:
-    attacks.build(attack["name"], **arguments)
-  except TypeError as error:
-    raise ConfigTypeError("attack.args", f"attack.args: {error}") from None
-  except ValueError as error:
-    raise ConfigError("attack.args", f"attack.args: {error}") from None
+  _built("attack.args", attacks.build, attack["name"], **arguments)
 
 
 def _check_early_stopping(config: dict) -> None:
@@ -423,13 +423,7 @@ def _check_early_stopping(config: dict) -> None:
   block = _check_keys("early_stopping", config["early_stopping"],
                       spec_lib.keys(spec_lib.EarlyStoppingSpec))
   for key, value in block.items():
-    path = f"early_stopping.{key}"
-    try:
-      loop.EarlyStopping(**{key: value})
-    except TypeError as error:
-      raise ConfigTypeError(path, f"{path}: {error}") from None
-    except ValueError as error:
-      raise ConfigError(path, f"{path}: {error}") from None
+    _built(f"early_stopping.{key}", loop.EarlyStopping, **{key: value})
 
 
 def _check_privacy(config: dict) -> None:
@@ -442,13 +436,7 @@ def _check_privacy(config: dict) -> None:
     raise ConfigError(path, f"{path}: privacy accounting needs an algorithm "
                       f"with a private aggregator {PRIVATE_AGGREGATORS}")
   for key, value in block.items():
-    try:
-      Privacy(1.0, **{key: value})
-    except TypeError as error:
-      raise ConfigTypeError(f"privacy.{key}",
-                            f"privacy.{key}: {error}") from None
-    except ValueError as error:
-      raise ConfigError(f"privacy.{key}", f"privacy.{key}: {error}") from None
+    _built(f"privacy.{key}", Privacy, 1.0, **{key: value})
   try:
     Privacy(1.0, **block)
   except ValueError as error:
