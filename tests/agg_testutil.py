@@ -124,3 +124,44 @@ def streamed_aggregate(aggregator, global_params, client_params, info,
       global_params, client_params, info)
   summed = jax.tree.map(lambda a: jnp.sum(a, axis=0), stats)
   return stream.finalize(global_params, summed, info, state)
+
+
+@functools.lru_cache(maxsize=None)
+def jitted_aggregate(name: str, items: tuple = ()):
+  rule = aggregators.get(name, **dict(items))
+  return rule, jax.jit(rule.aggregate)
+
+
+def run_rule(name: str, global_params, clients, info, state=None,
+             **kwargs):
+  """One jitted ``aggregate`` of rule ``name`` (built with ``kwargs``,
+  cached), from its initial state unless ``state`` is given."""
+  rule, aggregate = jitted_aggregate(name, tuple(sorted(kwargs.items())))
+  state = rule.init(global_params) if state is None else state
+  return aggregate(global_params, clients, info, state)
+
+
+def flat(tree):
+  """One model as a float64 vector (leaves in tree order)."""
+  return np.concatenate([np.asarray(x, np.float64).ravel()
+                         for x in jax.tree.leaves(tree)])
+
+
+def flat_rows(stacked):
+  """[K, ...] models as [K, P] float64."""
+  return np.concatenate([np.asarray(x, np.float64).reshape(x.shape[0], -1)
+                         for x in jax.tree.leaves(stacked)], axis=1)
+
+
+def colluding_cohort(seed: int, num: int, num_bad: int, distance: float):
+  """``num`` clients near each other, ``num_bad`` of them (drawn) sending
+  the same far point (each other's nearest). -> (global params, clients,
+  info with equal counts, the attackers' rows)."""
+  rng = np.random.default_rng(seed)
+  global_params = make_params(rng)
+  clients = make_clients(rng, global_params, num, scale=0.1)
+  bad = rng.choice(num, size=num_bad, replace=False)
+  clients = jax.tree.map(
+      lambda c: c.at[bad].set(jnp.asarray(c[0]) + distance), clients)
+  info = make_info(np.arange(num) % NUM_CLIENTS, np.ones(num))
+  return global_params, clients, info, bad

@@ -31,8 +31,9 @@ IDENTICAL_KWARGS = {
     "momentum": {"gamma": 0.0}, "fedopt": {}, "fedavgm": {"momentum": 0.0},
     "fedadam": None, "fedyogi": None, "fedadagrad": None,
     "fedmedian": {}, "trimmed_mean": {},
-    "krum": {}, "geometric_median": {}, "centered_clipping": {},
-    "norm_bounding": {"max_norm": 1e3},
+    "krum": {}, "bulyan": {}, "geometric_median": {},
+    "centered_clipping": {}, "norm_bounding": {"max_norm": 1e3},
+    "qffl": {"q": 0.0},
 }
 # Rules symmetric in the clients, unaffected by padding rows and by a common
 # scale of num_examples: every rule above (a rule registered elsewhere is

@@ -161,7 +161,8 @@ def _round(name, ids, num_examples, mask):
 @pytest.mark.parametrize("count", [0.0, -2.0, float("nan"), float("inf")])
 def test_real_clients_need_positive_example_counts(name, count):
   reads_counts = name not in ("fedmedian", "trimmed_mean", "krum",
-                              "centered_clipping", "dp_fedavg")
+                              "bulyan", "centered_clipping", "dp_fedavg",
+                              "qffl")
   if reads_counts:
     with pytest.raises(ValueError, match="num_examples"):
       _round(name, [0, 1, 2, 3], [5.0, count, 1.0, 2.0], [1, 1, 1, 1])

@@ -31,12 +31,15 @@ order): FedAdp and FedLayerWise (each client's angle to the weighted mean
 update, known only after every client), the coordinate-wise median and
 trimmed mean (a sort over the K clients per coordinate), Krum (distances
 between every pair of clients: a [K, K] matrix accumulated leaf by leaf),
-the geometric median (Weiszfeld iterations over all K updates), centered
-clipping (iterations around the previous aggregate), DP-FedAvg with
-adaptive clipping (the clients clip with the state's clip norm, which the
-streaming form does not see) and FedDRL (its agent weights the clients
-from all their post-training losses, so the models wait for the last
-client). Their local training is still chunked, so only the stacked
+Bulyan (Krum's [K, K] matrix, then a sort over the K clients per
+coordinate), the geometric median (Weiszfeld iterations over all K
+updates), centered clipping (iterations around the previous aggregate),
+DP-FedAvg with adaptive clipping (the clients clip with the state's clip
+norm, which the streaming form does not see), FedDRL (its agent weights
+the clients from all their post-training losses, so the models wait for
+the last client) and q-FedAvg (a sum over clients in the paper, but scaled
+by the cohort's largest loss, which one client's statistics cannot see).
+Their local training is still chunked, so only the stacked
 models grow with K; bound K by memory / (model size) for them.
 
 Names. Every public name is exported once from this package: the factories
@@ -48,6 +51,8 @@ private (``_fedadp.py``), so no factory shadows a module.
 
 import inspect
 
+from fedjax_agg.aggregators._bulyan import bulyan
+from fedjax_agg.aggregators._bulyan import BulyanState
 from fedjax_agg.aggregators._centered_clipping import centered_clipping
 from fedjax_agg.aggregators._centered_clipping import CenteredClippingState
 from fedjax_agg.aggregators._dp_fedavg import dp_fedavg
@@ -85,6 +90,8 @@ from fedjax_agg.aggregators._krum import krum
 from fedjax_agg.aggregators._krum import KrumState
 from fedjax_agg.aggregators._norm_bounding import norm_bounding
 from fedjax_agg.aggregators._norm_bounding import NormBoundingState
+from fedjax_agg.aggregators._qffl import qffl
+from fedjax_agg.aggregators._qffl import QFFLState
 from fedjax_agg.aggregators._server_optimizer import ServerOptState
 from fedjax_agg.aggregators._server_optimizer import with_server_optimizer
 from fedjax_agg.aggregators._trimmed_mean import trimmed_mean
@@ -92,15 +99,16 @@ from fedjax_agg.aggregators._trimmed_mean import TrimmedMeanState
 from fedjax_agg.registry import Registry
 
 __all__ = [
-    "AgentConfig", "AgentState", "CenteredClippingState", "DPFedAvgState",
-    "FedACSState", "FedAdpState", "FedAvgState", "FedDRLState",
-    "FedMedianState", "FedNNNNState", "GeometricMedianState", "KrumState",
-    "NormBoundingState", "REGISTRY", "ScaleByReddiState", "ServerOptState",
-    "TrimmedMeanState", "angle_weighting", "centered_clipping", "dp_fedavg",
+    "AgentConfig", "AgentState", "BulyanState", "CenteredClippingState",
+    "DPFedAvgState", "FedACSState", "FedAdpState", "FedAvgState",
+    "FedDRLState", "FedMedianState", "FedNNNNState", "GeometricMedianState",
+    "KrumState", "NormBoundingState", "QFFLState", "REGISTRY",
+    "ScaleByReddiState", "ServerOptState", "TrimmedMeanState",
+    "angle_weighting", "bulyan", "centered_clipping", "dp_fedavg",
     "eval_params", "fedacs", "fedadagrad", "fedadam", "fedadp", "fedavg",
     "fedavgm", "feddrl", "fedlayerwise", "fedmedian", "fednnnn", "fedopt",
     "fedyogi", "geometric_median", "get", "gompertz", "krum", "momentum",
-    "norm_bounding", "norm_norm", "scale_by_reddi", "select_top",
+    "norm_bounding", "norm_norm", "qffl", "scale_by_reddi", "select_top",
     "takes_num_clients", "trimmed_mean", "with_server_optimizer",
 ]
 
@@ -125,10 +133,12 @@ REGISTRY = Registry("aggregator", {
     "feddrl": feddrl,
     "fedacs": fedacs,
     "krum": krum,
+    "bulyan": bulyan,
     "geometric_median": geometric_median,
     "centered_clipping": centered_clipping,
     "norm_bounding": norm_bounding,
     "dp_fedavg": dp_fedavg,
+    "qffl": qffl,
 }, context=("num_clients", "model", "x_eval", "y_eval"))
 
 

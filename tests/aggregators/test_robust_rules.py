@@ -2,10 +2,12 @@
 
 Golden tests against independent numpy computations of the papers'
 equations (padding rows hold NaN or 1e30 and must be ignored; rules run
-under ``jax.jit``), and property tests of their identities.
+under ``jax.jit``), and property tests of their identities. Bulyan and
+q-FedAvg join the shared tables at the end (permutation, a single real
+participant, bad arguments); their golden tests are in test_bulyan.py and
+test_qffl.py.
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -25,28 +27,9 @@ MASKS = [[1] * K, [1, 0, 1, 1, 0, 1], [0, 1, 1, 0, 1, 1], [0, 0, 1, 0, 0, 0],
          [1, 1, 0, 0, 0, 0]]
 
 
-@functools.lru_cache(maxsize=None)
-def _jitted(name, items=()):
-  rule = aggregators.get(name, **dict(items))
-  return rule, jax.jit(rule.aggregate)
-
-
-def _run(name, global_params, clients, info, state=None, **kwargs):
-  rule, aggregate = _jitted(name, tuple(sorted(kwargs.items())))
-  state = rule.init(global_params) if state is None else state
-  return aggregate(global_params, clients, info, state)
-
-
-def flat(tree):
-  """One model as a float64 vector (leaves in tree order)."""
-  return np.concatenate([np.asarray(x, np.float64).ravel()
-                         for x in jax.tree.leaves(tree)])
-
-
-def flat_rows(stacked):
-  """[K, ...] models as [K, P] float64."""
-  return np.concatenate([np.asarray(x, np.float64).reshape(x.shape[0], -1)
-                         for x in jax.tree.leaves(stacked)], axis=1)
+_run = tu.run_rule
+flat = tu.flat
+flat_rows = tu.flat_rows
 
 
 def garbage_cohort(seed, mask, scale=1.0):
@@ -233,7 +216,7 @@ def test_geometric_median_without_tolerance_runs_every_step_while_moving():
 def test_centered_clipping_golden_over_two_rounds(mask, radius,
                                                   num_iterations):
   global_params, clients, info, updates, _ = garbage_cohort(11, mask)
-  rule, aggregate = _jitted("centered_clipping", tuple(sorted(
+  rule, aggregate = tu.jitted_aggregate("centered_clipping", tuple(sorted(
       {"radius": radius, "num_iterations": num_iterations}.items())))
   state = rule.init(global_params)
   center = np.zeros_like(updates[0])
@@ -266,8 +249,8 @@ def test_norm_bounding_golden(mask, max_norm):
 # Properties.
 
 SYMMETRIC = [("krum", (("num_byzantine", 1), ("num_selected", 2))),
-             ("geometric_median", ()), ("norm_bounding", ()),
-             ("centered_clipping", (("radius", 1.0),))]
+             ("bulyan", ()), ("geometric_median", ()),
+             ("norm_bounding", ()), ("centered_clipping", (("radius", 1.0),))]
 
 
 @pytest.mark.parametrize("name,items", SYMMETRIC)
@@ -298,14 +281,8 @@ def test_krum_selecting_every_client_is_the_unweighted_mean(cohort):
        distance=st.sampled_from([5.0, 1e3, 1e6]))
 def test_krum_never_selects_far_attackers(seed, num_bad, distance):
   num = 8
-  rng = np.random.default_rng(seed)
-  global_params = tu.make_params(rng)
-  clients = tu.make_clients(rng, global_params, num, scale=0.1)
-  # The attackers collude: the same far point (each other's nearest).
-  bad = rng.choice(num, size=num_bad, replace=False)
-  clients = jax.tree.map(
-      lambda c: c.at[bad].set(jnp.asarray(c[0]) + distance), clients)
-  info = tu.make_info(np.arange(num) % tu.NUM_CLIENTS, np.ones(num))
+  global_params, clients, info, bad = tu.colluding_cohort(
+      seed, num, num_bad, distance)
   _, _, metrics = _run("krum", global_params, clients, info,
                        num_byzantine=num_bad, num_selected=num - num_bad)
   selected = np.asarray(metrics["krum_selected"])
@@ -419,7 +396,7 @@ def test_centered_clipping_with_a_huge_radius_is_the_unweighted_mean():
 def test_a_single_real_participant_is_its_own_aggregate():
   mask = [0, 0, 0, 1, 0, 0]
   global_params, clients, info, updates, _ = garbage_cohort(4, mask)
-  for name in ("krum", "geometric_median", "centered_clipping"):
+  for name in ("krum", "bulyan", "geometric_median", "centered_clipping"):
     out, _, _ = _run(name, global_params, clients, info)
     _assert_update(out, global_params, updates[0], atol=1e-5)
 
@@ -434,6 +411,9 @@ def test_a_single_real_participant_is_its_own_aggregate():
     ("centered_clipping", {"radius": 0.0}, "radius"),
     ("centered_clipping", {"num_iterations": 0}, "num_iterations"),
     ("norm_bounding", {"max_norm": -2.0}, "max_norm"),
+    ("bulyan", {"num_byzantine": -1}, "num_byzantine"),
+    ("qffl", {"q": -1.0}, "q"),
+    ("qffl", {"lipschitz": 0.0}, "lipschitz"),
 ])
 def test_bad_arguments_name_the_argument(name, kwargs, arg):
   with pytest.raises((ValueError, TypeError), match=arg):

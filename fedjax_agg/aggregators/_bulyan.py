@@ -1,0 +1,218 @@
+"""Bulyan: Krum picks a committee, a trimmed mean around its median.
+
+El Mhamdi, Guerraoui and Rouault, "The Hidden Vulnerability of Distributed
+Learning in Byzantium", ICML 2018 (Sec. 4, Bulyan over Krum).
+
+Over the m real participants (mask 1), with f = ``num_byzantine``. The
+paper defines Bulyan in two steps; the comments number them:
+
+  Step 1   theta = m - 2f models are selected by Krum, one at a time: S
+           starts empty, R holds every model; repeat until |S| = theta:
+             k* = argmin_{k in R} s_R(k),
+             s_R(k) = sum_{j in N_k} |w_k - w_j|^2
+                  (N_k: the |R| - f - 2 nearest other members of R)
+             R <- R \\ {k*},  S <- S + {k*}
+  Step 2   beta = theta - 2f; for every coordinate i, with med[i] the
+           coordinate-wise median of S,
+             M[i] = the beta members X of S with the smallest |X[i] - med[i]|
+             w_{t+1}[i] = (1 / beta) sum_{X in M[i]} X[i]
+
+Interpretations:
+* The bound. The paper requires n >= 4f + 3. Here n is K, the rows of the
+  cohort (a static shape): a smaller K raises ValueError when the rule is
+  traced (and when it is built, if ``num_participants`` is given). The
+  real participants m may be fewer (padding rows, clients excluded as
+  non-finite, or a cohort drawn smaller than K): as Krum does for a small
+  cohort, the rule then still aggregates with its counts clamped,
+  theta = clamp(m - 2f, 1, m) and beta = clamp(theta - 2f, 1, theta), and
+  Krum's neighbour count clamp(|R| - f - 2, 1, |R| - 1) (``krum``); the
+  guarantee of the paper does not hold for that round. The metrics
+  "num_selected" (theta) and "num_kept" (beta) show it.
+* Krum in Step 1 is applied to the remaining set R (the paper's recursive
+  use of Krum), so its neighbour count shrinks with R. In the last picks
+  (|R| <= f + 3) it is 1, where f colluding Byzantine clients sending the
+  same model score 0 and can enter S; Step 2 is what bounds them then: S
+  holds at most f Byzantine models among theta >= 2f + 3, so every
+  coordinate's median lies within the honest values of S, and only the
+  beta values nearest it are kept.
+* Distances are whole-model, between the updates w_k - w_t, from one
+  [K, K] matrix computed once (``krum.pairwise_squared_distances``:
+  centred, scaled Gram form); each pick only masks the rows already
+  chosen. Equal scores are systematic: with one neighbour the two members
+  of R's closest pair score the same. They go to the member of smaller sum
+  of squared distances to all of R, then to the earlier cohort position,
+  so the committee does not depend on the order of the clients (but for
+  exact double ties).
+* Step 2 runs on the updates too (the median and the distances to it
+  commute with a common shift) and is unweighted (number of examples
+  unused). With an even |S| the median is the mean of the two middle
+  values (both are then among the beta closest). Equal distances at the
+  edge of M[i] go to the earlier cohort position.
+* f = 0 selects every real participant and keeps every value: the
+  unweighted mean.
+* A cohort with no real participant leaves the model unchanged.
+
+Breakdown point: f Byzantine clients with K >= 4f + 3, a fraction just under
+1/4 (half of Krum's 1/2: the price of the paper's "strong" resilience,
+which also bounds every coordinate, not only the whole-model distance).
+
+Memory: the rule needs all K updates at once (stacked [K, ...] models, no
+streaming form). The [K, K] distances are accumulated leaf by leaf (never a
+[K, K, params] temporary); the theta Krum picks cost O(K^3 log K) on that
+matrix. Step 2 sorts each leaf over the client axis twice (median, then
+distance to it): temporaries of the leaf's [K, ...] size.
+"""
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_agg import checks
+from fedjax_agg import tree_math
+from fedjax_agg.aggregators._fedmedian import masked_median
+from fedjax_agg.aggregators._krum import krum_scores
+from fedjax_agg.aggregators._krum import pairwise_squared_distances
+from fedjax_agg.types import Aggregator, Params, StackedParams
+
+__all__ = ["BulyanState", "bulyan", "check_cohort_bound", "krum_committee",
+           "mean_around_median"]
+
+
+class BulyanState(NamedTuple):
+  """Bulyan keeps no state."""
+
+
+def check_cohort_bound(num_byzantine, num_rows: int, what: str) -> None:
+  """Raises ValueError unless ``num_rows`` >= 4 num_byzantine + 3.
+
+  A traced ``num_byzantine`` (a sweep) passes unchecked.
+  """
+  if checks.is_traced(num_byzantine):
+    return
+  bound = 4 * num_byzantine + 3
+  if num_rows < bound:
+    raise ValueError(
+        f"bulyan needs {what} >= 4 num_byzantine + 3 = {bound} clients for "
+        f"num_byzantine={num_byzantine} (El Mhamdi et al. 2018), got "
+        f"{what}={num_rows}")
+
+
+def krum_committee(distances: jax.Array, mask: jax.Array, num_byzantine,
+                   num_selected: jax.Array) -> jax.Array:
+  """Step 1: ``num_selected`` rows picked by Krum one at a time.
+
+  Args:
+    distances: [K, K] squared distances between the rows (any common
+      scale; entries of padding rows are never read).
+    mask: [K], 1 for a real row.
+    num_byzantine: f.
+    num_selected: [] theta, at most the number of real rows.
+
+  Returns:
+    [K] 1.0 for a selected row, 0.0 otherwise.
+  """
+  num = mask.shape[0]
+  # Exactly symmetric, so that the two members of a closest pair score
+  # exactly the same (below).
+  distances = 0.5 * (distances + distances.T)
+
+  def pick(step, carry):
+    remaining, selected = carry
+    size = jnp.sum(remaining > 0).astype(jnp.int32)
+    # Krum on R: n = |R| - f - 2, clamped to [1, |R| - 1].
+    neighbours = jnp.minimum(jnp.maximum(size - num_byzantine - 2, 1),
+                             size - 1)
+    scores = krum_scores(distances, remaining, neighbours)
+    # Ties (every pick with n = 1: the closest pair) go to the member
+    # closest to all of R, then to the earlier row.
+    others = (remaining[None, :] > 0) & ~jnp.eye(num, dtype=bool)
+    spread = jnp.sum(jnp.where(others, distances, 0.0), axis=1)
+    tied = scores == jnp.min(scores)
+    chosen = jnp.argmin(jnp.where(tied, spread, jnp.inf))
+    take = (step < num_selected) & (jnp.arange(num) == chosen)
+    return (jnp.where(take, 0.0, remaining),
+            jnp.where(take, 1.0, selected))
+
+  real = jnp.where(mask > 0, 1.0, 0.0)
+  _, selected = jax.lax.fori_loop(0, num, pick,
+                                  (real, jnp.zeros_like(real)))
+  return selected
+
+
+def mean_around_median(stacked: StackedParams, mask: jax.Array,
+                       num_kept: jax.Array) -> Params:
+  """Step 2: per coordinate, the mean of the ``num_kept`` real values
+  closest to the real values' median.
+
+  Rows with mask 0 are never read (they may hold anything); the caller
+  keeps 1 <= ``num_kept`` <= the number of real rows.
+  """
+  real = mask > 0
+  centre = masked_median(stacked, mask)
+
+  def leaf_mean(leaf, middle):
+    rows = real.reshape((-1,) + (1,) * (leaf.ndim - 1))
+    values = jnp.where(rows, leaf, jnp.zeros_like(leaf))
+    distance = jnp.where(rows, jnp.abs(values - middle[None]), jnp.inf)
+    # Values ordered by their distance to the median (stable: ties go to
+    # the earlier row); the first ``num_kept`` are M[i].
+    _, ordered = jax.lax.sort((distance, values), dimension=0, num_keys=1,
+                              is_stable=True)
+    rank = jnp.arange(leaf.shape[0]).reshape(rows.shape)
+    total = jnp.sum(jnp.where(rank < num_kept, ordered, 0.0), axis=0)
+    return (total / jnp.maximum(num_kept, 1)).astype(leaf.dtype)
+  return jax.tree.map(leaf_mean, stacked, centre)
+
+
+def bulyan(num_byzantine: int = 0, *,
+           num_participants: Optional[int] = None) -> Aggregator:
+  """Bulyan aggregator (over Krum).
+
+  Args:
+    num_byzantine: f, the number of Byzantine clients assumed (>= 0); a
+      cohort needs K >= 4f + 3 rows.
+    num_participants: K, the cohort size the rule will be given, when
+      known (runs fill it in): the bound is then checked here, when the
+      rule is built, rather than at its first round. None: checked at the
+      first round only.
+
+  Returns:
+    An ``Aggregator``; metrics hold "bulyan_selected" [K] (1.0 for a
+    client Krum put in S), "num_selected" [] (theta) and "num_kept" []
+    (beta).
+  """
+  checks.check_int("num_byzantine", num_byzantine, 0)
+  if num_participants is not None:
+    checks.check_int("num_participants", num_participants, 1)
+    check_cohort_bound(num_byzantine, num_participants, "num_participants")
+
+  def init(global_params):
+    del global_params
+    return BulyanState()
+
+  def aggregate(global_params, client_params, info, state):
+    num_rows = checks.check_cohort(global_params, client_params, info,
+                                   uses_num_examples=False)
+    check_cohort_bound(num_byzantine, num_rows, "K")
+    num_real = jnp.sum(info.mask > 0).astype(jnp.int32)
+    updates = tree_math.client_updates(client_params, global_params,
+                                       info.mask)
+    # Step 1: theta = m - 2f, clamped to [1, m] for a small cohort.
+    num_selected = jnp.minimum(
+        jnp.maximum(num_real - 2 * num_byzantine, 1), num_real)
+    selected = krum_committee(
+        pairwise_squared_distances(updates, info.mask), info.mask,
+        num_byzantine, num_selected)
+    # Step 2: beta = theta - 2f, clamped to [1, theta].
+    num_kept = jnp.minimum(
+        jnp.maximum(num_selected - 2 * num_byzantine, 1), num_selected)
+    new_global = tree_math.add_update(
+        global_params, mean_around_median(updates, selected, num_kept))
+    new_global = tree_math.keep_if_no_clients(info.mask, new_global,
+                                              global_params)
+    return new_global, state, {"bulyan_selected": selected,
+                               "num_selected": num_selected,
+                               "num_kept": num_kept}
+
+  return Aggregator(init, aggregate)
