@@ -132,6 +132,10 @@ class PartitionSpec:
       "--partition-arg", "argument of the partition recipe (repeatable; "
       "see --list partitions)", kind="pairs"))
   seed_offset: int = _field(0)
+  holdout_fraction: float = _field(0.0, Flag(
+      "--holdout-fraction", "share of each client's examples held out as "
+      "its validation split (for --personalized / --finetune-steps), drawn "
+      "with the partition's seed; 0: none", type=float))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,11 +187,22 @@ class TrainSpec:
   weight_decay: float = _field(0.0, Flag(
       "--weight-decay", "client L2 weight decay (parameters only, not "
       "BatchNorm statistics)", type=float, preset=0.0))
+  personalized: bool = _field(False, Flag(
+      "--personalized", "at the client evaluations, also the accuracy of "
+      "each client's personal model on its held-out split (needs --client "
+      "fedbn or ditto and --holdout-fraction)", kind="switch"))
+  finetune_steps: int = _field(0, Flag(
+      "--finetune-steps", "at the client evaluations, also the accuracy of "
+      "the global model fine-tuned for this many local steps on each "
+      "client (needs --holdout-fraction)", type=int))
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
-  """One entry of "algorithms": a server rule and a local objective."""
+  """One entry of "algorithms": a server rule, a local objective, the
+  client side (``client``: SCAFFOLD, FedBN, Ditto; None: plain local
+  training), the algorithm's own model arguments (``model_args``, merged
+  over the model's, e.g. FedBN's batch_norm) and train overrides."""
   aggregator: str = _field(dataclasses.MISSING, Flag(
       "--aggregator", "server rule",
       choices=_registry("fedjax_agg.aggregators"), preset="fedavg"))
@@ -200,6 +215,13 @@ class AlgorithmSpec:
   objective_args: dict = _field({}, Flag(
       "--objective-arg", "argument of the local objective (repeatable; see "
       "--list objectives)", kind="pairs"))
+  client: Optional[str] = _field(None, Flag(
+      "--client", "stateful client side (default: plain local training)",
+      choices=_registry("fedjax_agg.clients")))
+  client_args: dict = _field({}, Flag(
+      "--client-arg", "argument of the client side (repeatable; see --list "
+      "clients)", kind="pairs"))
+  model_args: dict = _field({})
   train: dict = _field({})
 
 

@@ -288,12 +288,17 @@ def _sweep(build, grid, **kwargs):
                          participation=0.5, execution=QUIET, **kwargs)
 
 
-def test_sweeps_refuse_per_client_evaluation():
-  for evaluation in (Evaluation(personalized=True),
-                     Evaluation(finetune_steps=2)):
-    with pytest.raises(ValueError, match="personalized / finetune_steps"):
-      _sweep(lambda h: aggregators.fedadp(h["alpha"], num_clients=6),
-             {"alpha": [1.0, 2.0]}, evaluation=evaluation)
+def test_sweeps_refuse_per_client_evaluation_they_cannot_compute():
+  data, test = _run_data()
+  with pytest.raises(ValueError, match="validation split"):
+    sweep.run_sweep(lambda h: aggregators.fedadp(h["alpha"], num_clients=6),
+                    {"alpha": [1.0, 2.0]}, seeds=[0], model=linear_model(),
+                    data=data._replace(validation=None), test_data=test,
+                    num_rounds=1, participation=0.5, execution=QUIET,
+                    evaluation=Evaluation(finetune_steps=2))
+  with pytest.raises(ValueError, match="personalize"):
+    _sweep(lambda h: aggregators.fedadp(h["alpha"], num_clients=6),
+           {"alpha": [1.0, 2.0]}, evaluation=Evaluation(personalized=True))
 
 
 def test_sweeping_a_shape_argument_is_named_before_the_first_round():

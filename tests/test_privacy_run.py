@@ -104,3 +104,55 @@ def test_run_refuses_a_privacy_that_is_not_one():
   with pytest.raises(TypeError, match="privacy"):
     simulation.run(linear_model(), data, test, aggregators.fedavg(),
                    num_rounds=1, execution=QUIET, privacy={"delta": 1e-5})
+
+
+# ------------------------------------------------ sweeps: one accounting each
+
+
+def _dp_sweep(priv, grid, num_rounds=4):
+  from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
+  data, test = _run_data()
+  return sweep.run_sweep(
+      lambda h: aggregators.dp_fedavg(clip_norm=1.0,
+                                      noise_multiplier=h["noise"]),
+      grid, seeds=[0, 1], model=linear_model(), data=data, test_data=test,
+      num_rounds=num_rounds, participation=0.5, execution=QUIET,
+      privacy=priv)
+
+
+def test_sweep_members_are_accounted_from_their_own_rule():
+  members = _dp_sweep(Privacy(delta=1e-5), {"noise": [0.8, 1.5]})
+  assert len(members) == 4
+  for member in members:
+    z = member.hparams["noise"]
+    got = [row["epsilon"] for row in member.history.rows[1:]]
+    want = privacy.epsilons(z, 4, num_clients=6, cohort_size=3, delta=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    recorded = member.history.config["privacy"]
+    assert recorded["noise_multiplier"] == pytest.approx(z)
+    assert recorded["final_epsilon"] == pytest.approx(want[-1])
+  # A member equals the one run with its seed and rule, epsilon included.
+  alone = _run(Privacy(0.8, delta=1e-5))
+  np.testing.assert_allclose(
+      [row["epsilon"] for row in members[0].history.rows[1:]],
+      [row["epsilon"] for row in alone.history.rows[1:]], rtol=1e-6)
+  np.testing.assert_allclose(members[0].history.column("test_loss"),
+                             alone.history.column("test_loss"), rtol=1e-5)
+
+
+def test_sweeps_refuse_what_members_cannot_share():
+  with pytest.raises(ValueError, match="vmapped call cannot share"):
+    _dp_sweep(Privacy(delta=1e-5, sampling="poisson"), {"noise": [1.0]})
+  # z = 0.8 passes epsilon 20 before z = 3.0 does: one vmapped call
+  # cannot end its members at different rounds.
+  with pytest.raises(ValueError, match="different numbers of rounds"):
+    _dp_sweep(Privacy(delta=1e-5, target_epsilon=float(
+        privacy.epsilons(0.8, 30, num_clients=6, cohort_size=3,
+                         delta=1e-5)[9])), {"noise": [0.8, 3.0]},
+              num_rounds=30)
+  with pytest.raises(ValueError, match="no calibrated Gaussian noise"):
+    from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
+    data, test = _run_data()
+    sweep.run_sweep(lambda h: aggregators.fedavg(), None, seeds=[0, 1],
+                    model=linear_model(), data=data, test_data=test,
+                    num_rounds=1, execution=QUIET, privacy=Privacy())

@@ -319,8 +319,9 @@ def config_from_args(args, base: Optional[dict] = None,
     config = {"name": "cli", "dataset": {}, "partition": {}, "model": {},
               "train": {}, "algorithms": {}, "seeds": [0]}
     given = {dest for dest in CONFIG_KEYS if getattr(args, dest) is not None}
-    if not args.attack_arg:
-      given.discard("attack_arg")
+    for dest in ("attack_arg", "client_arg"):  # optional sections' args
+      if not getattr(args, dest):
+        given.discard(dest)
   else:
     config = copy.deepcopy(base)
     config.setdefault("seeds", spec_lib.defaults(

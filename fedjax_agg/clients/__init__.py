@@ -32,6 +32,7 @@ from fedjax_agg.clients._adct import search_mask
 from fedjax_agg.clients._adct import select_configs
 from fedjax_agg.clients._adct_update import adct_update
 from fedjax_agg.clients._common import batch_norm_leaf
+from fedjax_agg.clients._common import ClientOptions
 from fedjax_agg.clients._ditto import ditto
 from fedjax_agg.clients._ditto import DittoState
 from fedjax_agg.clients._ditto import proximal_objective
@@ -50,8 +51,10 @@ from fedjax_agg.clients._table import gather
 from fedjax_agg.clients._table import init_table
 from fedjax_agg.clients._table import scatter
 from fedjax_agg.clients._table import Table
+from fedjax_agg.registry import Registry
 
 __all__ = [
+    "ClientOptions", "REGISTRY",
     "ADCT", "ADCTOutput", "ADCTState", "DEFAULT_GRID", "adct", "adct_update",
     "search_mask", "select_configs",
     "DittoState", "FedBNState", "HostRows", "ScaffoldState", "Table",
@@ -60,3 +63,12 @@ __all__ = [
     "gather", "init_table", "personal_accuracies", "proximal_objective",
     "scaffold", "scaffold_aggregator", "scatter", "summarize",
 ]
+
+# The stateful client sides a config may name (``AlgorithmSpec.client``);
+# each is called with the run's model and training, and the config's
+# ``client_args``.
+REGISTRY = Registry("client", {
+    "scaffold": scaffold,
+    "fedbn": fedbn,
+    "ditto": ditto,
+}, context=("model", "training"))

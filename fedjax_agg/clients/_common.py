@@ -1,16 +1,55 @@
 """Pieces the stateful client algorithms share."""
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 import jax
 
 from fedjax_agg import tree_math
+from fedjax_agg.clients import _table
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.types import Model
 
-__all__ = ["batch_norm_leaf", "model_shapes",
-           "trainable_leaves", "with_own_objective"]
+__all__ = ["ClientOptions", "batch_norm_leaf", "client_options",
+           "model_shapes", "trainable_leaves", "with_own_objective"]
+
+
+class ClientOptions(NamedTuple):
+  """How a stateful client side runs and where it keeps its table.
+
+  Attributes:
+    clients_per_step, mesh, chunk_loop: how the local training runs, as in
+      ``engine.make_local_trainer``.
+    placement, path: where the per-client table lives (``init_table``):
+      "device" (in the server state) or "host" (host memory, or a file at
+      ``path``; for populations whose table does not fit on the device).
+  """
+  clients_per_step: Optional[int] = None
+  mesh: Optional[jax.sharding.Mesh] = None
+  chunk_loop: str = "map"
+  placement: str = "device"
+  path: Optional[str] = None
+
+  def trainer(self) -> dict:
+    """The ``engine.make_local_trainer`` keywords."""
+    return {"clients_per_step": self.clients_per_step, "mesh": self.mesh,
+            "chunk_loop": self.chunk_loop}
+
+  def init_table(self, num_clients: int, shapes: Any) -> _table.Table:
+    return _table.init_table(num_clients, shapes, self.placement, self.path)
+
+
+def client_options(algorithm: str, options: dict) -> ClientOptions:
+  """A factory's ``**options`` as ``ClientOptions``; an unknown name is
+  refused naming the factory and the names it takes."""
+  unknown = sorted(set(options) - set(ClientOptions._fields))
+  if unknown:
+    raise TypeError(f"{algorithm}() got unexpected keyword arguments "
+                    f"{unknown}; its options are {list(ClientOptions._fields)}"
+                    " and its own arguments")
+  result = ClientOptions(**options)
+  _table.check_placement(result.placement, result.path)
+  return result
 
 
 def with_own_objective(name: str, training: Any, objective,

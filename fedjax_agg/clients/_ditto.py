@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import engine
+from fedjax_agg import objectives
 from fedjax_agg.clients import _common
 from fedjax_agg.clients import _table
 from fedjax_agg.config import LocalTraining
@@ -54,13 +55,7 @@ def proximal_objective(lam: float, trainable) -> LocalObjective:
   """F_k alone, with (lambda/2)||v - w||^2 applied as a proximal step on
   the ``trainable`` leaves (a tree of bools)."""
 
-  def prepare(params, reference):
-    del params, reference
-    return ()
-
-  def penalty(params, reference, context):
-    del params, reference, context
-    return jnp.zeros(())
+  plain = objectives.cross_entropy()  # F_k: no penalty
 
   def proximal(params, reference, learning_rate):
     # t = eta lambda / (1 + eta lambda), written to be exact at 0 and inf.
@@ -69,16 +64,13 @@ def proximal_objective(lam: float, trainable) -> LocalObjective:
         lambda v, w, t: v + (w - v) * pull.astype(v.dtype) if t else v,
         params, reference, trainable)
 
-  return LocalObjective(prepare, penalty, proximal)
+  return LocalObjective(plain.prepare, plain.penalty, proximal)
 
 
 def ditto(model: Model, training: LocalTraining = LocalTraining(), *,
           lam: float = 0.1,
           personal_training: Optional[LocalTraining] = None,
-          clients_per_step: Optional[int] = None,
-          mesh: Optional[jax.sharding.Mesh] = None,
-          chunk_loop: str = "map", placement: str = "device",
-          path: Optional[str] = None) -> LocalUpdate:
+          **options) -> LocalUpdate:
   """Ditto's client side as the round's ``LocalUpdate``.
 
   Args:
@@ -88,16 +80,14 @@ def ditto(model: Model, training: LocalTraining = LocalTraining(), *,
     personal_training: the personal side's training (its ``objective``
       must be None); default ``training`` without its objective, at the
       round's learning rates.
-    clients_per_step, mesh, chunk_loop: as in
-      ``engine.make_local_trainer``.
-    placement, path: where the per-client table lives (``init_table``):
-      "device" (in the server state) or "host" (host memory, or a file at
-      ``path``; for populations whose table does not fit on the device).
+    **options: ``clients.ClientOptions`` (the local training's chunking
+      and devices, where the per-client table lives).
 
   Returns:
     A ``LocalUpdate`` with a ``personalize`` (the personal models).
     Metrics per client: ``personal_train_loss``.
   """
+  options = _common.client_options("ditto", options)
   checks.check_range("lam", lam, low=0.0, high=math.inf)
   shapes = _common.model_shapes(model)
   objective = proximal_objective(float(lam), _common.trainable_leaves(shapes))
@@ -106,14 +96,12 @@ def ditto(model: Model, training: LocalTraining = LocalTraining(), *,
   else:
     personal_config = _common.with_own_objective(
         "personal_training", personal_training, objective, "ditto")
-  _table.check_placement(placement, path)
-  options = dict(clients_per_step=clients_per_step, mesh=mesh,
-                 chunk_loop=chunk_loop)
-  train = engine.make_local_trainer(model, training, **options)
-  train_personal = engine.make_local_trainer(model, personal_config, **options)
+  train = engine.make_local_trainer(model, training, **options.trainer())
+  train_personal = engine.make_local_trainer(model, personal_config,
+                                             **options.trainer())
 
   def init(num_clients: int) -> DittoState:
-    return DittoState(_table.init_table(num_clients, shapes, placement, path))
+    return DittoState(options.init_table(num_clients, shapes))
 
   def update(client_state: DittoState, global_params, data, client_ids,
              mask, learning_rates, num_steps, round_num, key):

@@ -48,10 +48,7 @@ class FedBNState(NamedTuple):
 
 def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
           is_local: Optional[Callable[[str], bool]] = None,
-          clients_per_step: Optional[int] = None,
-          mesh: Optional[jax.sharding.Mesh] = None,
-          chunk_loop: str = "map", placement: str = "device",
-          path: Optional[str] = None) -> LocalUpdate:
+          **options) -> LocalUpdate:
   """FedBN's client side as the round's ``LocalUpdate`` (pair it with
   ``aggregators.fedavg()``, or any rule).
 
@@ -60,24 +57,19 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
     training: the local training.
     is_local: ``is_local(path) -> bool`` on '/'-joined leaf paths (e.g.
       "params/bn1/scale"); default ``batch_norm_leaf``.
-    clients_per_step, mesh, chunk_loop: as in
-      ``engine.make_local_trainer``.
-    placement, path: where the per-client table lives (``init_table``):
-      "device" (in the server state) or "host" (host memory, or a file at
-      ``path``; for populations whose table does not fit on the device).
+    **options: ``clients.ClientOptions`` (the local training's chunking
+      and devices, where the per-client table lives).
 
   Returns:
     A ``LocalUpdate`` with a ``personalize`` (each client's model: the
     global model with its own local leaves). Metrics: ``num_local_leaves``.
   """
+  options = _common.client_options("fedbn", options)
   is_local = _common.batch_norm_leaf if is_local is None else is_local
   if not callable(is_local):
     raise TypeError(f"is_local must be a function of a leaf path, got "
                     f"{type(is_local).__name__}")
-  train = engine.make_local_trainer(model, training,
-                                    clients_per_step=clients_per_step,
-                                    mesh=mesh, chunk_loop=chunk_loop)
-  _table.check_placement(placement, path)
+  train = engine.make_local_trainer(model, training, **options.trainer())
   shapes = _common.model_shapes(model)
   flags = jax.tree.leaves(tree_math.select_leaves(shapes, is_local))
   if not any(flags):
@@ -88,9 +80,8 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
   shape_leaves = jax.tree.leaves(shapes)
 
   def init(num_clients: int) -> FedBNState:
-    return FedBNState(_table.init_table(
-        num_clients, tuple(shape_leaves[i] for i in positions), placement,
-        path))
+    return FedBNState(options.init_table(
+        num_clients, tuple(shape_leaves[i] for i in positions)))
 
   def merged(table, global_params, client_ids):
     """[K] models: the global leaves with each client's local ones."""

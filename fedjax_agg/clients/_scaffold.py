@@ -33,7 +33,7 @@ Memory: the table holds one model-sized control variate per client
 (N x the model).
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -82,40 +82,33 @@ def correction_objective() -> LocalObjective:
   return LocalObjective(prepare, penalty)
 
 
-def scaffold(model: Model, training: LocalTraining = LocalTraining(), *,
-             clients_per_step: Optional[int] = None,
-             mesh: Optional[jax.sharding.Mesh] = None,
-             chunk_loop: str = "map", placement: str = "device",
-             path: Optional[str] = None) -> LocalUpdate:
+def scaffold(model: Model, training: LocalTraining = LocalTraining(),
+             **options) -> LocalUpdate:
   """SCAFFOLD's client side as the round's ``LocalUpdate``.
 
   Args:
     model: the network.
     training: the local training (its ``objective`` must be None: SCAFFOLD
       sets its own); the paper uses plain SGD.
-    clients_per_step, mesh, chunk_loop: as in
-      ``engine.make_local_trainer``.
-    placement, path: where the per-client table lives (``init_table``):
-      "device" (in the server state) or "host" (host memory, or a file at
-      ``path``; for populations whose table does not fit on the device).
+    **options: ``clients.ClientOptions`` (the local training's chunking
+      and devices, where the per-client table lives).
 
   Returns:
     A ``LocalUpdate`` whose state is a ``ScaffoldState``; pair it with
     ``scaffold_aggregator``. Metrics: ``server_control_norm`` and, per
     client, ``control_norm`` (||c_i+||).
   """
+  options = _common.client_options("scaffold", options)
   train = engine.make_local_trainer(
       model, _common.with_own_objective(
           "training", training, correction_objective(), "scaffold"),
-      clients_per_step=clients_per_step, mesh=mesh, chunk_loop=chunk_loop)
-  _table.check_placement(placement, path)
+      **options.trainer())
   shapes = _common.model_shapes(model)
   trainable = _common.trainable_leaves(shapes)
 
   def init(num_clients: int) -> ScaffoldState:
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    return ScaffoldState(
-        _table.init_table(num_clients, shapes, placement, path), zeros)
+    return ScaffoldState(options.init_table(num_clients, shapes), zeros)
 
   def update(client_state: ScaffoldState, global_params, data, client_ids,
              mask, learning_rates, num_steps, round_num, key):

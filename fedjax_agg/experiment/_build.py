@@ -5,11 +5,13 @@ local update and the rest of ``simulation.run``'s arguments.
 Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 """
 
+import dataclasses
 import inspect
 from typing import Any, Optional
 
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
+from fedjax_agg import clients
 from fedjax_agg import distributed
 from fedjax_agg import models
 from fedjax_agg import objectives
@@ -182,7 +184,10 @@ def run_arguments(config: dict, algorithm: str, prepared) -> dict:
   data, test, num_classes, input_shape, _, _ = prepared
   mcfg = config["model"]
   model = models.get(mcfg["name"], num_classes=num_classes,
-                     input_shape=input_shape, **mcfg.get("args", {}))
+                     input_shape=input_shape, **{
+                         **mcfg.get("args", {}),
+                         **config["algorithms"][algorithm].get("model_args",
+                                                               {})})
   local_steps_fn = None
   if train["stragglers"]:
     from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
@@ -199,9 +204,29 @@ def run_arguments(config: dict, algorithm: str, prepared) -> dict:
       participation=train["participation"], training=training,
       execution=Execution(clients_per_step=train["clients_per_step"] or None),
       evaluation=Evaluation(every=train["eval_every"],
-                            clients=train["eval_clients"]),
+                            clients=train["eval_clients"],
+                            personalized=train["personalized"],
+                            finetune_steps=train["finetune_steps"]),
       config={"experiment": config.get("name"), "algorithm": algorithm,
               **{f"train.{k}": v for k, v in train.items()}})
+
+
+def local_update(config: dict, algorithm: str, model,
+                 training: LocalTraining, execution: Execution,
+                 num_clients: int):
+  """The algorithm's client side (``client``), the attacked local
+  training (the config's "attack"), or None (plain local training)."""
+  spec = config["algorithms"][algorithm]
+  if spec.get("client") is None:
+    return attack_update(config, model, training, execution, num_clients)
+  if spec["client"] == "scaffold":
+    # SCAFFOLD's loss is F_k plus its correction term, set by the client.
+    training = dataclasses.replace(training, objective=None)
+  mesh, _ = distributed.round_mesh(execution.devices)
+  return clients.REGISTRY.build(
+      spec["client"], model=model, training=training, mesh=mesh,
+      clients_per_step=execution.clients_per_step,
+      **spec.get("client_args", {}))
 
 
 def attack_update(config: dict, model, training: LocalTraining,

@@ -15,6 +15,7 @@ import numpy as np
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
 from fedjax_agg import checks
+from fedjax_agg import clients
 from fedjax_agg import data as data_lib
 from fedjax_agg import loop
 from fedjax_agg import models
@@ -157,6 +158,8 @@ TRAIN_CHECKS = {
     "devices": functools.partial(_check_optional_int, low=1),
     "optimizer": lambda path, value: _check_name(path, value, OPTIMIZERS),
     "weight_decay": functools.partial(_check_number, low=0),
+    "personalized": lambda path, value: _check_bool(path, value),
+    "finetune_steps": functools.partial(_check_int, low=0),
 }
 
 
@@ -294,25 +297,31 @@ def _check_partition(config: dict) -> None:
   _check_int("partition.seed_offset", partition.get("seed_offset", 0), 0)
   _check_arguments("partition.args", partition.get("args", {}),
                    partition_parameters(partition["name"]))
+  _check_number("partition.holdout_fraction",
+                partition.get("holdout_fraction", 0.0), 0, 1,
+                high_open=True)
 
 
 def _check_model(config: dict) -> None:
   model = _check_keys("model", config["model"], MODEL_KEYS,
                       required=("name",))
   _check_name("model.name", model["name"], models.NAMES)
-  arguments = _check_mapping("model.args", model.get("args", {}))
-  if not model_takes_options(model["name"]):
-    _check_arguments("model.args", arguments,
-                     model_parameters(model["name"]))
+  _check_model_arguments("model.args", model["name"],
+                         _check_mapping("model.args", model.get("args", {})))
+
+
+def _check_model_arguments(path: str, name: str, arguments: dict) -> None:
+  if not model_takes_options(name):
+    _check_arguments(path, arguments, model_parameters(name))
   elif getattr(models, "REGISTRY", None) is None:
     # Only the module knows its options: ask it (nothing is built).
     try:
-      models.module(model["name"], 2, **arguments)
+      models.module(name, 2, **arguments)
     except TypeError as error:
-      raise ConfigError("model.args", f"model.args: {error}") from None
+      raise ConfigError(path, f"{path}: {error}") from None
   if "conv_impl" in arguments:
     from fedjax_agg.models import layers  # pylint: disable=g-import-not-at-top
-    _check_name("model.args.conv_impl", arguments["conv_impl"],
+    _check_name(f"{path}.conv_impl", arguments["conv_impl"],
                 layers.CONV_IMPLS)
 
 
@@ -371,13 +380,68 @@ def _check_algorithm(config: dict, name: str, spec) -> None:
       _check_keys(f"{path}.{key}", arguments,
                   _rule_parameters(registry, rule))
   _check_train(f"{path}.train", spec.get("train", {}))
+  model_args = _check_mapping(f"{path}.model_args", spec.get("model_args",
+                                                             {}))
+  _check_model_arguments(f"{path}.model_args", config["model"]["name"],
+                         {**config["model"].get("args", {}), **model_args})
   train = _train_config(config, name)
+  _check_client(config, name, spec, train)
   if train["optimizer"] == "adam" and train["momentum"]:
     key = ("train.momentum" if "momentum" in config.get("train", {})
            else f"{path}.train.momentum")
     raise ConfigError(key, f"{key}: momentum is for optimizer 'sgd' (Adam "
                       "has its own betas), got momentum="
                       f"{train['momentum']!r} with optimizer 'adam'")
+
+
+# The client options a config may give besides a client's own arguments
+# (``clients.ClientOptions``; how its training runs comes from "train").
+CLIENT_OPTIONS = ("placement", "path")
+
+
+def _check_client(config: dict, name: str, spec: dict, train: dict) -> None:
+  """The algorithm's client side and what needs one: personalised
+  evaluation needs personal models, held-out evaluation a held-out split."""
+  path = f"algorithms.{name}"
+  client = spec.get("client")
+  arguments = _check_mapping(f"{path}.client_args",
+                             spec.get("client_args", {}))
+  if client is None:
+    if arguments:
+      raise ConfigError(f"{path}.client_args", f"{path}.client_args: "
+                        "given without a client")
+  else:
+    _check_name(f"{path}.client", client, clients.REGISTRY.names)
+    allowed = [arg for arg in clients.REGISTRY.parameters(client)
+               if arg not in clients.REGISTRY.context]
+    _check_keys(f"{path}.client_args", arguments,
+                allowed + list(CLIENT_OPTIONS))
+    if client == "scaffold" and objective_of(spec) != "cross_entropy":
+      raise ConfigError(
+          f"{path}.objective", f"{path}.objective: the scaffold client sets "
+          f"its own local objective; got {objective_of(spec)!r} (leave it "
+          "cross_entropy)")
+    if config.get("attack") is not None:
+      raise ConfigError(
+          "attack", f"attack: {name} has a client side ({client!r}); "
+          "attacks replace the plain local training and are not combined "
+          "with a client side")
+  if train["personalized"] and client not in _PERSONAL_CLIENTS:
+    key = ("train.personalized" if "personalized" in config.get("train", {})
+           else f"{path}.train.personalized")
+    raise ConfigError(key, f"{key}: personal models need a client side "
+                      f"that keeps them ({list(_PERSONAL_CLIENTS)}), got "
+                      f"{path}.client={client!r}")
+  if (train["personalized"] or train["finetune_steps"]) and not config[
+      "partition"].get("holdout_fraction", 0.0):
+    raise ConfigError(
+        "partition.holdout_fraction", "partition.holdout_fraction: "
+        f"{name}'s personalized / finetune_steps evaluate on each client's "
+        "held-out split; set a fraction in (0, 1)")
+
+
+# Client sides with personal models (a ``personalize``).
+_PERSONAL_CLIENTS = ("fedbn", "ditto")
 
 
 def _check_rules(config: dict, name: str) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 from fedjax_agg import data as data_lib
 from fedjax_agg import federated
 from fedjax_agg import partitions
+from fedjax_agg import validation
 from fedjax_agg import spec as spec_lib
 
 
@@ -94,6 +95,12 @@ def prepare_data(config: dict, seed: int,
   if indices is None:
     indices = partition_indices(config, seed, dataset.train_y)
   data = federated.from_partition(dataset.train_x, dataset.train_y, indices)
+  holdout = config["partition"].get("holdout_fraction", 0.0)
+  if holdout:
+    # Each client's held-out split, drawn with the partition's seed.
+    train, held = validation.holdout_split(
+        data, holdout, seed=seed + config["partition"].get("seed_offset", 0))
+    data = train.with_validation(held)
   return (data, (dataset.test_x, dataset.test_y), dataset.num_classes,
           dataset.input_shape, indices, dataset.train_y)
 

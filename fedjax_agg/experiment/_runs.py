@@ -26,8 +26,8 @@ from fedjax_agg import sweep
 from fedjax_agg.config import Checkpointing
 from fedjax_agg.experiment._build import _parameters
 from fedjax_agg.experiment._build import _train_config
-from fedjax_agg.experiment._build import attack_update
 from fedjax_agg.experiment._build import build_rule
+from fedjax_agg.experiment._build import local_update
 from fedjax_agg.experiment._build import objective_of
 from fedjax_agg.experiment._build import run_arguments
 from fedjax_agg.experiment._build import run_privacy
@@ -74,8 +74,8 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
     raise ValueError("checkpoint_every / resume need checkpoint_dir (where "
                      "the checkpoints are)")
   warn_short_feddrl(config, algorithm)
-  arguments["local_update"] = attack_update(
-      config, arguments["model"], arguments["training"],
+  arguments["local_update"] = local_update(
+      config, algorithm, arguments["model"], arguments["training"],
       arguments["execution"], arguments["data"].num_clients)
   return simulation.run(aggregator=built, seed=seed,
                         checkpointing=checkpointing,
@@ -150,15 +150,9 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
     devices = math.gcd(members, len(jax.devices()))
   arguments["execution"] = dataclasses.replace(
       arguments["execution"], progress=progress, devices=devices)
-  if run_privacy(config, algorithm) is not None:
-    raise ConfigError(
-        f"algorithms.{algorithm}.aggregator",
-        f"algorithms.{algorithm}: privacy accounting runs one seed at a "
-        "time; run dp_fedavg without --seeds / vmap_seeds")
   if config.get("attack") is not None:
     # One attacked local update for every member: its objective is the
     # algorithm's own, so a grid may not change the objective.
-    _, objective = build_rule(config, algorithm, num_clients)
     objective_name = objective_of(config["algorithms"][algorithm])
     swept = set(grid or {}) & set(_parameters(
         objectives.REGISTRY[objective_name]))
@@ -166,13 +160,19 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
       raise ConfigError("attack", f"attack: a sweep over objective "
                         f"arguments {sorted(swept)} cannot share one "
                         "attacked local update; run them one at a time")
-    arguments["local_update"] = attack_update(
-        config, arguments["model"], dataclasses.replace(
+  if config.get("attack") is not None or config["algorithms"][algorithm].get(
+      "client") is not None:
+    _, objective = build_rule(config, algorithm, num_clients)
+    arguments["local_update"] = local_update(
+        config, algorithm, arguments["model"], dataclasses.replace(
             arguments["training"], objective=objective),
         dataclasses.replace(arguments["execution"], devices=1), num_clients)
+  privacy = run_privacy(config, algorithm)
+  if privacy is not None:  # each member's from its rule (a grid may set z)
+    privacy = dataclasses.replace(privacy, noise_multiplier=None)
   return sweep.run_sweep(
       lambda hparams: build_rule(config, algorithm, num_clients, hparams),
-      grid, seeds=seeds,
+      grid, seeds=seeds, privacy=privacy,
       callbacks=lambda member: stopping_callbacks(config), **arguments)
 
 

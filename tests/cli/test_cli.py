@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_agg import cli
 from fedjax_agg import experiment
+from fedjax_agg import sweep
 
 # A tiny run on the offline MNIST subset: seconds on a CPU.
 TINY = ["--dataset", "mnist", "--source", "mnist_5k",
@@ -385,6 +386,27 @@ def test_tiny_sweep_writes_bands_and_a_summary_csv(tmp_path, capsys):
   assert {"final_test_accuracy_mean", "final_test_accuracy_std"} <= set(
       frame.columns)
   assert os.path.getsize(out / "accuracy.png") > 0
+
+
+def test_dp_sweep_accounts_every_member(tmp_path, capsys):
+  from fedjax_agg import privacy
+  out = tmp_path / "sweep"
+  assert cli.main(TINY + [
+      "--out", str(out), "--rounds", "2", "--aggregator", "dp_fedavg",
+      "--seeds", "0,1", "--sweep", "noise_multiplier=0.7,1.4",
+      "--dp-delta", "1e-6"]) == 0
+  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert len(printed["members"]) == 4
+  for z in (0.7, 1.4):
+    want = privacy.epsilons(z, 2, num_clients=4, cohort_size=2,
+                            delta=1e-6)
+    for seed in (0, 1):
+      member = sweep.member_name({"noise_multiplier": z}, seed)
+      history = _strict((out / member / "history.json").read_text())
+      got = [row["epsilon"] for row in history["rows"][1:]]
+      np.testing.assert_allclose(got, want, rtol=1e-6)
+      assert history["config"]["privacy"]["noise_multiplier"] == (
+          pytest.approx(z))
 
 
 def test_tiny_attacked_run_records_the_attack_and_the_malicious(tmp_path,

@@ -332,6 +332,33 @@ def test_personalised_evaluation_in_the_history():
       first["global_accuracy_mean"])
 
 
+def test_sweep_members_get_the_personalised_evaluation_of_their_run():
+  data, test = _run_data()
+  model = linear_model()
+  update = clients.ditto(model, RUN_TRAINING, lam=0.5)
+  evaluation = Evaluation(personalized=True, finetune_steps=2)
+  members = sweep.run_sweep(
+      lambda h: aggregators.fedavg(), None, seeds=[0, 3], model=model,
+      data=data, test_data=test, num_rounds=2, participation=0.5,
+      training=RUN_TRAINING, execution=QUIET, evaluation=evaluation,
+      local_update=update)
+  columns = [f"{name}_{stat}" for name in ("personal_accuracy",
+                                           "finetuned_accuracy",
+                                           "global_accuracy")
+             for stat in ("mean", "std")]
+  for member in members:
+    alone = simulation.run(
+        model, data, test, aggregators.fedavg(), num_rounds=2,
+        participation=0.5, training=RUN_TRAINING, execution=QUIET,
+        evaluation=evaluation, local_update=update, seed=member.seed)
+    for got, want in zip(member.history.rows, alone.history.rows,
+                         strict=True):
+      assert set(got) == set(want)
+      for column in set(columns) & set(want):
+        assert got[column] == pytest.approx(want[column], abs=1e-6), column
+    assert set(columns) <= set(member.history.rows[0])
+
+
 def test_personalised_evaluation_needs_a_split_and_personal_models():
   data, test = _run_data()
   model = linear_model()

@@ -124,6 +124,44 @@ BAD = [
      "algorithms.FedAvg.train.lr"),
     ({"algorithms.FedAvg.train.learning_rate": 0}, ValueError,
      "algorithms.FedAvg.train.learning_rate"),
+    # Bulyan needs a cohort of 4 num_byzantine + 3: this one draws 2.
+    ({"algorithms.FedAvg.aggregator": "bulyan"}, ValueError,
+     "algorithms.FedAvg.aggregator_args"),
+    ({"algorithms.FedAvg.aggregator": "qffl",
+      "algorithms.FedAvg.aggregator_args": {"q": -1.0}}, ValueError,
+     "algorithms.FedAvg.aggregator_args"),
+    ({"algorithms.FedAvg.aggregator": "qffl",
+      "algorithms.FedAvg.aggregator_args": {"lipschitz": 0.0}}, ValueError,
+     "algorithms.FedAvg.aggregator_args"),
+    # Client sides and what needs them.
+    ({"algorithms.FedAvg.client": "dito"}, ValueError,
+     "algorithms.FedAvg.client"),
+    ({"algorithms.FedAvg.client": "ditto",
+      "algorithms.FedAvg.client_args": {"lamda": 0.5}}, ValueError,
+     "algorithms.FedAvg.client_args.lamda"),
+    ({"algorithms.FedAvg.client_args": {"lam": 0.5}}, ValueError,
+     "algorithms.FedAvg.client_args"),
+    ({"algorithms.FedAvg.client": "ditto",
+      "algorithms.FedAvg.client_args": [1]}, TypeError,
+     "algorithms.FedAvg.client_args"),
+    ({"algorithms.FedProx.client": "scaffold"}, ValueError,
+     "algorithms.FedProx.objective"),
+    ({"algorithms.FedAvg.client": "fedbn", "attack": {"name": "sign_flip"}},
+     ValueError, "attack"),
+    ({"train.personalized": True, "partition.holdout_fraction": 0.2},
+     ValueError, "train.personalized"),
+    ({"algorithms.FedAvg.train": {"personalized": True},
+      "partition.holdout_fraction": 0.2}, ValueError,
+     "algorithms.FedAvg.train.personalized"),
+    ({"train.personalized": "yes"}, TypeError, "train.personalized"),
+    ({"train.finetune_steps": 2}, ValueError, "partition.holdout_fraction"),
+    ({"train.finetune_steps": -1}, ValueError, "train.finetune_steps"),
+    ({"partition.holdout_fraction": 1.0}, ValueError,
+     "partition.holdout_fraction"),
+    ({"partition.holdout_fraction": NAN}, ValueError,
+     "partition.holdout_fraction"),
+    ({"algorithms.FedAvg.model_args": {"hiden": 3}}, ValueError,
+     "algorithms.FedAvg.model_args.hiden"),
     # momentum forwards **kwargs to fednnnn: checked when it is built.
     ({"algorithms.FedAvg.aggregator": "momentum",
       "algorithms.FedAvg.aggregator_args": {"gama": 0.5}}, TypeError,
@@ -168,6 +206,31 @@ def test_good_config_and_its_resolution_pass():
   assert aggregator_args["learning_rate"] == 0.1
   assert objective_args == {}
   assert experiment.rule_arguments(CONFIG, "FedProx")[1] == {"mu": 0.1}
+
+
+def test_bulyan_and_qffl_take_the_cohort_and_client_rate_of_the_run():
+  config = experiment.override(CONFIG, {
+      "partition.num_clients": 20,
+      "algorithms": {
+          "Bulyan": {"aggregator": "bulyan",
+                     "aggregator_args": {"num_byzantine": 1}},
+          "qFFL": {"aggregator": "qffl", "aggregator_args": {"q": 5.0}}}})
+  experiment.check_config(config)
+  # 10 clients per round: the bound 4 f + 3 = 7 holds for f = 1, not 2.
+  assert experiment.rule_arguments(config, "Bulyan")[0] == {
+      "num_byzantine": 1, "num_participants": 10}
+  with pytest.raises(ValueError, match=r"4 num_byzantine \+ 3 = 11"):
+    experiment.check_config(experiment.override(
+        config, {"algorithms.Bulyan.aggregator_args.num_byzantine": 2}))
+  # L = 1 / the client learning rate, filled in by the runner.
+  assert experiment.rule_arguments(config, "qFFL")[0] == {
+      "q": 5.0, "lipschitz": None, "learning_rate": 0.1}
+  resolved = experiment.resolve_config(config)
+  experiment.check_config(resolved)
+  assert resolved["algorithms"]["Bulyan"]["aggregator_args"] == {
+      "num_byzantine": 1}
+  assert resolved["algorithms"]["qFFL"]["aggregator_args"] == {
+      "q": 5.0, "lipschitz": None}
 
 
 def test_experiment_configs_pass():

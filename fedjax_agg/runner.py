@@ -1,0 +1,777 @@
+"""The one run of S >= 1 members that every entry point executes.
+
+A ``Plan`` describes a run of S members: grid points (hyperparameters that
+``build`` turns into an aggregator and an optional objective) crossed with
+seeds, over one ``FederatedData`` or one per seed, with the settings every
+member shares. ``execute(plan)`` does everything a run does once, for one
+member or S: the argument checks, the seeds' keys and the members' initial
+states, the label checks, the privacy accounting (per member, from each
+member's rule), the checkpoint fingerprint and resume, the evaluation of
+the test set, of the clients' data and of their held-out splits
+(personalised and fine-tuned accuracies), the round loop
+(``loop.Driver``), and the histories with their recorded settings.
+
+Only the round itself has two forms (``Plan.vmapped``):
+
+* unvmapped (``simulation.run``, S = 1): the member's cohort sharded over
+  ``Execution.devices``, streaming, Poisson cohorts and per-client tables in
+  host memory;
+* vmapped (``sweep.run_sweep``): the S members' states stacked along a
+  leading axis and every round ONE ``jax.vmap`` of the member round with
+  the grid values as traced scalars, the member axis sharded over the
+  devices. Options that need a per-member cohort size (Poisson sampling)
+  or a host table are refused there with a clear error, never dropped.
+"""
+
+import dataclasses
+import warnings
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_agg import aggregators
+from fedjax_agg import clients as clients_lib
+from fedjax_agg import distributed
+from fedjax_agg import engine
+from fedjax_agg import evaluation as evaluation_lib
+from fedjax_agg import loop
+from fedjax_agg import privacy as privacy_lib
+from fedjax_agg import rounds
+from fedjax_agg import sampling as sampling_lib
+from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
+                               LocalTraining, NonFinite, Privacy)
+from fedjax_agg.federated import FederatedData
+from fedjax_agg.history import History
+from fedjax_agg.types import Aggregator, LocalObjective, Model, Params
+
+__all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "Member", "Plan",
+           "UntraceableGridError", "execute", "parts", "resolve_privacy",
+           "stack_data"]
+
+# The grid name that also sets the members' client learning rate.
+CLIENT_LEARNING_RATE = "learning_rate"
+MEMBER_AXIS = "members"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Plan:
+  """A run of S members (grid point x seed), as ``execute`` runs it.
+
+  Attributes:
+    model: the network and its task loss.
+    data: one ``FederatedData`` per seed, or one shared by every seed.
+    test_data: (x, y) test arrays.
+    build: ``build(hparams) -> Aggregator or (Aggregator, objective or
+      None)``; called with each grid point's concrete numbers (and, when
+      vmapped, with traced float32 scalars inside the round).
+    points: the grid points (``[{}]`` without a grid).
+    seeds: the seeds; members are (point, seed), points outer.
+    num_rounds, participation, training, execution, evaluation,
+      local_update, nonfinite, init_params, checkpointing, config, privacy:
+      as ``simulation.run``.
+    callbacks: per member, the callables called with its rows.
+    vmapped: step the members as one vmapped round (``sweep``); else one
+      member, unvmapped (``simulation.run``).
+  """
+  model: Model
+  data: Sequence[FederatedData]
+  test_data: tuple[Any, Any]
+  build: Callable[[dict], Any]
+  points: Sequence[dict] = ({},)
+  seeds: Sequence[int] = (0,)
+  num_rounds: int
+  participation: float = 1.0
+  training: LocalTraining = LocalTraining()
+  execution: Execution = Execution()
+  evaluation: Evaluation = Evaluation()
+  local_update: Optional[Any] = None
+  nonfinite: NonFinite = NonFinite()
+  init_params: Optional[Params] = None
+  checkpointing: Optional[Checkpointing] = None
+  callbacks: Sequence[Sequence[loop.Callback]] = ((),)
+  config: Optional[dict] = None
+  privacy: Optional[Privacy] = None
+  vmapped: bool = False
+
+  @property
+  def members(self) -> list[tuple[int, int]]:
+    """(point index, seed index) of each member, points outer."""
+    return [(p, s) for p in range(len(self.points))
+            for s in range(len(self.seeds))]
+
+  def data_of(self, seed_index: int) -> FederatedData:
+    return self.data[seed_index if len(self.data) > 1 else 0]
+
+  def training_of(self, point: dict, objective=None) -> LocalTraining:
+    """The member's training: the grid's client learning rate and the
+    objective its rule comes with."""
+    return dataclasses.replace(
+        self.training,
+        learning_rate=point.get(CLIENT_LEARNING_RATE,
+                                self.training.learning_rate),
+        objective=objective or self.training.objective)
+
+
+class Member(NamedTuple):
+  """One member's result: its grid point, seed, history and final state."""
+  hparams: dict
+  seed: int
+  history: History
+  state: rounds.ServerState
+
+
+def parts(built) -> tuple[Aggregator, Optional[LocalObjective]]:
+  """``build``'s result as (aggregator, objective or None)."""
+  if isinstance(built, Aggregator):
+    return built, None
+  if (isinstance(built, tuple) and len(built) == 2
+      and isinstance(built[0], Aggregator)
+      and (built[1] is None or isinstance(built[1], LocalObjective))):
+    return built
+  raise TypeError("build(hparams) must return an Aggregator or a tuple "
+                  f"(Aggregator, LocalObjective or None), got {built!r:.80}")
+
+
+def _check_per_client_evaluation(plan: Plan) -> None:
+  evaluation = plan.evaluation
+  if not evaluation.per_client:
+    return
+  if any(data.validation is None for data in plan.data):
+    raise ValueError(
+        "evaluation: personalized / finetune_steps evaluate on the clients' "
+        "held-out split, but data has no validation split (use "
+        "validation.holdout_split and FederatedData.with_validation)")
+  if evaluation.personalized and getattr(plan.local_update, "personalize",
+                                         None) is None:
+    raise ValueError(
+        "evaluation.personalized=True needs a local_update with personal "
+        "models (a LocalUpdate with personalize, e.g. clients.ditto or "
+        "clients.fedbn); use finetune_steps for fine-tuned global models")
+
+
+def resolve_privacy(privacy: Optional[Privacy], aggregator: Aggregator,
+                    cohort_size: int) -> Optional[Privacy]:
+  """``privacy`` with the noise multiplier of the rule that adds the noise.
+
+  The accounting is derived from ``aggregator.noise_multiplier``, never
+  taken on trust: a rule that adds no calibrated Gaussian noise, a stated
+  ``Privacy.noise_multiplier`` that differs from the rule's, and Poisson
+  sampling with a rule that divides by the realised cohort size (its noise
+  then depends on who was drawn) are refused.
+
+  Args:
+    privacy: the run's ``config.Privacy`` or None.
+    aggregator: the run's rule.
+    cohort_size: m; under Poisson sampling q N = m.
+  """
+  if privacy is None:
+    return None
+  if not isinstance(privacy, Privacy):
+    raise TypeError(f"privacy must be a config.Privacy, got "
+                    f"{type(privacy).__name__}")
+  rule_z = aggregator.noise_multiplier
+  if rule_z is None:
+    raise ValueError(
+        "privacy: the aggregator adds no calibrated Gaussian noise "
+        "(Aggregator.noise_multiplier is None), so the run has no privacy "
+        "guarantee to account; use a private rule such as "
+        "aggregators.dp_fedavg, or drop privacy")
+  rule_z = float(rule_z)
+  if privacy.noise_multiplier is not None and not np.isclose(
+      privacy.noise_multiplier, rule_z, rtol=1e-6, atol=0.0):
+    raise ValueError(
+        f"privacy.noise_multiplier={privacy.noise_multiplier} differs from "
+        f"the noise the aggregator adds (noise_multiplier={rule_z}); the "
+        "accounting is that of the rule's noise: leave "
+        "Privacy.noise_multiplier unset or make them equal")
+  if privacy.sampling == "poisson":
+    expected = aggregator.expected_clients
+    if expected is None or not np.isclose(float(expected), cohort_size):
+      raise ValueError(
+          f"privacy.sampling='poisson': the aggregator must divide by the "
+          f"fixed expected cohort size q N = {cohort_size} (e.g. "
+          f"dp_fedavg(expected_clients={cohort_size})), got expected_clients="
+          f"{expected}; dividing by the realised cohort size makes the "
+          "noise depend on who was drawn, which the accountant does not "
+          "cover")
+  return dataclasses.replace(privacy, noise_multiplier=rule_z)
+
+
+def _accounting(privacy: Optional[Privacy], num_clients: int,
+                cohort_size: int, num_rounds: int) -> dict:
+  """Epsilon after each round, and where the target ends the run (the
+  Poisson rate is q = m / N, as the sampler draws)."""
+  if privacy is None or num_rounds == 0:
+    return {}
+  epsilons = privacy_lib.epsilons(
+      privacy.noise_multiplier, num_rounds, num_clients=num_clients,
+      delta=privacy.delta, sampling=privacy.sampling,
+      accountant=privacy.accountant, cohort_size=cohort_size)
+  out = {"epsilons": epsilons, "requested_rounds": num_rounds}
+  if privacy.target_epsilon is not None:
+    allowed = int(np.sum(epsilons <= privacy.target_epsilon))
+    if allowed == 0:
+      raise ValueError(
+          f"privacy: a single round already costs epsilon="
+          f"{epsilons[0]:.4g} > target_epsilon={privacy.target_epsilon}")
+    if allowed < num_rounds:
+      out["rounds_run"] = allowed
+      out["stopped_by"] = "target_epsilon"
+  out["final_epsilon"] = float(epsilons[out.get("rounds_run",
+                                                num_rounds) - 1])
+  return out
+
+
+class _Accounts(NamedTuple):
+  privacy: list  # per member: the resolved Privacy or None
+  accounting: list  # per member: _accounting's dict
+  num_rounds: int  # the rounds the run makes (target epsilon may end it)
+
+
+def _account(plan: Plan, built, cohort_size: int) -> _Accounts:
+  """Every member's privacy, resolved from its own rule, and accounting."""
+  num_clients = plan.data[0].num_clients
+  if plan.vmapped and isinstance(plan.privacy, Privacy) and (
+      plan.privacy.sampling == "poisson"):
+    raise ValueError(
+        "privacy.sampling='poisson' draws a cohort of random size each "
+        "round, which members stepped as one vmapped call cannot share; "
+        "use sampling='fixed' in a sweep, or run the members one at a time")
+  resolved = [resolve_privacy(plan.privacy, built[p][0], cohort_size)
+              for p, _ in plan.members]
+  cache = {}
+  accounting = []
+  for privacy in resolved:
+    key = None if privacy is None else privacy.noise_multiplier
+    if key not in cache:
+      cache[key] = _accounting(privacy, num_clients, cohort_size,
+                               plan.num_rounds)
+    accounting.append(cache[key])
+  ends = {a.get("rounds_run", plan.num_rounds) for a in accounting}
+  if len(ends) > 1:
+    raise ValueError(
+        f"privacy.target_epsilon: the members reach the target after "
+        f"different numbers of rounds {sorted(ends)} (their rules add "
+        "different noise); members stepped together must run as many "
+        "rounds: run them one at a time")
+  end = ends.pop()
+  if end < plan.num_rounds:
+    warnings.warn(
+        f"privacy: epsilon passes target_epsilon="
+        f"{plan.privacy.target_epsilon} after round {end}; the run ends "
+        f"there instead of at round {plan.num_rounds}", stacklevel=4)
+  return _Accounts(resolved, accounting, end)
+
+
+def _global_for_all(client_state, params, client_ids):
+  """The global model as every listed client's model. -> [R, ...]."""
+  del client_state
+  return jax.tree.map(
+      lambda a: jnp.broadcast_to(a, client_ids.shape + a.shape), params)
+
+
+def _member(tree, index: int):
+  return jax.tree.map(lambda leaf: leaf[index], tree)
+
+
+def _stack(trees):
+  return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+class _Round(NamedTuple):
+  """The part of a run that differs between its two forms."""
+  state: Any  # the placed initial state (members stacked when vmapped)
+  round_step: Callable
+  sample: Callable
+  evaluate: Callable  # (state, with_clients) -> per-member test rows
+  member_output: Callable
+  member_state: Callable
+  num_devices: int
+  device: Any  # where the held-out evaluations run
+
+
+def execute(plan: Plan) -> list[Member]:
+  """Runs ``plan``'s members. -> one ``Member`` per (point, seed)."""
+  loop.check_rounds(plan.num_rounds)
+  _check_per_client_evaluation(plan)
+  model, members = plan.model, plan.members
+  built = [parts(plan.build(dict(point))) for point in plan.points]
+  num_clients = plan.data[0].num_clients
+  cohort_size = rounds.num_sampled(num_clients, plan.participation)
+  accounts = _account(plan, built, cohort_size)
+  num_rounds = accounts.num_rounds
+  keys = [loop.seed_keys(s) for s in plan.seeds]
+  states, run_keys = [], []
+  for p, s in members:
+    init_key, run_key = keys[s]
+    params = (model.init(init_key) if plan.init_params is None
+              else plan.init_params)
+    client_state = (() if not isinstance(plan.local_update,
+                                         rounds.LocalUpdate)
+                    else plan.local_update.init(num_clients))
+    _check_host_table(plan, client_state)
+    states.append(rounds.init_state(
+        params, built[p][0], client_state=client_state)._replace(
+            key=run_key))
+    run_keys.append(run_key)
+  if plan.vmapped:
+    _check_same_shapes(plan, states)
+    # Stacking copies: the caller's init_params stay valid.
+    state, run_key = _stack(states), jnp.stack(run_keys)
+  else:
+    # Rounds donate their input state; copy it so that the caller's
+    # ``init_params`` (which the state may alias) stay valid.
+    state, run_key = jax.tree.map(jnp.copy, states[0]), run_keys[0]
+  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
+  num_classes = loop.num_classes_of(model, states[0].params, test_x)
+  loop.check_labels(test_y, num_classes, "test_data")
+  loop.check_labels(plan.data[0].y, num_classes,
+                    "data (the clients' training labels)")
+  checkpointer, snapshot = loop.open_checkpoints(
+      plan.checkpointing, lambda: _fingerprint(plan, built, accounts),
+      state, run_key, num_rounds)
+  if snapshot is not None:
+    state = snapshot.state
+    if not plan.vmapped:
+      run_key = snapshot.run_key
+      run_keys = [run_key]
+  form = (_vmapped if plan.vmapped else _unvmapped)(
+      plan, state, built, cohort_size, accounts, run_keys, num_rounds,
+      num_classes)
+  held_out = _held_out_evaluation(plan, built, run_keys, form.device)
+
+  def evaluate(state, with_clients):
+    rows = form.evaluate(state, with_clients)
+    if with_clients and held_out is not None:
+      for m, row in enumerate(rows):
+        row.update(held_out(form.member_state(state, m), m))
+    return rows
+
+  driver = loop.Driver(
+      round_step=form.round_step, sample=form.sample, evaluate=evaluate,
+      member_output=form.member_output, member_state=form.member_state,
+      num_members=len(members), nonfinite=plan.nonfinite,
+      evaluation=plan.evaluation, progress=plan.execution.progress,
+      callbacks=[list(c) for c in plan.callbacks],
+      with_losses=plan.training.losses_for(any(
+          b[0].uses_losses for b in built)))
+  state = form.state
+  pack = _pack_rows if plan.vmapped else (
+      lambda rows, client_rows: (rows[0], client_rows[0]))
+  if snapshot is None:
+    rows = [[row] for row in driver.initial_rows(state, num_rounds)]
+    client_rows = [[] for _ in members]
+  else:
+    rows, client_rows = (_unpack_rows(snapshot.rows, snapshot.client_rows,
+                                      len(members)) if plan.vmapped
+                         else ([snapshot.rows], [snapshot.client_rows]))
+    driver.replay(rows, client_rows)
+  state = loop.loop_with_checkpoints(driver, checkpointer, state, run_key,
+                                     num_rounds, rows, client_rows, pack=pack)
+  results = []
+  for m, (p, s) in enumerate(members):
+    point = plan.points[p]
+    extra = ({"sweep_size": len(members), "sweep_hparams": dict(point)}
+             if plan.vmapped else {})
+    extra.update(driver.stop_record())
+    if accounts.privacy[m] is not None:
+      extra["privacy"] = {
+          **dataclasses.asdict(accounts.privacy[m]),
+          **{k: v for k, v in accounts.accounting[m].items()
+             if k != "epsilons"}}
+    extra.update(plan.config or {})
+    config = loop.base_config(
+        num_rounds=num_rounds, participation=plan.participation,
+        cohort_size=cohort_size, training=plan.training,
+        learning_rate=plan.training_of(point).learning_rate,
+        seed=plan.seeds[s], num_clients=num_clients, num_classes=num_classes,
+        num_devices=form.num_devices, extra=extra)
+    results.append(Member(
+        dict(point), int(plan.seeds[s]),
+        History(rows[m], client_rows[m], config),
+        form.member_state(state, m)))
+  return results
+
+
+def _check_host_table(plan: Plan, client_state) -> None:
+  if not clients_lib.uses_host_table(client_state):
+    return
+  if plan.vmapped:
+    raise ValueError(
+        "local_update: a per-client table in host memory "
+        "(placement='host') cannot be vmapped over sweep members; use "
+        "placement='device' or simulation.run per member")
+  if plan.checkpointing is not None:
+    raise ValueError(
+        "checkpointing: the local update keeps its per-client table in host "
+        "memory (placement='host'), outside the server state, so the run "
+        "cannot be checkpointed; use placement='device' or no checkpoints")
+
+
+def _check_same_shapes(plan: Plan, states) -> None:
+  shapes = [jax.tree.map(jnp.shape, st.aggregator_state) for st in states]
+  for (p, _), shape in zip(plan.members, shapes, strict=True):
+    if (jax.tree.structure(shape) != jax.tree.structure(shapes[0])
+        or shape != shapes[0]):
+      raise ValueError(
+          f"the aggregator state of grid point {plan.points[p]} differs in "
+          f"shape from that of {plan.points[0]}: those hyperparameters set "
+          "shapes and cannot be swept in one call")
+
+
+def _fingerprint(plan: Plan, built, accounts: _Accounts) -> dict:
+  """What a checkpoint must match (``loop.fingerprint``): a run's seed,
+  rule and privacy; a sweep's build, grid and seeds (and privacy)."""
+  if plan.vmapped:
+    specific = {"sweep": {"build": plan.build, "grid": list(plan.points),
+                          "seeds": list(plan.seeds)}}
+    if plan.privacy is not None:
+      specific["privacy"] = accounts.privacy
+  else:
+    specific = {"seed": plan.seeds[0], "aggregator": built[0][0],
+                "privacy": accounts.privacy[0]}
+  data = list(plan.data) if len(plan.data) > 1 else plan.data[0]
+  return loop.fingerprint(
+      model=plan.model, data=data, test_data=plan.test_data,
+      participation=plan.participation, training=plan.training,
+      evaluation=plan.evaluation, nonfinite=plan.nonfinite,
+      local_update=plan.local_update, init_params=plan.init_params,
+      config=plan.config, **specific)
+
+
+def _held_out_evaluation(plan: Plan, built, run_keys, device):
+  """``(member state, m) -> row`` of accuracies on the clients' held-out
+  splits (``config.Evaluation``), or None when not asked for."""
+  evaluation, model = plan.evaluation, plan.model
+  if not evaluation.per_client:
+    return None
+  trainers = {}
+
+  def held_out(state, m):
+    p, s = plan.members[m]
+    data = distributed.local_copy(plan.data_of(s), device)
+    params = distributed.local_copy(
+        aggregators.eval_params(state.aggregator_state, state.params),
+        device)
+    row = clients_lib.summarize(
+        "global_accuracy", clients_lib.personal_accuracies(
+            model, _global_for_all, (), params, data.validation))
+    if evaluation.personalized:
+      row.update(clients_lib.summarize(
+          "personal_accuracy", clients_lib.personal_accuracies(
+              model, plan.local_update.personalize,
+              distributed.local_copy(state.client_state, device), params,
+              data.validation)))
+    if evaluation.finetune_steps:
+      training = plan.training_of(plan.points[p], built[p][1])
+      if p not in trainers:
+        trainers[p] = engine.make_local_trainer(model, training)
+      row.update(clients_lib.summarize(
+          "finetuned_accuracy", clients_lib.finetuned_accuracies(
+              model, training, params, data, evaluation.finetune_steps,
+              jax.random.fold_in(run_keys[m], int(state.round)),
+              trainer=trainers[p])))
+    return row
+
+  return held_out
+
+
+def _unvmapped(plan: Plan, state, built, cohort_size: int,
+               accounts: _Accounts, run_keys, num_rounds: int,
+               num_classes: int) -> _Round:
+  """One member's round: its cohort sharded over the devices, streaming,
+  Poisson cohorts, host tables."""
+  model, execution, evaluation = plan.model, plan.execution, plan.evaluation
+  aggregator = built[0][0]
+  training = plan.training_of(plan.points[0], built[0][1])
+  data = plan.data[0]
+  accounting = accounts.accounting[0]
+  privacy = accounts.privacy[0]
+  poisson = privacy is not None and privacy.sampling == "poisson"
+  if poisson:
+    rate = cohort_size / data.num_clients  # q = m / N
+    capacity = sampling_lib.poisson_capacity(data.num_clients, rate)
+  mesh, device = distributed.round_mesh(execution.devices)
+  place = ((lambda tree: distributed.replicate(tree, mesh)) if mesh
+           else (lambda tree: jax.device_put(tree, device)))
+
+  def place_state(state):
+    # A per-client table ([N, ...] leaves) is split by rows over the
+    # devices, everything else replicated.
+    if mesh is None:
+      return place(state)
+    return place(state._replace(client_state=()))._replace(
+        client_state=distributed.shard_rows(state.client_state, mesh,
+                                            data.num_clients))
+  # Data and state live on the devices once, up front (placed like the
+  # round's outputs, so round 2 reuses round 1's compilation); evaluation
+  # runs on one device, from a local copy.
+  state, data = place_state(state), place(data)
+  eval_data = data if mesh is None else distributed.local_copy(data, device)
+  round_fn = rounds.make_round_fn(
+      model, aggregator, training, execution=execution, mesh=mesh,
+      local_update=plan.local_update, nonfinite=plan.nonfinite.clients,
+      donate_state=True)
+  sample_keys = loop.cohort_keys(run_keys[0], num_rounds)
+  full_mask = place(jnp.ones((cohort_size,), jnp.float32))
+  compiled = []
+
+  def sample(r):
+    if not poisson:
+      return place(rounds.sample_cohort(
+          sample_keys[r], data.num_clients, cohort_size,
+          execution.sampler)), full_mask
+    cohort, mask, count = sampling_lib.poisson_cohort(
+        sample_keys[r], data.num_clients, rate, capacity)
+    if int(count) > capacity:
+      raise RuntimeError(
+          f"round {r + 1}: the Poisson cohort drew {int(count)} clients, "
+          f"more than its capacity {capacity}; refusing to truncate it "
+          "(that would change the sampling the accounting assumes)")
+    return place(cohort), place(mask)
+
+  def round_step(state, drawn):
+    cohort, mask = drawn
+    if not compiled:  # hosts start their first round together
+      distributed.compile_together(round_fn, state, data, cohort, mask)
+      compiled.append(True)
+    state, out = round_fn(state, data, cohort, mask)
+    if mesh is not None:
+      # Leaves whose sharding XLA chose otherwise are placed again, so
+      # that the next round reuses this compilation.
+      state = place_state(state)
+    jax.block_until_ready(state.params)
+    out = distributed.to_numpy(out)  # gathered from other hosts
+    if "epsilons" in accounting:
+      out = out._replace(metrics={
+          **out.metrics,
+          "epsilon": accounting["epsilons"][int(state.round) - 1]})
+    return state, out
+
+  # One process: every evaluation batch is split over the round's devices
+  # (params replicated there). Several: evaluated on one local device.
+  batch_sharding = None
+  if mesh is not None and jax.process_count() == 1:
+    batch_sharding = jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
+  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
+
+  def evaluate(state, with_clients):
+    params = aggregators.eval_params(state.aggregator_state, state.params)
+    if batch_sharding is None:
+      params = distributed.local_copy(params, device)
+    else:
+      params = place(params)
+    test = evaluation_lib.evaluate(model, params, test_x, test_y,
+                                   num_classes, evaluation.batch_size,
+                                   batch_sharding)
+    row = {f"test_{k}": v for k, v in test.items()}
+    if with_clients:
+      losses = np.asarray(evaluation_lib.client_losses(
+          model, params, data if batch_sharding is not None else eval_data,
+          evaluation.batch_size, batch_sharding))
+      row["client_loss_mean"] = float(losses.mean())
+      row["client_loss_var"] = float(losses.var())
+    return [row]
+
+  return _Round(state=state, round_step=round_step, sample=sample,
+                evaluate=evaluate, member_output=lambda out, m: out,
+                member_state=lambda state, m: state,
+                num_devices=1 if mesh is None else mesh.size, device=device)
+
+
+def _data_axes(stacked: bool) -> FederatedData:
+  """vmap ``in_axes`` of the data: pooled arrays shared, indices per member
+  when ``stacked``."""
+  axis = 0 if stacked else None
+  return FederatedData(None, None, axis, axis, None)
+
+
+class UntraceableGridError(ValueError):
+  """A grid argument that cannot be a traced value (it sets a shape or
+  picks code by a Python test)."""
+
+
+_TRACER_ERRORS = (jax.errors.ConcretizationTypeError,
+                  jax.errors.TracerArrayConversionError,
+                  jax.errors.TracerIntegerConversionError,
+                  jax.errors.TracerBoolConversionError)
+
+
+def _check_traceable(sweep_round, points, *arguments) -> None:
+  """Traces the vmapped round once (no computation) before the first round,
+  so that a grid argument that sets a shape is named up front."""
+  try:
+    jax.eval_shape(sweep_round, *arguments)
+  except _TRACER_ERRORS as error:
+    names = sorted(points[0])
+    raise UntraceableGridError(
+        f"grid: {names} cannot be swept in one vmapped call: a swept "
+        "argument sets a shape or selects code by a Python test, so it "
+        "cannot be a traced value ("
+        f"{type(error).__name__}); run those values one at a time") from None
+
+
+def stack_data(data: Sequence[FederatedData]) -> FederatedData:
+  """One seed's data per entry -> ``FederatedData`` with a member axis on
+  ``client_indices`` [S, N, L] and ``num_examples`` [S, N].
+
+  The entries must share the pooled ``x`` and ``y`` (kept once, no member
+  axis) and the number of clients; index rows are padded to the largest L.
+  """
+  first = data[0]
+  for i, other in enumerate(data):
+    if not isinstance(other, FederatedData):
+      raise TypeError(f"data[{i}] must be a FederatedData, got "
+                      f"{type(other).__name__}")
+    if other.num_clients != first.num_clients:
+      raise ValueError(f"data[{i}] has {other.num_clients} clients, data[0] "
+                       f"{first.num_clients}: the members must share N")
+    for name in ("x", "y"):
+      a, b = getattr(first, name), getattr(other, name)
+      if a is not b and (a.shape != b.shape or not np.array_equal(
+          np.asarray(a), np.asarray(b))):
+        raise ValueError(
+            f"data[{i}].{name} differs from data[0].{name}: the members "
+            "must share the pooled examples (only the partition may differ)")
+  width = max(d.max_examples for d in data)
+  indices = jnp.stack([jnp.pad(d.client_indices,
+                               ((0, 0), (0, width - d.max_examples)))
+                       for d in data])
+  counts = jnp.stack([d.num_examples for d in data])
+  return FederatedData(first.x, first.y, indices, counts)
+
+
+def _vmapped(plan: Plan, state, built, cohort_size: int,
+             accounts: _Accounts, run_keys, num_rounds: int,
+             num_classes: int) -> _Round:
+  """S members' round as one vmapped, jitted call; the member axis sharded
+  over the devices."""
+  model, execution, evaluation = plan.model, plan.execution, plan.evaluation
+  members, points = plan.members, plan.points
+  mesh, device = distributed.round_mesh(execution.devices,
+                                        axis_name=MEMBER_AXIS)
+  if mesh is not None and len(members) % mesh.size:
+    raise ValueError(
+        f"execution.devices: the {len(members)} members must be a multiple "
+        f"of the {mesh.size} devices they are sharded over")
+  by_member = (lambda tree: tree) if mesh is None else (
+      lambda tree: jax.device_put(tree, jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec(MEMBER_AXIS))))
+  replicated = (lambda tree: tree) if mesh is None else (
+      lambda tree: distributed.replicate(tree, mesh))
+  state = by_member(state)
+  per_seed_data = len(plan.data) > 1
+  if per_seed_data:
+    by_seed = stack_data(plan.data)
+    seed_of = np.array([s for _, s in members])
+    round_data = by_seed._replace(
+        client_indices=by_member(by_seed.client_indices[seed_of]),
+        num_examples=by_member(by_seed.num_examples[seed_of]),
+        x=replicated(by_seed.x), y=replicated(by_seed.y))
+  else:
+    round_data = replicated(plan.data[0])
+  data_axes = _data_axes(per_seed_data)
+  hparams = by_member({
+      name: jnp.asarray([points[p][name] for p, _ in members], jnp.float32)
+      for name in points[0]})
+  member_execution = dataclasses.replace(execution, stream=False)
+
+  def member_round(hp, member_state, member_data, cohort, mask):
+    aggregator, objective = parts(plan.build(dict(hp)))
+    round_fn = rounds.make_round_fn(
+        model, aggregator, plan.training_of(hp, objective),
+        execution=member_execution, local_update=plan.local_update,
+        nonfinite=plan.nonfinite.clients, jit=False)
+    return round_fn(member_state, member_data, cohort, mask)
+
+  sweep_round = jax.jit(
+      jax.vmap(member_round, in_axes=(0, 0, data_axes, 0, None)),
+      donate_argnums=(1,))
+  num_clients = plan.data[0].num_clients
+  sample = jax.vmap(lambda key: rounds.sample_cohort(
+      key, num_clients, cohort_size, execution.sampler))
+  sample_keys = jax.vmap(lambda key: loop.cohort_keys(
+      key, num_rounds))(jnp.stack(run_keys))
+  mask = jnp.ones((cohort_size,), jnp.float32)
+  epsilons = None
+  if plan.privacy is not None and num_rounds:
+    epsilons = np.stack([a["epsilons"] for a in accounts.accounting], 1)
+  stacked_eval = evaluation_lib.stacked_per_example_fn(model)
+  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
+  labels = np.asarray(test_y)
+
+  def evaluate(state, with_clients) -> list[dict]:
+    params = aggregators.eval_params(state.aggregator_state, state.params)
+    losses, preds = evaluation_lib.map_batches(
+        stacked_eval, params, test_x, test_y, evaluation.batch_size)
+    mean_loss = np.asarray(jnp.mean(losses, axis=-1))
+    preds = np.asarray(preds)
+    if with_clients:
+      train_losses, _ = evaluation_lib.map_batches(
+          stacked_eval, params, round_data.x, round_data.y,
+          evaluation.batch_size)
+      client_losses = np.asarray(jax.vmap(
+          evaluation_lib.per_client_mean,
+          in_axes=(0, data_axes.client_indices, data_axes.num_examples))(
+              train_losses, round_data.client_indices,
+              round_data.num_examples))
+    rows = []
+    for m in range(len(members)):
+      test = evaluation_lib.classification_metrics(labels, preds[m],
+                                                   num_classes)
+      test["loss"] = float(mean_loss[m])
+      row = {f"test_{k}": v for k, v in test.items()}
+      if with_clients:
+        row["client_loss_mean"] = float(client_losses[m].mean())
+        row["client_loss_var"] = float(client_losses[m].var())
+      rows.append(row)
+    return rows
+
+  _check_traceable(sweep_round, points, hparams, state, round_data,
+                   by_member(sample(sample_keys[:, 0])), mask)
+
+  def round_step(state, cohorts):
+    state, out = sweep_round(hparams, state, round_data, cohorts, mask)
+    jax.block_until_ready(state.params)
+    out = jax.device_get(out)
+    if epsilons is not None:
+      out = out._replace(metrics={
+          **out.metrics, "epsilon": epsilons[int(out_round(state)) - 1]})
+    return state, out
+
+  def out_round(state):
+    return np.asarray(jax.device_get(state.round))[0]
+
+  return _Round(state=state, round_step=round_step,
+                sample=lambda r: by_member(sample(sample_keys[:, r])),
+                evaluate=evaluate, member_output=_member,
+                member_state=_member, num_devices=1, device=device)
+
+
+def _pack_rows(rows, client_rows):
+  """Members' rows -> one row per round (as a checkpoint holds a run's):
+  ``{"round": r, "members": [...]}`` and client rows keyed ``m:name``."""
+  packed = [{"round": r, "members": [member[r] for member in rows]}
+            for r in range(len(rows[0]))]
+  packed_clients = [
+      {f"{m}:{name}": value for m, member in enumerate(client_rows)
+       for name, value in member[r].items()}
+      for r in range(len(client_rows[0]))]
+  return packed, packed_clients
+
+
+def _unpack_rows(packed, packed_clients, num_members: int):
+  """The inverse of ``_pack_rows``."""
+  rows = [[row["members"][m] for row in packed] for m in range(num_members)]
+  client_rows = [[] for _ in range(num_members)]
+  for row in packed_clients:
+    split = [{} for _ in range(num_members)]
+    for key, value in row.items():
+      m, name = key.split(":", 1)
+      split[int(m)][name] = value
+    for m in range(num_members):
+      client_rows[m].append(split[m])
+  return rows, client_rows
