@@ -11,7 +11,8 @@ the test set, of the clients' data and of their held-out splits
 (personalised and fine-tuned accuracies), the round loop
 (``loop.Driver``), and the histories with their recorded settings.
 
-Only the round itself has two forms (``Plan.vmapped``):
+Only the round itself has two forms (``Plan.vmapped``; see
+``fedjax_agg.round_forms``):
 
 * unvmapped (``simulation.run``, S = 1): the member's cohort sharded over
   ``Execution.devices``, streaming, Poisson cohorts and per-client tables in
@@ -35,15 +36,16 @@ from fedjax_agg import aggregators
 from fedjax_agg import clients as clients_lib
 from fedjax_agg import distributed
 from fedjax_agg import engine
-from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import loop
 from fedjax_agg import privacy as privacy_lib
+from fedjax_agg import round_forms
 from fedjax_agg import rounds
-from fedjax_agg import sampling as sampling_lib
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
                                LocalTraining, NonFinite, Privacy)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
+from fedjax_agg.round_forms import (MEMBER_AXIS, UntraceableGridError,
+                                    stack_data)
 from fedjax_agg.types import Aggregator, LocalObjective, Model, Params
 
 __all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "Member", "Plan",
@@ -52,7 +54,6 @@ __all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "Member", "Plan",
 
 # The grid name that also sets the members' client learning rate.
 CLIENT_LEARNING_RATE = "learning_rate"
-MEMBER_AXIS = "members"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -94,6 +95,10 @@ class Plan:
   config: Optional[dict] = None
   privacy: Optional[Privacy] = None
   vmapped: bool = False
+
+  def parts_of(self, hparams: dict):
+    """``build(hparams)`` as (aggregator, objective or None)."""
+    return parts(self.build(dict(hparams)))
 
   @property
   def members(self) -> list[tuple[int, int]]:
@@ -272,26 +277,6 @@ def _global_for_all(client_state, params, client_ids):
       lambda a: jnp.broadcast_to(a, client_ids.shape + a.shape), params)
 
 
-def _member(tree, index: int):
-  return jax.tree.map(lambda leaf: leaf[index], tree)
-
-
-def _stack(trees):
-  return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
-
-
-class _Round(NamedTuple):
-  """The part of a run that differs between its two forms."""
-  state: Any  # the placed initial state (members stacked when vmapped)
-  round_step: Callable
-  sample: Callable
-  evaluate: Callable  # (state, with_clients) -> per-member test rows
-  member_output: Callable
-  member_state: Callable
-  num_devices: int
-  device: Any  # where the held-out evaluations run
-
-
 def execute(plan: Plan) -> list[Member]:
   """Runs ``plan``'s members. -> one ``Member`` per (point, seed)."""
   loop.check_rounds(plan.num_rounds)
@@ -319,7 +304,7 @@ def execute(plan: Plan) -> list[Member]:
   if plan.vmapped:
     _check_same_shapes(plan, states)
     # Stacking copies: the caller's init_params stay valid.
-    state, run_key = _stack(states), jnp.stack(run_keys)
+    state, run_key = round_forms.stack(states), jnp.stack(run_keys)
   else:
     # Rounds donate their input state; copy it so that the caller's
     # ``init_params`` (which the state may alias) stay valid.
@@ -337,7 +322,8 @@ def execute(plan: Plan) -> list[Member]:
     if not plan.vmapped:
       run_key = snapshot.run_key
       run_keys = [run_key]
-  form = (_vmapped if plan.vmapped else _unvmapped)(
+  form = (round_forms.vmapped if plan.vmapped
+          else round_forms.unvmapped)(
       plan, state, built, cohort_size, accounts, run_keys, num_rounds,
       num_classes)
   held_out = _held_out_evaluation(plan, built, run_keys, form.device)
@@ -358,15 +344,16 @@ def execute(plan: Plan) -> list[Member]:
       with_losses=plan.training.losses_for(any(
           b[0].uses_losses for b in built)))
   state = form.state
-  pack = _pack_rows if plan.vmapped else (
+  pack = round_forms.pack_rows if plan.vmapped else (
       lambda rows, client_rows: (rows[0], client_rows[0]))
   if snapshot is None:
     rows = [[row] for row in driver.initial_rows(state, num_rounds)]
     client_rows = [[] for _ in members]
   else:
-    rows, client_rows = (_unpack_rows(snapshot.rows, snapshot.client_rows,
-                                      len(members)) if plan.vmapped
-                         else ([snapshot.rows], [snapshot.client_rows]))
+    rows, client_rows = (
+        round_forms.unpack_rows(snapshot.rows, snapshot.client_rows,
+                                len(members)) if plan.vmapped
+        else ([snapshot.rows], [snapshot.client_rows]))
     driver.replay(rows, client_rows)
   state = loop.loop_with_checkpoints(driver, checkpointer, state, run_key,
                                      num_rounds, rows, client_rows, pack=pack)
@@ -477,301 +464,3 @@ def _held_out_evaluation(plan: Plan, built, run_keys, device):
 
   return held_out
 
-
-def _unvmapped(plan: Plan, state, built, cohort_size: int,
-               accounts: _Accounts, run_keys, num_rounds: int,
-               num_classes: int) -> _Round:
-  """One member's round: its cohort sharded over the devices, streaming,
-  Poisson cohorts, host tables."""
-  model, execution, evaluation = plan.model, plan.execution, plan.evaluation
-  aggregator = built[0][0]
-  training = plan.training_of(plan.points[0], built[0][1])
-  data = plan.data[0]
-  accounting = accounts.accounting[0]
-  privacy = accounts.privacy[0]
-  poisson = privacy is not None and privacy.sampling == "poisson"
-  if poisson:
-    rate = cohort_size / data.num_clients  # q = m / N
-    capacity = sampling_lib.poisson_capacity(data.num_clients, rate)
-  mesh, device = distributed.round_mesh(execution.devices)
-  place = ((lambda tree: distributed.replicate(tree, mesh)) if mesh
-           else (lambda tree: jax.device_put(tree, device)))
-
-  def place_state(state):
-    # A per-client table ([N, ...] leaves) is split by rows over the
-    # devices, everything else replicated.
-    if mesh is None:
-      return place(state)
-    return place(state._replace(client_state=()))._replace(
-        client_state=distributed.shard_rows(state.client_state, mesh,
-                                            data.num_clients))
-  # Data and state live on the devices once, up front (placed like the
-  # round's outputs, so round 2 reuses round 1's compilation); evaluation
-  # runs on one device, from a local copy.
-  state, data = place_state(state), place(data)
-  eval_data = data if mesh is None else distributed.local_copy(data, device)
-  round_fn = rounds.make_round_fn(
-      model, aggregator, training, execution=execution, mesh=mesh,
-      local_update=plan.local_update, nonfinite=plan.nonfinite.clients,
-      donate_state=True)
-  sample_keys = loop.cohort_keys(run_keys[0], num_rounds)
-  full_mask = place(jnp.ones((cohort_size,), jnp.float32))
-  compiled = []
-
-  def sample(r):
-    if not poisson:
-      return place(rounds.sample_cohort(
-          sample_keys[r], data.num_clients, cohort_size,
-          execution.sampler)), full_mask
-    cohort, mask, count = sampling_lib.poisson_cohort(
-        sample_keys[r], data.num_clients, rate, capacity)
-    if int(count) > capacity:
-      raise RuntimeError(
-          f"round {r + 1}: the Poisson cohort drew {int(count)} clients, "
-          f"more than its capacity {capacity}; refusing to truncate it "
-          "(that would change the sampling the accounting assumes)")
-    return place(cohort), place(mask)
-
-  def round_step(state, drawn):
-    cohort, mask = drawn
-    if not compiled:  # hosts start their first round together
-      distributed.compile_together(round_fn, state, data, cohort, mask)
-      compiled.append(True)
-    state, out = round_fn(state, data, cohort, mask)
-    if mesh is not None:
-      # Leaves whose sharding XLA chose otherwise are placed again, so
-      # that the next round reuses this compilation.
-      state = place_state(state)
-    jax.block_until_ready(state.params)
-    out = distributed.to_numpy(out)  # gathered from other hosts
-    if "epsilons" in accounting:
-      out = out._replace(metrics={
-          **out.metrics,
-          "epsilon": accounting["epsilons"][int(state.round) - 1]})
-    return state, out
-
-  # One process: every evaluation batch is split over the round's devices
-  # (params replicated there). Several: evaluated on one local device.
-  batch_sharding = None
-  if mesh is not None and jax.process_count() == 1:
-    batch_sharding = jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
-  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
-
-  def evaluate(state, with_clients):
-    params = aggregators.eval_params(state.aggregator_state, state.params)
-    if batch_sharding is None:
-      params = distributed.local_copy(params, device)
-    else:
-      params = place(params)
-    test = evaluation_lib.evaluate(model, params, test_x, test_y,
-                                   num_classes, evaluation.batch_size,
-                                   batch_sharding)
-    row = {f"test_{k}": v for k, v in test.items()}
-    if with_clients:
-      losses = np.asarray(evaluation_lib.client_losses(
-          model, params, data if batch_sharding is not None else eval_data,
-          evaluation.batch_size, batch_sharding))
-      row["client_loss_mean"] = float(losses.mean())
-      row["client_loss_var"] = float(losses.var())
-    return [row]
-
-  return _Round(state=state, round_step=round_step, sample=sample,
-                evaluate=evaluate, member_output=lambda out, m: out,
-                member_state=lambda state, m: state,
-                num_devices=1 if mesh is None else mesh.size, device=device)
-
-
-def _data_axes(stacked: bool) -> FederatedData:
-  """vmap ``in_axes`` of the data: pooled arrays shared, indices per member
-  when ``stacked``."""
-  axis = 0 if stacked else None
-  return FederatedData(None, None, axis, axis, None)
-
-
-class UntraceableGridError(ValueError):
-  """A grid argument that cannot be a traced value (it sets a shape or
-  picks code by a Python test)."""
-
-
-_TRACER_ERRORS = (jax.errors.ConcretizationTypeError,
-                  jax.errors.TracerArrayConversionError,
-                  jax.errors.TracerIntegerConversionError,
-                  jax.errors.TracerBoolConversionError)
-
-
-def _check_traceable(sweep_round, points, *arguments) -> None:
-  """Traces the vmapped round once (no computation) before the first round,
-  so that a grid argument that sets a shape is named up front."""
-  try:
-    jax.eval_shape(sweep_round, *arguments)
-  except _TRACER_ERRORS as error:
-    names = sorted(points[0])
-    raise UntraceableGridError(
-        f"grid: {names} cannot be swept in one vmapped call: a swept "
-        "argument sets a shape or selects code by a Python test, so it "
-        "cannot be a traced value ("
-        f"{type(error).__name__}); run those values one at a time") from None
-
-
-def stack_data(data: Sequence[FederatedData]) -> FederatedData:
-  """One seed's data per entry -> ``FederatedData`` with a member axis on
-  ``client_indices`` [S, N, L] and ``num_examples`` [S, N].
-
-  The entries must share the pooled ``x`` and ``y`` (kept once, no member
-  axis) and the number of clients; index rows are padded to the largest L.
-  """
-  first = data[0]
-  for i, other in enumerate(data):
-    if not isinstance(other, FederatedData):
-      raise TypeError(f"data[{i}] must be a FederatedData, got "
-                      f"{type(other).__name__}")
-    if other.num_clients != first.num_clients:
-      raise ValueError(f"data[{i}] has {other.num_clients} clients, data[0] "
-                       f"{first.num_clients}: the members must share N")
-    for name in ("x", "y"):
-      a, b = getattr(first, name), getattr(other, name)
-      if a is not b and (a.shape != b.shape or not np.array_equal(
-          np.asarray(a), np.asarray(b))):
-        raise ValueError(
-            f"data[{i}].{name} differs from data[0].{name}: the members "
-            "must share the pooled examples (only the partition may differ)")
-  width = max(d.max_examples for d in data)
-  indices = jnp.stack([jnp.pad(d.client_indices,
-                               ((0, 0), (0, width - d.max_examples)))
-                       for d in data])
-  counts = jnp.stack([d.num_examples for d in data])
-  return FederatedData(first.x, first.y, indices, counts)
-
-
-def _vmapped(plan: Plan, state, built, cohort_size: int,
-             accounts: _Accounts, run_keys, num_rounds: int,
-             num_classes: int) -> _Round:
-  """S members' round as one vmapped, jitted call; the member axis sharded
-  over the devices."""
-  model, execution, evaluation = plan.model, plan.execution, plan.evaluation
-  members, points = plan.members, plan.points
-  mesh, device = distributed.round_mesh(execution.devices,
-                                        axis_name=MEMBER_AXIS)
-  if mesh is not None and len(members) % mesh.size:
-    raise ValueError(
-        f"execution.devices: the {len(members)} members must be a multiple "
-        f"of the {mesh.size} devices they are sharded over")
-  by_member = (lambda tree: tree) if mesh is None else (
-      lambda tree: jax.device_put(tree, jax.sharding.NamedSharding(
-          mesh, jax.sharding.PartitionSpec(MEMBER_AXIS))))
-  replicated = (lambda tree: tree) if mesh is None else (
-      lambda tree: distributed.replicate(tree, mesh))
-  state = by_member(state)
-  per_seed_data = len(plan.data) > 1
-  if per_seed_data:
-    by_seed = stack_data(plan.data)
-    seed_of = np.array([s for _, s in members])
-    round_data = by_seed._replace(
-        client_indices=by_member(by_seed.client_indices[seed_of]),
-        num_examples=by_member(by_seed.num_examples[seed_of]),
-        x=replicated(by_seed.x), y=replicated(by_seed.y))
-  else:
-    round_data = replicated(plan.data[0])
-  data_axes = _data_axes(per_seed_data)
-  hparams = by_member({
-      name: jnp.asarray([points[p][name] for p, _ in members], jnp.float32)
-      for name in points[0]})
-  member_execution = dataclasses.replace(execution, stream=False)
-
-  def member_round(hp, member_state, member_data, cohort, mask):
-    aggregator, objective = parts(plan.build(dict(hp)))
-    round_fn = rounds.make_round_fn(
-        model, aggregator, plan.training_of(hp, objective),
-        execution=member_execution, local_update=plan.local_update,
-        nonfinite=plan.nonfinite.clients, jit=False)
-    return round_fn(member_state, member_data, cohort, mask)
-
-  sweep_round = jax.jit(
-      jax.vmap(member_round, in_axes=(0, 0, data_axes, 0, None)),
-      donate_argnums=(1,))
-  num_clients = plan.data[0].num_clients
-  sample = jax.vmap(lambda key: rounds.sample_cohort(
-      key, num_clients, cohort_size, execution.sampler))
-  sample_keys = jax.vmap(lambda key: loop.cohort_keys(
-      key, num_rounds))(jnp.stack(run_keys))
-  mask = jnp.ones((cohort_size,), jnp.float32)
-  epsilons = None
-  if plan.privacy is not None and num_rounds:
-    epsilons = np.stack([a["epsilons"] for a in accounts.accounting], 1)
-  stacked_eval = evaluation_lib.stacked_per_example_fn(model)
-  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
-  labels = np.asarray(test_y)
-
-  def evaluate(state, with_clients) -> list[dict]:
-    params = aggregators.eval_params(state.aggregator_state, state.params)
-    losses, preds = evaluation_lib.map_batches(
-        stacked_eval, params, test_x, test_y, evaluation.batch_size)
-    mean_loss = np.asarray(jnp.mean(losses, axis=-1))
-    preds = np.asarray(preds)
-    if with_clients:
-      train_losses, _ = evaluation_lib.map_batches(
-          stacked_eval, params, round_data.x, round_data.y,
-          evaluation.batch_size)
-      client_losses = np.asarray(jax.vmap(
-          evaluation_lib.per_client_mean,
-          in_axes=(0, data_axes.client_indices, data_axes.num_examples))(
-              train_losses, round_data.client_indices,
-              round_data.num_examples))
-    rows = []
-    for m in range(len(members)):
-      test = evaluation_lib.classification_metrics(labels, preds[m],
-                                                   num_classes)
-      test["loss"] = float(mean_loss[m])
-      row = {f"test_{k}": v for k, v in test.items()}
-      if with_clients:
-        row["client_loss_mean"] = float(client_losses[m].mean())
-        row["client_loss_var"] = float(client_losses[m].var())
-      rows.append(row)
-    return rows
-
-  _check_traceable(sweep_round, points, hparams, state, round_data,
-                   by_member(sample(sample_keys[:, 0])), mask)
-
-  def round_step(state, cohorts):
-    state, out = sweep_round(hparams, state, round_data, cohorts, mask)
-    jax.block_until_ready(state.params)
-    out = jax.device_get(out)
-    if epsilons is not None:
-      out = out._replace(metrics={
-          **out.metrics, "epsilon": epsilons[int(out_round(state)) - 1]})
-    return state, out
-
-  def out_round(state):
-    return np.asarray(jax.device_get(state.round))[0]
-
-  return _Round(state=state, round_step=round_step,
-                sample=lambda r: by_member(sample(sample_keys[:, r])),
-                evaluate=evaluate, member_output=_member,
-                member_state=_member, num_devices=1, device=device)
-
-
-def _pack_rows(rows, client_rows):
-  """Members' rows -> one row per round (as a checkpoint holds a run's):
-  ``{"round": r, "members": [...]}`` and client rows keyed ``m:name``."""
-  packed = [{"round": r, "members": [member[r] for member in rows]}
-            for r in range(len(rows[0]))]
-  packed_clients = [
-      {f"{m}:{name}": value for m, member in enumerate(client_rows)
-       for name, value in member[r].items()}
-      for r in range(len(client_rows[0]))]
-  return packed, packed_clients
-
-
-def _unpack_rows(packed, packed_clients, num_members: int):
-  """The inverse of ``_pack_rows``."""
-  rows = [[row["members"][m] for row in packed] for m in range(num_members)]
-  client_rows = [[] for _ in range(num_members)]
-  for row in packed_clients:
-    split = [{} for _ in range(num_members)]
-    for key, value in row.items():
-      m, name = key.split(":", 1)
-      split[int(m)][name] = value
-    for m in range(num_members):
-      client_rows[m].append(split[m])
-  return rows, client_rows

@@ -132,10 +132,10 @@ class PartitionSpec:
       "--partition-arg", "argument of the partition recipe (repeatable; "
       "see --list partitions)", kind="pairs"))
   seed_offset: int = _field(0)
+  # Each client's validation split, drawn with the partition's seed.
   holdout_fraction: float = _field(0.0, Flag(
-      "--holdout-fraction", "share of each client's examples held out as "
-      "its validation split (for --personalized / --finetune-steps), drawn "
-      "with the partition's seed; 0: none", type=float))
+      "--holdout-fraction", "held-out share of each client's examples",
+      type=float))
 
 
 @dataclasses.dataclass(frozen=True)
