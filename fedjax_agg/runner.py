@@ -106,9 +106,6 @@ class Plan:
     return [(p, s) for p in range(len(self.points))
             for s in range(len(self.seeds))]
 
-  def data_of(self, seed_index: int) -> FederatedData:
-    return self.data[seed_index if len(self.data) > 1 else 0]
-
   def training_of(self, point: dict, objective=None) -> LocalTraining:
     """The member's training: the grid's client learning rate and the
     objective its rule comes with."""
@@ -435,10 +432,12 @@ def _held_out_evaluation(plan: Plan, built, run_keys, device):
   if not evaluation.per_client:
     return None
   trainers = {}
+  # Each seed's data on the evaluation device, copied once for the run.
+  local_data = [distributed.local_copy(data, device) for data in plan.data]
 
   def held_out(state, m):
     p, s = plan.members[m]
-    data = distributed.local_copy(plan.data_of(s), device)
+    data = local_data[s if len(local_data) > 1 else 0]
     params = distributed.local_copy(
         aggregators.eval_params(state.aggregator_state, state.params),
         device)
