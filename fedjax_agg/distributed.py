@@ -63,12 +63,19 @@ def use_cpu_devices(count: int) -> None:
   if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or (
       count < 1):
     raise ValueError(f"count must be a positive int, got {count!r}")
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+  before = os.environ.get("XLA_FLAGS")
+  flags = [f for f in (before or "").split()
            if not f.startswith(_HOST_DEVICES_FLAG + "=")]
   flags.append(f"{_HOST_DEVICES_FLAG}={int(count)}")
   os.environ["XLA_FLAGS"] = " ".join(flags)
   started = len(jax.devices("cpu"))
   if started != count:
+    # The flag did not apply: leave the environment as it was, so that
+    # subprocesses started later get the devices this process has.
+    if before is None:
+      del os.environ["XLA_FLAGS"]
+    else:
+      os.environ["XLA_FLAGS"] = before
     raise RuntimeError(
         f"use_cpu_devices({count}): JAX's CPU backend had already started "
         f"with {started} device(s); call it (or set XLA_FLAGS="

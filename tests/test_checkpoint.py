@@ -53,7 +53,7 @@ def run_args(aggregator="feddrl", learning_rate=0.2):
       num_rounds=ROUNDS, participation=0.6,
       training=LocalTraining(batch_size=3, learning_rate=learning_rate,
                              steps_fn=stragglers.stragglers(0.5, 1)),
-      execution=Execution(clients_per_step=3, progress=False),
+      execution=Execution(clients_per_step=3, devices=1, progress=False),
       # Client losses every round: a schedule that does not depend on R,
       # so that an extended run equals the longer one column for column.
       evaluation=Evaluation(clients=True), seed=4)
@@ -136,7 +136,10 @@ def test_killed_run_resumes_to_the_uninterrupted_history(
   directory = str(tmp_path / "ckpt")
   code = ("import sys; from tests.test_checkpoint import run_worker; "
           "run_worker(sys.argv[1], 0.5)")
+  # The worker must run on the devices this process runs on.
   env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": (f"--xla_force_host_platform_device_count="
+                       f"{len(jax.devices('cpu'))}"),
          "JAX_COMPILATION_CACHE_DIR": compilation_cache,
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}

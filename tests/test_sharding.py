@@ -260,8 +260,16 @@ def test_use_cpu_devices_before_and_after_jax_starts(monkeypatch):
   from fedjax_agg import distributed  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   started = len(jax.devices("cpu"))
-  with pytest.raises(RuntimeError, match="already started"):
-    distributed.use_cpu_devices(started + 1)
+  for before in ("--xla_cpu_enable_fast_math=false", None):
+    if before is None:
+      monkeypatch.delenv("XLA_FLAGS")
+    else:
+      monkeypatch.setenv("XLA_FLAGS", before)
+    with pytest.raises(RuntimeError, match="already started"):
+      distributed.use_cpu_devices(started + 1)
+    # Refused, it leaves the environment as it was: subprocesses started
+    # later must not inherit a device count this process does not have.
+    assert os.environ.get("XLA_FLAGS") == before
   for bad in (0, -2, 1.5, True):
     with pytest.raises(ValueError, match="count"):
       distributed.use_cpu_devices(bad)
