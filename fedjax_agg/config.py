@@ -10,7 +10,9 @@ driver (``simulation.run``, ``sweep.run_sweep``) down to the round
   loop, streaming, cohort sampler, progress bar); it never changes a
   result beyond float rounding;
 * ``Evaluation``: when and on what the global model is evaluated;
-* ``Checkpointing``: where and how often the whole run is saved.
+* ``Checkpointing``: where and how often the whole run is saved;
+* ``Systems``: the clients' simulated clock (speeds, bandwidths,
+  availability, over-selection, deadlines) and the uplink codec.
 
 Every field is checked when the object is built, so a bad value raises a
 ``ValueError``/``TypeError`` naming the field before anything runs. The
@@ -19,6 +21,7 @@ learning rate may be a traced value (sweeps build ``LocalTraining`` inside
 """
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Optional, Union
 
@@ -31,7 +34,7 @@ from fedjax_agg.types import LocalObjective, PRNGKey
 
 __all__ = ["ACCOUNTANTS", "Checkpointing", "Evaluation", "Execution",
            "LocalStepsFn", "LocalTraining", "NonFinite", "OptimizerFactory",
-           "OPTIMIZERS", "Privacy", "SAMPLINGS", "client_optimizer"]
+           "OPTIMIZERS", "Privacy", "SAMPLINGS", "Systems", "client_optimizer"]
 
 OptimizerFactory = Callable[..., optax.GradientTransformation]
 OPTIMIZERS = ("sgd", "adam")
@@ -339,3 +342,107 @@ class Privacy:
     if self.target_epsilon is not None:
       checks.check_range("target_epsilon", self.target_epsilon, 0,
                          low_open=True)
+
+
+def _check_arguments(name: str, value) -> None:
+  if not isinstance(value, dict) or not all(
+      isinstance(k, str) for k in value):
+    raise TypeError(f"{name} must be a dict of keyword arguments, got "
+                    f"{value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Systems:
+  """The clients' systems: a simulated clock and what travels on the wire.
+
+  Every run with a ``Systems`` records, after each round, ``sim_time_s``
+  (simulated wall-clock since the start), ``uplink_bytes`` and
+  ``downlink_bytes`` (cumulative, exact: the model's bytes down to every
+  selected client, the codec's message up from every aggregated one) and
+  ``dropped`` (selected clients that went offline or missed the deadline).
+  A client's task takes epochs x its batches x batch size / speed + model
+  bytes / downlink + message bytes / uplink (``systems.task_time``).
+
+  With every client always online, no over-selection and no deadline the
+  clock only measures: the run's cohorts and results are those of the run
+  without it. Otherwise each round's candidates are the seeded cohort
+  order's clients online at the round's start; the round aggregates the
+  first m to finish (m = the cohort size) and ends when the last of them
+  reports (``systems.sync_round_from_order``).
+
+  Attributes:
+    profiles: how fast clients are: a ``systems.PROFILES`` name
+      ("constant", "lognormal") or "trace" (``profile_args={"path":
+      csv}``, ``systems.read_profiles``).
+    profile_args: the profile factory's arguments (e.g. ``speed_sigma``).
+    availability: when clients are online: a ``systems.AVAILABILITY``
+      name ("always", "markov", "diurnal", "intervals" with a ``path``).
+    availability_args: its arguments (e.g. ``mean_online_s``).
+    over_selection: x >= 0: select ceil(m (1 + x)) clients, aggregate the
+      first m to finish.
+    deadline_s: drop clients that finish later than this after the round's
+      start (None: no deadline).
+    codec: the uplink codec (a ``compression.CODECS`` name; None: float32
+      updates, uncompressed). Rules then aggregate the decoded models.
+    codec_args: its arguments (e.g. ``bits``).
+    error_feedback: keep each client's compression residual and add it to
+      its next update (a model-sized table per client).
+    seed: seeds the profiles and availability (the population's, apart
+      from the run's seed).
+  """
+  profiles: str = "constant"
+  profile_args: dict = dataclasses.field(default_factory=dict)
+  availability: str = "always"
+  availability_args: dict = dataclasses.field(default_factory=dict)
+  over_selection: float = 0.0
+  deadline_s: Optional[float] = None
+  codec: Optional[str] = None
+  codec_args: dict = dataclasses.field(default_factory=dict)
+  error_feedback: bool = False
+  seed: int = 0
+
+  def __post_init__(self):
+    from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
+    from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
+    checks.check_choice("profiles", self.profiles,
+                        systems.PROFILES.names + ("trace",))
+    checks.check_choice("availability", self.availability,
+                        systems.AVAILABILITY.names)
+    for name in ("profile_args", "availability_args", "codec_args"):
+      _check_arguments(name, getattr(self, name))
+    if self.profiles == "trace":
+      if set(self.profile_args) != {"path"}:
+        raise ValueError("profile_args: profiles='trace' takes exactly "
+                         f"{{'path': csv}}, got {self.profile_args!r}")
+    else:
+      systems.PROFILES.check_arguments(self.profiles, self.profile_args,
+                                       "profile_args")
+    systems.AVAILABILITY.check_arguments(
+        self.availability, self.availability_args, "availability_args")
+    checks.check_range("over_selection", self.over_selection, 0)
+    if self.deadline_s is not None:
+      checks.check_range("deadline_s", self.deadline_s, 0, low_open=True)
+      if not math.isfinite(self.deadline_s):
+        raise ValueError(f"deadline_s must be finite (None: no deadline), "
+                         f"got {self.deadline_s!r}")
+    if self.codec is not None:
+      compression.get(self.codec, **self.codec_args)  # its own checks
+    elif self.codec_args:
+      raise ValueError(f"codec_args {self.codec_args!r} without a codec")
+    checks.check_bool("error_feedback", self.error_feedback)
+    if self.error_feedback and self.codec is None:
+      raise ValueError("error_feedback=True needs a codec (the residual of "
+                       "an uncompressed update is 0)")
+    checks.check_int("seed", self.seed, 0, 2**32 - 1)
+
+  @property
+  def selects(self) -> bool:
+    """Whether the clock changes who takes part (else it only measures)."""
+    return (self.availability != "always" or self.over_selection > 0
+            or self.deadline_s is not None)
+
+  def build_codec(self):
+    """The uplink ``compression.Codec``, or None."""
+    from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
+    return (None if self.codec is None
+            else compression.get(self.codec, **self.codec_args))

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg import aggregators
+from fedjax_agg import clock
 from fedjax_agg import distributed
 from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import loop
@@ -92,12 +93,21 @@ def unvmapped(plan, state, built, cohort_size: int,
   round_fn = rounds.make_round_fn(
       model, aggregator, training, execution=execution, mesh=mesh,
       local_update=plan.local_update, nonfinite=plan.nonfinite.clients,
-      donate_state=True)
+      donate_state=True, uplink=clock.uplink(plan.systems, state.params))
   sample_keys = loop.cohort_keys(run_keys[0], num_rounds)
   full_mask = place(jnp.ones((cohort_size,), jnp.float32))
   compiled = []
+  timeline = None
+  if plan.systems is not None:
+    timeline = clock.round_plan(
+        plan.systems, clock.build_system(plan.systems, state.params, data,
+                                         training),
+        sample_keys, num_rounds, cohort_size, execution.sampler)
 
   def sample(r):
+    if timeline is not None:
+      return (place(jnp.asarray(timeline.client_ids[r])),
+              place(jnp.asarray(timeline.mask[r])))
     if not poisson:
       return place(rounds.sample_cohort(
           sample_keys[r], data.num_clients, cohort_size,
@@ -127,6 +137,9 @@ def unvmapped(plan, state, built, cohort_size: int,
       out = out._replace(metrics={
           **out.metrics,
           "epsilon": accounting["epsilons"][int(state.round) - 1]})
+    if timeline is not None:
+      out = out._replace(metrics={
+          **out.metrics, **timeline.metrics(int(state.round) - 1)})
     return state, out
 
   # One process: every evaluation batch is split over the round's devices

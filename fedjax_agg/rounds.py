@@ -40,8 +40,9 @@ from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import (Aggregator, ClientInfo, LocalUpdate, Model,
                               Params, PRNGKey)
 
-__all__ = ["LocalUpdate", "RoundOutput", "ServerState", "init_state",
-           "make_round_fn", "num_sampled", "sample_cohort", "stateless"]
+__all__ = ["LocalUpdate", "RoundOutput", "ServerState", "as_local_update",
+           "init_state", "make_round_fn", "num_sampled", "sample_cohort",
+           "stateless"]
 
 
 class ServerState(NamedTuple):
@@ -98,6 +99,17 @@ def stateless(train: Callable[..., engine.LocalResult]) -> LocalUpdate:
   return LocalUpdate(init=lambda num_clients: (), update=update)
 
 
+def as_local_update(inner, name: str = "local_update") -> LocalUpdate:
+  """``inner`` if a ``LocalUpdate``; a function with the engine's interface
+  made one (``stateless``); anything else a TypeError naming ``name``."""
+  if isinstance(inner, LocalUpdate):
+    return inner
+  if not callable(inner):
+    raise TypeError(f"{name} must be a LocalUpdate or a train function, "
+                    f"got {type(inner).__name__}")
+  return stateless(inner)
+
+
 def num_sampled(num_clients: int, participation: float) -> int:
   """m = max(floor(C * N), 1) clients per round."""
   if (isinstance(participation, bool)
@@ -150,6 +162,7 @@ def make_round_fn(
     nonfinite: str = "exclude",
     donate_state: bool = False,
     jit: bool = True,
+    uplink: Optional[Callable[[LocalUpdate], LocalUpdate]] = None,
 ) -> Callable[..., tuple[ServerState, RoundOutput]]:
   """Builds one FL round.
 
@@ -173,6 +186,9 @@ def make_round_fn(
       of large states); the caller must not reuse the old state.
     jit: False gives the round un-jitted, to be composed under ``jax.vmap``
       with traced hyperparameters (``fedjax_agg.sweep``).
+    uplink: wraps the client side (after the default trainer is built),
+      e.g. sending its updates through a codec (``fedjax_agg.clock``);
+      the rule then gets stacked models, never a stream.
 
   Returns:
     ``round_fn(state, data, cohort, mask) -> (new_state, RoundOutput)``
@@ -199,13 +215,15 @@ def make_round_fn(
       training, compute_losses=training.losses_for(aggregator.uses_losses))
   stream = execution.stream
   if stream is None:
-    stream = aggregator.stream is not None and local_update is None
+    stream = (aggregator.stream is not None and local_update is None
+              and uplink is None)
   elif stream and aggregator.stream is None:
     raise ValueError("stream=True needs an aggregator with a streaming form "
                      "(aggregator.stream is None)")
-  elif stream and local_update is not None:
+  elif stream and (local_update is not None or uplink is not None):
     raise ValueError("stream=True streams the engine's own training; a "
-                     "custom local_update returns stacked client models")
+                     "custom local_update (or an uplink codec) returns "
+                     "stacked client models")
   exclude = nonfinite != "propagate"
   placement = dict(clients_per_step=execution.clients_per_step, mesh=mesh,
                    chunk_loop=execution.chunk_loop)
@@ -222,6 +240,8 @@ def make_round_fn(
       raise TypeError(f"local_update must be a LocalUpdate or a function, "
                       f"got {type(local_update).__name__}")
     local_update = stateless(local_update)
+  if uplink is not None and not stream:
+    local_update = uplink(local_update)
   batch_size, epochs = training.batch_size, training.epochs
 
   def round_fn(state: ServerState, data: FederatedData, cohort: jax.Array,

@@ -34,6 +34,7 @@ import numpy as np
 
 from fedjax_agg import aggregators
 from fedjax_agg import clients as clients_lib
+from fedjax_agg import clock
 from fedjax_agg import distributed
 from fedjax_agg import engine
 from fedjax_agg import loop
@@ -41,7 +42,7 @@ from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import round_forms
 from fedjax_agg import rounds
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
-                               LocalTraining, NonFinite, Privacy)
+                               LocalTraining, NonFinite, Privacy, Systems)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.round_forms import (MEMBER_AXIS, UntraceableGridError,
@@ -70,8 +71,8 @@ class Plan:
     points: the grid points (``[{}]`` without a grid).
     seeds: the seeds; members are (point, seed), points outer.
     num_rounds, participation, training, execution, evaluation,
-      local_update, nonfinite, init_params, checkpointing, config, privacy:
-      as ``simulation.run``.
+      local_update, nonfinite, init_params, checkpointing, config, privacy,
+      systems: as ``simulation.run``.
     callbacks: per member, the callables called with its rows.
     vmapped: step the members as one vmapped round (``sweep``); else one
       member, unvmapped (``simulation.run``).
@@ -94,6 +95,7 @@ class Plan:
   callbacks: Sequence[Sequence[loop.Callback]] = ((),)
   config: Optional[dict] = None
   privacy: Optional[Privacy] = None
+  systems: Optional[Systems] = None
   vmapped: bool = False
 
   def parts_of(self, hparams: dict):
@@ -226,6 +228,18 @@ def _accounting(privacy: Optional[Privacy], num_clients: int,
   return out
 
 
+def _client_state(plan: Plan, params, num_clients: int):
+  """The client side's initial state (the codec's residuals with it)."""
+  local_update = plan.local_update
+  wrap = clock.uplink(plan.systems, params)
+  if wrap is not None:
+    # Only ``init`` is read: the engine's own trainer (None) is stateless.
+    local_update = wrap(local_update or rounds.stateless(lambda *a: None))
+  if not isinstance(local_update, rounds.LocalUpdate):
+    return ()
+  return local_update.init(num_clients)
+
+
 class _Accounts(NamedTuple):
   privacy: list  # per member: the resolved Privacy or None
   accounting: list  # per member: _accounting's dict
@@ -278,6 +292,7 @@ def execute(plan: Plan) -> list[Member]:
   """Runs ``plan``'s members. -> one ``Member`` per (point, seed)."""
   loop.check_rounds(plan.num_rounds)
   _check_per_client_evaluation(plan)
+  clock.check(plan.systems, vmapped=plan.vmapped, privacy=plan.privacy)
   model, members = plan.model, plan.members
   built = [parts(plan.build(dict(point))) for point in plan.points]
   num_clients = plan.data[0].num_clients
@@ -290,9 +305,7 @@ def execute(plan: Plan) -> list[Member]:
     init_key, run_key = keys[s]
     params = (model.init(init_key) if plan.init_params is None
               else plan.init_params)
-    client_state = (() if not isinstance(plan.local_update,
-                                         rounds.LocalUpdate)
-                    else plan.local_update.init(num_clients))
+    client_state = _client_state(plan, params, num_clients)
     _check_host_table(plan, client_state)
     states.append(rounds.init_state(
         params, built[p][0], client_state=client_state)._replace(
@@ -365,6 +378,8 @@ def execute(plan: Plan) -> list[Member]:
           **dataclasses.asdict(accounts.privacy[m]),
           **{k: v for k, v in accounts.accounting[m].items()
              if k != "epsilons"}}
+    if plan.systems is not None:
+      extra["systems"] = dataclasses.asdict(plan.systems)
     extra.update(plan.config or {})
     config = loop.base_config(
         num_rounds=num_rounds, participation=plan.participation,
@@ -416,6 +431,8 @@ def _fingerprint(plan: Plan, built, accounts: _Accounts) -> dict:
   else:
     specific = {"seed": plan.seeds[0], "aggregator": built[0][0],
                 "privacy": accounts.privacy[0]}
+  if plan.systems is not None:
+    specific["systems"] = plan.systems
   data = list(plan.data) if len(plan.data) > 1 else plan.data[0]
   return loop.fingerprint(
       model=plan.model, data=data, test_data=plan.test_data,

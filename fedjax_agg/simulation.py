@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 from fedjax_agg import rounds
 from fedjax_agg import runner
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
-                               LocalTraining, NonFinite, Privacy)
+                               LocalTraining, NonFinite, Privacy, Systems)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 # The loop's names, as this module gave them before the loop had its own.
@@ -57,6 +57,7 @@ def run(
     callbacks: Sequence[Callback] = (),
     config: Optional[dict] = None,
     privacy: Optional[Privacy] = None,
+    systems: Optional[Systems] = None,
 ) -> RunResult:
   """Runs ``num_rounds`` rounds of federated training.
 
@@ -92,6 +93,10 @@ def run(
       ``epsilon`` column after every round, Poisson cohorts when it says
       so, and an early end before epsilon passes its target (the history's
       config then says at which round and why).
+    systems: the clients' simulated clock and uplink codec
+      (``config.Systems``): the ``sim_time_s``, ``uplink_bytes``,
+      ``downlink_bytes`` and ``dropped`` columns after every round;
+      availability, over-selection and deadlines decide who takes part.
 
   Returns:
     ``RunResult(history, final_state)``.
@@ -107,6 +112,7 @@ def run(
       evaluation=evaluation, local_update=local_update, nonfinite=nonfinite,
       init_params=init_params, checkpointing=checkpointing,
       callbacks=(tuple(callbacks),), config=config, privacy=privacy,
+      systems=systems,
       seeds=(seed,))
   member, = runner.execute(plan)
   return RunResult(member.history, member.state)

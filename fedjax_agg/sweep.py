@@ -54,7 +54,7 @@ from fedjax_agg import checks
 from fedjax_agg import rounds
 from fedjax_agg import runner
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
-                               LocalTraining, NonFinite, Privacy)
+                               LocalTraining, NonFinite, Privacy, Systems)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.runner import (CLIENT_LEARNING_RATE, MEMBER_AXIS,
                                UntraceableGridError, stack_data)
@@ -145,6 +145,7 @@ def run_sweep(
     config: Optional[dict] = None,
     local_update: Optional[rounds.LocalUpdate] = None,
     privacy: Optional[Privacy] = None,
+    systems: Optional[Systems] = None,
 ) -> list[SweepMember]:
   """Runs every (grid point, seed) member as one vmapped computation.
 
@@ -179,6 +180,9 @@ def run_sweep(
       per-client table gets the member axis) and the grid's
       "learning_rate" reaches it as the round's learning rates. None: the
       engine's training.
+    privacy: as ``simulation.run``, per member (fixed-size cohorts only).
+    systems: refused (``config.Systems`` needs each member's own cohort
+      mask; run the members one at a time).
 
   Returns:
     One ``SweepMember`` per member, in the order of ``(grid point, seed)``.
@@ -216,4 +220,5 @@ def run_sweep(
       init_params=init_params, checkpointing=checkpointing,
       callbacks=[list(callbacks(m)) if callbacks else []
                  for m in range(num_members)],
-      config=config, privacy=privacy, vmapped=True))
+      config=config, privacy=privacy,
+      systems=systems, vmapped=True))

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from fedjax_agg import config as config_lib
 from fedjax_agg import engine
+from fedjax_agg import rounds
 from fedjax_agg.attacks._adversaries import Adversaries
 from fedjax_agg.attacks._attack import Attack
 from fedjax_agg.attacks._attack import Cohort
@@ -42,22 +43,6 @@ from fedjax_agg.types import LocalUpdate, Model
 __all__ = ["ATTACK_STREAM", "local_update", "with_attack"]
 
 ATTACK_STREAM = 2**31 - 1  # fold_in data of the attack's key (docstring)
-
-
-def _as_local_update(inner) -> LocalUpdate:
-  """A ``LocalUpdate``, or one from an engine-style train function."""
-  if isinstance(inner, LocalUpdate):
-    return inner
-  if not callable(inner):
-    raise TypeError(f"local_update must be a LocalUpdate or a train "
-                    f"function, got {type(inner).__name__}")
-
-  def update(client_state, global_params, data, client_ids, mask,
-             learning_rates, num_steps, round_num, key):
-    del mask, round_num
-    return (inner(global_params, data, client_ids, learning_rates, num_steps,
-                  key), client_state, {})
-  return LocalUpdate(init=lambda num_clients: (), update=update)
 
 
 def _num_outputs(model: Model, global_params, x: jax.Array) -> int:
@@ -111,7 +96,7 @@ def with_attack(attack: Attack, adversaries: Adversaries,
   if model is not None and not isinstance(model, Model):
     raise TypeError(f"model must be a Model or None, got "
                     f"{type(model).__name__}")
-  inner = _as_local_update(local_update)
+  inner = rounds.as_local_update(local_update)
 
   def init(num_clients):
     table = adversaries.table

@@ -1,0 +1,135 @@
+"""A run's systems (``config.Systems``): population, round plan, uplink.
+
+The run (``fedjax_agg.runner``) asks this module three things:
+
+* ``check(systems, plan)``: what a run with systems refuses (a vmapped
+  sweep; privacy accounting when the clock selects the clients, since the
+  accountant assumes uniform cohorts of m);
+* ``uplink(systems, params)``: how the clients' local update is wrapped so
+  that their updates go through the codec (``compression.with_codec``),
+  or None;
+* ``round_plan(...)``: every round's cohort rows, mask and history
+  columns, planned up front from the seeds (``systems.plan_rounds``).
+"""
+
+import math
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+
+from fedjax_agg import compression
+from fedjax_agg import rounds
+from fedjax_agg import systems as systems_lib
+from fedjax_agg.config import LocalTraining, Systems
+from fedjax_agg.federated import FederatedData
+from fedjax_agg.types import LocalUpdate, Params
+
+__all__ = ["build_system", "check", "model_bytes", "round_plan", "uplink"]
+
+
+def check(systems: Optional[Systems], *, vmapped: bool, privacy) -> None:
+  """Refuses what a run with ``systems`` cannot do (module docstring)."""
+  if systems is None:
+    return
+  if not isinstance(systems, Systems):
+    raise TypeError(f"systems must be a config.Systems, got "
+                    f"{type(systems).__name__}")
+  if vmapped:
+    raise ValueError(
+        "systems: a sweep steps its members with one shared cohort mask, "
+        "which a simulated clock or codec per member cannot use; run the "
+        "members one at a time (simulation.run, or one seed per run)")
+  if privacy is not None and (systems.selects or (
+      privacy.sampling == "poisson")):
+    raise ValueError(
+        "systems: the privacy accountant assumes cohorts of m clients drawn "
+        "uniformly (or Poisson); a clock that selects clients (availability "
+        f"{systems.availability!r}, over_selection="
+        f"{systems.over_selection}, deadline_s={systems.deadline_s}) or "
+        "Poisson cohorts break that; drop one of them")
+
+
+def model_bytes(params: Params) -> int:
+  """Bytes of the model as sent down: every leaf in its dtype."""
+  return int(sum(np.dtype(leaf.dtype).itemsize * int(np.prod(leaf.shape))
+                 for leaf in jax.tree.leaves(params)))
+
+
+def _update_bytes(systems: Systems, params: Params) -> int:
+  codec = systems.build_codec()
+  if codec is None:
+    return model_bytes(jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, np.float32), params))
+  return compression.message_bytes(codec, params)
+
+
+def uplink(systems: Optional[Systems], params: Params
+           ) -> Optional[Callable[[LocalUpdate], LocalUpdate]]:
+  """``inner -> inner`` with its updates sent through the codec, or None."""
+  if systems is None or systems.codec is None:
+    return None
+  codec = systems.build_codec()
+  template = jax.tree.map(
+      lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params)
+  return lambda inner: compression.with_codec(
+      codec, inner, error_feedback=systems.error_feedback,
+      model_template=template)
+
+
+def build_system(systems: Systems, params: Params, data: FederatedData,
+                 training: LocalTraining) -> systems_lib.System:
+  """The population's ``System``: profiles and availability from the
+  config (seeded by ``systems.seed``) and each client's task: all its
+  epochs of full batches, the model down and the (coded) update up."""
+  num_clients = data.num_clients
+  if systems.profiles == "trace":
+    profiles = systems_lib.read_profiles(systems.profile_args["path"],
+                                         num_clients)
+  else:
+    profiles = systems_lib.PROFILES.build(
+        systems.profiles, num_clients=num_clients, seed=systems.seed,
+        **systems.profile_args)
+  availability = systems_lib.AVAILABILITY.build(
+      systems.availability, num_clients=num_clients, seed=systems.seed,
+      **systems.availability_args)
+  batch = training.batch_size
+  counts = np.asarray(data.num_examples, np.int64)
+  examples = -(-counts // batch) * batch * training.epochs
+  workload = systems_lib.Workload(
+      examples=examples.astype(np.float64),
+      down_bytes=float(model_bytes(params)),
+      up_bytes=float(_update_bytes(systems, params)))
+  return systems_lib.System(profiles, availability, workload)
+
+
+def round_plan(systems: Systems, system: systems_lib.System,
+               sample_keys: jax.Array, num_rounds: int, cohort_size: int,
+               sampler: str) -> systems_lib.RoundPlan:
+  """Every round's cohort rows and history columns.
+
+  When the clock only measures (``Systems.selects`` false) round r's
+  cohort is the run's own (``rounds.sample_cohort`` with the round's
+  key), so the run equals the one without the clock; otherwise the
+  candidates are a permutation of every client drawn from the same key.
+  """
+  num_clients = system.num_clients
+  if systems.selects:
+    draw = jax.jit(lambda key: jax.random.permutation(key, num_clients))
+  else:
+    draw = jax.jit(lambda key: rounds.sample_cohort(
+        key, num_clients, cohort_size, sampler))
+  if num_rounds == 0:
+    width = systems_lib.num_selected(cohort_size, systems.over_selection)
+    empty = np.zeros((0, width))
+    return systems_lib.RoundPlan(empty.astype(np.int32),
+                                 empty.astype(np.float32),
+                                 *(np.zeros(0) for _ in range(4)))
+  plan = systems_lib.plan_rounds(
+      system, lambda r: np.asarray(draw(sample_keys[r])), num_rounds,
+      cohort_size, over_selection=systems.over_selection,
+      deadline_s=systems.deadline_s)
+  if not math.isfinite(float(plan.sim_time_s[-1])):
+    raise ValueError("systems: the simulated clock ran to infinity (a "
+                     "client with zero speed or bandwidth?)")
+  return plan

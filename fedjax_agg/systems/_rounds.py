@@ -1,0 +1,90 @@
+"""A run's synchronous rounds on the simulated clock, planned up front.
+
+Who takes part in round r, when it ends and what it moves depend only on
+the seeds (the cohort order, the population's profiles and availability),
+never on training, so a run plans all its rounds before the first one
+(``plan_rounds``): resuming from a checkpoint or extending a finished run
+replays the same plan. Round r starts when round r - 1 ends.
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+
+from fedjax_agg.systems import _sync
+
+
+class RoundPlan(NamedTuple):
+  """R planned rounds of M cohort rows each.
+
+  Attributes:
+    client_ids: [R, M] int32 cohort rows (padding rows: id 0).
+    mask: [R, M] float32, 1 for the clients the round aggregates.
+    sim_time_s: [R] float64, when each round ends (seconds since the start).
+    dropped: [R] int64, selected clients that went offline or were late.
+    uplink_bytes: [R] int64, cumulative bytes the aggregated clients sent.
+    downlink_bytes: [R] int64, cumulative bytes of the models sent to the
+      selected clients.
+  """
+  client_ids: np.ndarray
+  mask: np.ndarray
+  sim_time_s: np.ndarray
+  dropped: np.ndarray
+  uplink_bytes: np.ndarray
+  downlink_bytes: np.ndarray
+
+  def metrics(self, r: int) -> dict:
+    """Round r's (0-based) history columns."""
+    return {"sim_time_s": float(self.sim_time_s[r]),
+            "uplink_bytes": int(self.uplink_bytes[r]),
+            "downlink_bytes": int(self.downlink_bytes[r]),
+            "dropped": int(self.dropped[r])}
+
+
+def plan_rounds(system: _sync.System, order: Callable[[int], np.ndarray],
+                num_rounds: int, cohort_size: int, *,
+                over_selection: float = 0.0,
+                deadline_s: Optional[float] = None) -> RoundPlan:
+  """Plans ``num_rounds`` synchronous rounds (module docstring).
+
+  Args:
+    system: the population (its workload's ``down_bytes``/``up_bytes`` are
+      the model's and the update message's bytes).
+    order: ``order(r)`` -> round r's candidate client ids in their random
+      order (the run's seeded cohort, or a seeded permutation of all ids).
+    num_rounds: R.
+    cohort_size: m, the clients a round aggregates at most.
+    over_selection, deadline_s: as ``systems.sync_round_from_order``.
+
+  Returns:
+    The ``RoundPlan``; M = ceil(m (1 + over_selection)).
+  """
+  width = _sync.num_selected(cohort_size, over_selection)
+  ids = np.zeros((num_rounds, width), np.int32)
+  mask = np.zeros((num_rounds, width), np.float32)
+  end = np.zeros(num_rounds)
+  dropped = np.zeros(num_rounds, np.int64)
+  up = np.zeros(num_rounds, np.int64)
+  down = np.zeros(num_rounds, np.int64)
+  up_bytes = np.asarray(system.workload.up_bytes, np.int64)
+  down_bytes = np.asarray(system.workload.down_bytes, np.int64)
+  t = 0.0
+  for r in range(num_rounds):
+    planned = _sync.sync_round_from_order(
+        t, order(r), system, cohort_size, over_selection=over_selection,
+        deadline_s=deadline_s)
+    count = planned.client_ids.shape[0]
+    ids[r, :count] = planned.client_ids
+    mask[r, :count] = planned.accepted
+    t = end[r] = planned.end_time
+    dropped[r] = planned.num_dropped
+    accepted = planned.client_ids[planned.accepted]
+    up[r] = _total(up_bytes, accepted)
+    down[r] = _total(down_bytes, planned.client_ids)
+  return RoundPlan(ids, mask, end, dropped, np.cumsum(up), np.cumsum(down))
+
+
+def _total(per_client: np.ndarray, ids: np.ndarray) -> int:
+  """Bytes of ``ids``' messages: a scalar per client or [N] by id."""
+  return int(per_client[ids].sum() if per_client.ndim
+             else per_client * ids.shape[0])
