@@ -3,9 +3,9 @@
 One frozen dataclass per section of a config (``DataSpec`` for "dataset",
 ``PartitionSpec``, ``ModelSpec``, ``TrainSpec`` for "train",
 ``AlgorithmSpec`` for each entry of "algorithms", ``AttackSpec``,
-``PrivacySpec``, ``EarlyStoppingSpec``) and ``Experiment`` for the
-whole. Each field is one concept with ONE name and ONE default, and this
-module is the only place that states them:
+``PrivacySpec``, ``SystemsSpec``, ``EarlyStoppingSpec``) and
+``Experiment`` for the whole. Each field is one concept with ONE name and
+ONE default, and this module is the only place that states them:
 
 * a JSON config is an ``Experiment`` serialised (``Experiment.from_dict``
   checks and builds one, ``to_dict`` writes it back with every default
@@ -28,8 +28,8 @@ from typing import Any, Mapping, NamedTuple, Optional, Union
 __all__ = ["ADVERSARY_MODES", "AlgorithmSpec", "AttackSpec", "DataSpec",
            "EarlyStoppingSpec", "Experiment", "Flag", "ModelSpec",
            "PartitionSpec", "PrivacySpec", "SCRIPT_ALGORITHM_KEYS",
-           "SCRIPT_KEYS", "SECTIONS", "TrainSpec", "defaults", "flags",
-           "keys"]
+           "SCRIPT_KEYS", "SECTIONS", "SystemsSpec", "TrainSpec", "defaults",
+           "flags", "keys"]
 
 # Who is malicious in an attacked run (``fedjax_agg.attacks``).
 ADVERSARY_MODES = ("per_round", "fixed")
@@ -262,6 +262,62 @@ class PrivacySpec:
       "passes this", type=float))
 
 
+def _systems_default(name: str):
+  """``config.Systems``' default for ``name`` (stated there once)."""
+  from fedjax_agg import config  # pylint: disable=g-import-not-at-top
+  field = {f.name: f for f in dataclasses.fields(config.Systems)}[name]
+  return (field.default_factory() if field.default_factory
+          is not dataclasses.MISSING else field.default)
+
+
+def _systems_choices(attribute: str, extra: tuple = ()):
+  def get():
+    from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
+    return getattr(systems, attribute).names + extra
+  return get
+
+
+def _codecs():
+  from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
+  return compression.CODECS.names
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemsSpec:
+  """"systems": the clients' simulated clock and uplink codec in every
+  algorithm's runs (``config.Systems``, whose defaults these are)."""
+  profiles: str = _field(_systems_default("profiles"), Flag(
+      "--profiles", "client speeds and bandwidths: constant, lognormal or "
+      "trace (with --profile-arg path=FILE.csv); records sim_time_s",
+      choices=_systems_choices("PROFILES", ("trace",))))
+  profile_args: dict = _field(_systems_default("profile_args"), Flag(
+      "--profile-arg", "argument of the profiles (repeatable), e.g. "
+      "speed_sigma=1.5", kind="pairs"))
+  availability: str = _field(_systems_default("availability"), Flag(
+      "--availability", "when clients are online (default always)",
+      choices=_systems_choices("AVAILABILITY")))
+  availability_args: dict = _field(_systems_default("availability_args"),
+                                   Flag("--availability-arg", "argument of "
+                                        "the availability (repeatable), e.g. "
+                                        "mean_online_s=3600", kind="pairs"))
+  over_selection: float = _field(_systems_default("over_selection"), Flag(
+      "--over-selection", "select m(1 + x) clients, aggregate the first m "
+      "to finish", type=float))
+  deadline_s: Optional[float] = _field(_systems_default("deadline_s"), Flag(
+      "--deadline", "drop clients that finish later than this many "
+      "simulated seconds after the round starts", type=float))
+  codec: Optional[str] = _field(_systems_default("codec"), Flag(
+      "--codec", "compress the clients' updates (see --list codecs); "
+      "records uplink_bytes", choices=_codecs))
+  codec_args: dict = _field(_systems_default("codec_args"), Flag(
+      "--codec-arg", "argument of the codec (repeatable), e.g. bits=2",
+      kind="pairs"))
+  error_feedback: bool = _field(_systems_default("error_feedback"), Flag(
+      "--error-feedback", "keep each client's compression residual for its "
+      "next update", kind="switch"))
+  seed: int = _field(_systems_default("seed"))
+
+
 @dataclasses.dataclass(frozen=True)
 class EarlyStoppingSpec:
   """"early_stopping": each run ends when a history column stops
@@ -305,6 +361,7 @@ class Experiment:
   vmap_seeds: bool = _field(False)
   attack: Optional[AttackSpec] = _field(None)
   privacy: Optional[PrivacySpec] = _field(None)
+  systems: Optional[SystemsSpec] = _field(None)
   early_stopping: Optional[EarlyStoppingSpec] = _field(None)
   provenance: Optional[dict] = _field(None)
 
@@ -313,7 +370,7 @@ class Experiment:
     sections = {"dataset": DataSpec, "partition": PartitionSpec,
                 "model": ModelSpec, "train": TrainSpec,
                 "attack": AttackSpec, "privacy": PrivacySpec,
-                "early_stopping": EarlyStoppingSpec}
+                "systems": SystemsSpec, "early_stopping": EarlyStoppingSpec}
     for name, cls in sections.items():
       value = getattr(self, name, None)
       if isinstance(value, Mapping):
@@ -364,8 +421,8 @@ class Experiment:
                         if dataclasses.is_dataclass(spec) else dict(spec))
                  for name, spec in value.items()}
       if (value is None and f.name in ("name", "target_accuracy", "attack",
-                                       "privacy", "early_stopping",
-                                       "provenance")) or (
+                                       "privacy", "systems",
+                                       "early_stopping", "provenance")) or (
                                            f.name == "vmap_seeds"
                                            and value is False):
         continue  # Left out unless set, as a config file does.
@@ -379,7 +436,8 @@ class Experiment:
 SECTIONS = {"dataset": DataSpec, "partition": PartitionSpec,
             "model": ModelSpec, "train": TrainSpec,
             "algorithms": AlgorithmSpec, "attack": AttackSpec,
-            "privacy": PrivacySpec, "early_stopping": EarlyStoppingSpec}
+            "privacy": PrivacySpec, "systems": SystemsSpec,
+            "early_stopping": EarlyStoppingSpec}
 
 
 def _build(cls, path: str, mapping: Mapping):
@@ -444,6 +502,7 @@ def flags() -> list[tuple[str, Flag]]:
                       ("algorithms.{algorithm}", AlgorithmSpec),
                       ("train", TrainSpec), ("", Experiment),
                       ("attack", AttackSpec), ("privacy", PrivacySpec),
+                      ("systems", SystemsSpec),
                       ("early_stopping", EarlyStoppingSpec)):
     for f in dataclasses.fields(cls):
       for flag in f.metadata.get("flags", ()):

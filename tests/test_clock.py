@@ -219,3 +219,35 @@ def test_refusals_name_the_argument(tmp_path):
                      (dict(availability="sometimes"), "availability")):
     with pytest.raises((ValueError, TypeError), match=match):
       _run(Systems(**bad))
+
+
+def test_flags_config_and_python_build_the_same_systems():
+  from fedjax_agg import cli  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import spec  # pylint: disable=g-import-not-at-top
+  args, given = cli.parse([
+      "--aggregator", "fedavg", "--profiles", "lognormal", "--profile-arg",
+      "speed_sigma=1.5", "--over-selection", "0.3", "--codec", "qsgd",
+      "--codec-arg", "bits=3", "--error-feedback"])
+  config, _ = cli.resolve(args, given)
+  assert config["systems"] == {
+      "profiles": "lognormal", "profile_args": {"speed_sigma": 1.5},
+      "over_selection": 0.3, "codec": "qsgd", "codec_args": {"bits": 3},
+      "error_feedback": True}
+  built = spec.Experiment.from_dict(config)
+  assert Systems(**dataclasses.asdict(built.systems)) == Systems(
+      profiles="lognormal", profile_args={"speed_sigma": 1.5},
+      over_selection=0.3, codec="qsgd", codec_args={"bits": 3},
+      error_feedback=True)
+  # Without systems flags the section is absent.
+  args, given = cli.parse(["--aggregator", "fedavg"])
+  assert "systems" not in cli.resolve(args, given)[0]
+  for block, path in (({"profile_args": {"speed_sigma": 1.0}},
+                       "systems.profile_args"),
+                      ({"codec": "uniform", "codec_args": {"bits": 40}},
+                       "systems.codec_args"),
+                      ({"error_feedback": True}, "systems.error_feedback"),
+                      ({"deadline_s": -1}, "systems.deadline_s"),
+                      ({"codecs": "sign"}, "systems.codecs")):
+    with pytest.raises(experiment.ConfigError, match=path):
+      experiment.check_config({**config, "systems": block})

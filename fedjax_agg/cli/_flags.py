@@ -10,6 +10,7 @@ experiment config; ``describe`` prints ``--list``.
 import argparse
 import ast
 import copy
+import dataclasses
 from typing import Any, Optional, Sequence
 
 from fedjax_agg import aggregators
@@ -28,7 +29,7 @@ __all__ = ["CONFIG_KEYS", "LISTS", "RUN_FLAGS", "SPEC_FLAGS", "UsageError",
 _DESCRIPTION = "Command line: run one configurable federated experiment."
 
 LISTS = ("aggregators", "objectives", "partitions", "models", "datasets",
-         "attacks")
+         "attacks", "codecs", "profiles", "availability", "staleness")
 
 
 def _dest(flag: str) -> str:
@@ -42,6 +43,11 @@ def _dest(flag: str) -> str:
 SPEC_FLAGS = spec_lib.flags()
 CONFIG_KEYS = {_dest(flag.name): key for key, flag in SPEC_FLAGS}
 _KINDS = {_dest(flag.name): flag.kind for key, flag in SPEC_FLAGS}
+# The config's sections that are absent unless set (default None).
+_OPTIONAL_SECTIONS = tuple(
+    f.name for f in dataclasses.fields(spec_lib.Experiment)
+    if dataclasses.is_dataclass(spec_lib.SECTIONS.get(f.name))
+    and f.default is None)
 # Flags whose name=value pairs are merged into the config's mapping.
 _PAIRS = tuple(dest for dest, kind in _KINDS.items() if kind == "pairs")
 # The flags of how a run is executed and written (not experiment settings:
@@ -227,9 +233,16 @@ def describe(what: str) -> list[str]:
   where the factory passes other keyword arguments on)."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   lines = []
-  if what in ("aggregators", "objectives", "attacks"):
-    registry = {"aggregators": aggregators, "objectives": objectives,
-                "attacks": attacks}[what].REGISTRY
+  from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
+  registries = {"aggregators": aggregators.REGISTRY,
+                "objectives": objectives.REGISTRY,
+                "attacks": attacks.REGISTRY, "codecs": compression.CODECS,
+                "profiles": systems.PROFILES,
+                "availability": systems.AVAILABILITY,
+                "staleness": systems.STALENESS}
+  if what in registries:
+    registry = registries[what]
     for name in registry.names:
       defaults = {arg: value for arg, value in registry.describe(name).items()
                   if arg not in registry.context}
@@ -319,8 +332,14 @@ def config_from_args(args, base: Optional[dict] = None,
     config = {"name": "cli", "dataset": {}, "partition": {}, "model": {},
               "train": {}, "algorithms": {}, "seeds": [0]}
     given = {dest for dest in CONFIG_KEYS if getattr(args, dest) is not None}
-    for dest in ("attack_arg", "client_arg"):  # optional sections' args
-      if not getattr(args, dest):
+    for dest in CONFIG_KEYS:
+      # In an optional section ("attack", "systems", ...) or the optional
+      # client side, an empty NAME=VALUE list or an absent switch states
+      # nothing: the section is not created for it.
+      if ((CONFIG_KEYS[dest].split(".")[0] in _OPTIONAL_SECTIONS
+           or dest == "client_arg")
+          and _KINDS[dest] in ("pairs", "switch")
+          and not getattr(args, dest)):
         given.discard(dest)
   else:
     config = copy.deepcopy(base)

@@ -22,6 +22,7 @@ from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.config import Privacy
+from fedjax_agg.config import Systems
 
 
 # The train keys and defaults come from the typed spec (one name and one
@@ -207,6 +208,8 @@ def run_arguments(config: dict, algorithm: str, prepared) -> dict:
                             clients=train["eval_clients"],
                             personalized=train["personalized"],
                             finetune_steps=train["finetune_steps"]),
+      systems=(None if config.get("systems") is None
+               else Systems(**config["systems"])),
       config={"experiment": config.get("name"), "algorithm": algorithm,
               **{f"train.{k}": v for k, v in train.items()}})
 

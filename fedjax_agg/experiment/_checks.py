@@ -26,6 +26,7 @@ from fedjax_agg import simulation
 from fedjax_agg import spec as spec_lib
 from fedjax_agg.config import OPTIMIZERS
 from fedjax_agg.config import Privacy
+from fedjax_agg.config import Systems
 from fedjax_agg.experiment._build import _rule_parameters
 from fedjax_agg.experiment._build import _train_config
 from fedjax_agg.experiment._build import objective_of
@@ -508,6 +509,25 @@ def _check_privacy(config: dict) -> None:
                       f"privacy.accountant: {error}") from None
 
 
+def _check_systems(config: dict) -> None:
+  if config.get("systems") is None:
+    return
+  block = _check_keys("systems", config["systems"],
+                      spec_lib.keys(spec_lib.SystemsSpec))
+  # Each key checked with the key it depends on (a name's arguments, the
+  # codec of error feedback), so that an error names the key at fault.
+  parents = {"profile_args": "profiles",
+             "availability_args": "availability", "codec_args": "codec",
+             "error_feedback": "codec"}
+  for key, value in block.items():
+    parent = parents.get(key)
+    together = {key: value}
+    if parent is not None and parent in block:
+      together[parent] = block[parent]
+    _built(f"systems.{key}", Systems, **together)
+  _built("systems", Systems, **block)
+
+
 def check_config(config: dict) -> None:
   """Checks every key and value of ``config`` before anything runs.
 
@@ -541,6 +561,7 @@ def check_config(config: dict) -> None:
   _check_attack(config)
   algorithms = _check_mapping("algorithms", config["algorithms"])
   _check_privacy(config)
+  _check_systems(config)
   _check_early_stopping(config)
   if not algorithms:
     raise ConfigError("algorithms", "algorithms must name at least one "

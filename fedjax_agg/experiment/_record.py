@@ -69,6 +69,9 @@ def resolve_config(config: dict) -> dict:
   if config.get("privacy") is not None:
     resolved["privacy"] = {**spec_lib.defaults(spec_lib.PrivacySpec),
                            **config["privacy"]}
+  if config.get("systems") is not None:
+    resolved["systems"] = {**spec_lib.defaults(spec_lib.SystemsSpec),
+                           **config["systems"]}
   if config.get("attack") is not None:
     attack = {**ATTACK_DEFAULTS, **config["attack"]}
     attack["args"] = {
