@@ -12,7 +12,6 @@ The run (``fedjax_agg.runner``) asks this module three things:
   columns, planned up front from the seeds (``systems.plan_rounds``).
 """
 
-import math
 from typing import Callable, Optional
 
 import jax
@@ -119,17 +118,11 @@ def round_plan(systems: Systems, system: systems_lib.System,
   else:
     draw = jax.jit(lambda key: rounds.sample_cohort(
         key, num_clients, cohort_size, sampler))
-  if num_rounds == 0:
-    width = systems_lib.num_selected(cohort_size, systems.over_selection)
-    empty = np.zeros((0, width))
-    return systems_lib.RoundPlan(empty.astype(np.int32),
-                                 empty.astype(np.float32),
-                                 *(np.zeros(0) for _ in range(4)))
   plan = systems_lib.plan_rounds(
       system, lambda r: np.asarray(draw(sample_keys[r])), num_rounds,
       cohort_size, over_selection=systems.over_selection,
       deadline_s=systems.deadline_s)
-  if not math.isfinite(float(plan.sim_time_s[-1])):
+  if not np.isfinite(plan.sim_time_s).all():
     raise ValueError("systems: the simulated clock ran to infinity (a "
                      "client with zero speed or bandwidth?)")
   return plan

@@ -235,11 +235,8 @@ def make_round_fn(
   elif local_update is None:
     local_update = stateless(engine.make_local_trainer(model, training,
                                                        **placement))
-  elif not isinstance(local_update, LocalUpdate):
-    if not callable(local_update):
-      raise TypeError(f"local_update must be a LocalUpdate or a function, "
-                      f"got {type(local_update).__name__}")
-    local_update = stateless(local_update)
+  else:
+    local_update = as_local_update(local_update)
   if uplink is not None and not stream:
     local_update = uplink(local_update)
   batch_size, epochs = training.batch_size, training.epochs

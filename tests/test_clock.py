@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_agg import aggregators
+from fedjax_agg import checkpoint
 from fedjax_agg import compression
 from fedjax_agg import simulation
 from fedjax_agg import sweep
@@ -184,9 +185,14 @@ def test_resume_and_extension_replay_the_same_plan(tmp_path):
                                              resume=True))
   assert _strip(resumed.history.rows, ("time_s",)) == _strip(
       full.history.rows, ("time_s",))
-  with pytest.raises(Exception, match="checkpoint"):
+  with pytest.raises(checkpoint.CheckpointMismatchError):
     _run(dataclasses.replace(systems, seed=5), rounds=4, evaluation=every,
          checkpointing=Checkpointing(directory=directory, resume=True))
+
+
+def test_zero_rounds_on_the_clock_evaluate_the_initial_model():
+  result = _run(Systems(over_selection=0.5), rounds=0)
+  assert [row["round"] for row in result.history.rows] == [0]
 
 
 def test_refusals_name_the_argument(tmp_path):
