@@ -9,7 +9,10 @@ The run (``fedjax_agg.runner``) asks this module three things:
   that their updates go through the codec (``compression.with_codec``),
   or None;
 * ``round_plan(...)``: every round's cohort rows, mask and history
-  columns, planned up front from the seeds (``systems.plan_rounds``).
+  columns, planned up front from the seeds (``systems.plan_rounds``), or
+  with ``Systems.concurrency`` every asynchronous server step's buffered
+  clients, start versions and staleness (``systems.plan_async``; the step
+  itself is ``fedjax_agg.fedbuff``).
 """
 
 from typing import Callable, Optional
@@ -24,10 +27,12 @@ from fedjax_agg.config import LocalTraining, Systems
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import LocalUpdate, Params
 
-__all__ = ["build_system", "check", "model_bytes", "round_plan", "uplink"]
+__all__ = ["async_plan", "build_system", "check", "model_bytes",
+           "round_plan", "uplink"]
 
 
-def check(systems: Optional[Systems], *, vmapped: bool, privacy) -> None:
+def check(systems: Optional[Systems], *, vmapped: bool, privacy,
+          local_update=None, stream: Optional[bool] = None) -> None:
   """Refuses what a run with ``systems`` cannot do (module docstring)."""
   if systems is None:
     return
@@ -45,8 +50,20 @@ def check(systems: Optional[Systems], *, vmapped: bool, privacy) -> None:
         "systems: the privacy accountant assumes cohorts of m clients drawn "
         "uniformly (or Poisson); a clock that selects clients (availability "
         f"{systems.availability!r}, over_selection="
-        f"{systems.over_selection}, deadline_s={systems.deadline_s}) or "
-        "Poisson cohorts break that; drop one of them")
+        f"{systems.over_selection}, deadline_s={systems.deadline_s}, "
+        f"concurrency={systems.concurrency}) or Poisson cohorts break that; "
+        "drop one of them")
+  if systems.asynchronous:
+    if local_update is not None:
+      raise ValueError(
+          "local_update: asynchronous aggregation (systems.concurrency) "
+          "trains with the engine's own trainer from each client's start "
+          "version; a custom local update (stateful clients, attacks) "
+          "cannot run asynchronously")
+    if stream:
+      raise ValueError(
+          "execution.stream=True: an asynchronous step aggregates the "
+          "buffered clients' virtual models (stacked), it cannot stream")
 
 
 def model_bytes(params: Params) -> int:
@@ -65,8 +82,9 @@ def _update_bytes(systems: Systems, params: Params) -> int:
 
 def uplink(systems: Optional[Systems], params: Params
            ) -> Optional[Callable[[LocalUpdate], LocalUpdate]]:
-  """``inner -> inner`` with its updates sent through the codec, or None."""
-  if systems is None or systems.codec is None:
+  """``inner -> inner`` with its updates sent through the codec, or None
+  (also for an asynchronous run, whose step applies the codec itself)."""
+  if systems is None or systems.codec is None or systems.asynchronous:
     return None
   codec = systems.build_codec()
   template = jax.tree.map(
@@ -100,6 +118,25 @@ def build_system(systems: Systems, params: Params, data: FederatedData,
       down_bytes=float(model_bytes(params)),
       up_bytes=float(_update_bytes(systems, params)))
   return systems_lib.System(profiles, availability, workload)
+
+
+def async_plan(systems: Systems, system: systems_lib.System,
+               num_rounds: int, cohort_size: int,
+               seed: int) -> systems_lib.AsyncPlan:
+  """Every asynchronous server step (buffer K = ``cohort_size``), from the
+  run's ``seed``; refuses C < K or C > N by name."""
+  if not cohort_size <= systems.concurrency <= system.num_clients:
+    raise ValueError(
+        f"systems.concurrency={systems.concurrency} must lie between the "
+        f"buffer size K={cohort_size} (the cohort size, participation x N) "
+        f"and the number of clients N={system.num_clients}")
+  plan = systems_lib.plan_async(
+      system, num_rounds, systems.concurrency, cohort_size, seed,
+      max_staleness=systems.num_versions(cohort_size) - 1)
+  if not np.isfinite(plan.sim_time_s).all():
+    raise ValueError("systems: the simulated clock ran to infinity (a "
+                     "client with zero speed or bandwidth?)")
+  return plan
 
 
 def round_plan(systems: Systems, system: systems_lib.System,

@@ -389,6 +389,21 @@ class Systems:
       its next update (a model-sized table per client).
     seed: seeds the profiles and availability (the population's, apart
       from the run's seed).
+    concurrency: C, set for asynchronous buffered aggregation (FedBuff,
+      ``fedjax_agg.fedbuff``; None: synchronous rounds). C clients train
+      at once, each from the global version it downloaded; a server step
+      (a "round" of the run: ``num_rounds`` steps) aggregates the buffer
+      of the K = cohort size (participation x N) first updates to arrive,
+      scaled by the staleness weight. C >= K; C = K with equal speeds is
+      the synchronous run. Incompatible with over-selection, deadlines,
+      error feedback and custom local updates (refused by name).
+    staleness: the staleness weight w(s) (a ``systems.STALENESS`` name:
+      "constant", "polynomial" (1 + s)^-a, FedBuff's 1 / sqrt(1 + s) at its
+      default a = 0.5, "hinge").
+    staleness_args: its arguments (e.g. ``a``).
+    max_staleness: updates older than this many versions are discarded
+      (counted in the history's ``stale``); the run keeps max_staleness + 1
+      global models. None: 10 ceil(C / K).
   """
   profiles: str = "constant"
   profile_args: dict = dataclasses.field(default_factory=dict)
@@ -400,6 +415,10 @@ class Systems:
   codec_args: dict = dataclasses.field(default_factory=dict)
   error_feedback: bool = False
   seed: int = 0
+  concurrency: Optional[int] = None
+  staleness: str = "polynomial"
+  staleness_args: dict = dataclasses.field(default_factory=dict)
+  max_staleness: Optional[int] = None
 
   def __post_init__(self):
     from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
@@ -408,7 +427,8 @@ class Systems:
                         systems.PROFILES.names + ("trace",))
     checks.check_choice("availability", self.availability,
                         systems.AVAILABILITY.names)
-    for name in ("profile_args", "availability_args", "codec_args"):
+    for name in ("profile_args", "availability_args", "codec_args",
+                 "staleness_args"):
       _check_arguments(name, getattr(self, name))
     if self.profiles == "trace":
       if set(self.profile_args) != {"path"}:
@@ -434,12 +454,59 @@ class Systems:
       raise ValueError("error_feedback=True needs a codec (the residual of "
                        "an uncompressed update is 0)")
     checks.check_int("seed", self.seed, 0, 2**32 - 1)
+    checks.check_choice("staleness", self.staleness, systems.STALENESS.names)
+    systems.STALENESS.check_arguments(self.staleness, self.staleness_args,
+                                      "staleness_args")
+    try:
+      self.build_staleness()  # the function's own checks of its arguments
+    except (TypeError, ValueError) as error:
+      raise type(error)(f"staleness_args: {error}") from None
+    if self.concurrency is None:
+      defaults = Systems.__dataclass_fields__
+      for name in ("staleness", "staleness_args", "max_staleness"):
+        field = defaults[name]
+        default = (field.default_factory() if field.default is
+                   dataclasses.MISSING else field.default)
+        if getattr(self, name) != default:
+          raise ValueError(f"{name}={getattr(self, name)!r} applies to "
+                           "asynchronous aggregation only: set concurrency "
+                           "too (or leave it at its default)")
+      return
+    checks.check_int("concurrency", self.concurrency, 1)
+    if self.max_staleness is not None:
+      checks.check_int("max_staleness", self.max_staleness, 0)
+    for name, value in (("over_selection", self.over_selection > 0),
+                        ("deadline_s", self.deadline_s is not None),
+                        ("error_feedback", self.error_feedback)):
+      if value:
+        raise ValueError(
+            f"{name}: asynchronous aggregation (concurrency="
+            f"{self.concurrency}) has no rounds to over-select or time out"
+            if name != "error_feedback" else
+            f"{name}: not available with asynchronous aggregation "
+            f"(concurrency={self.concurrency}); use a codec without it")
+
+  @property
+  def asynchronous(self) -> bool:
+    """Whether the run is FedBuff's buffered asynchronous aggregation."""
+    return self.concurrency is not None
 
   @property
   def selects(self) -> bool:
     """Whether the clock changes who takes part (else it only measures)."""
     return (self.availability != "always" or self.over_selection > 0
-            or self.deadline_s is not None)
+            or self.deadline_s is not None or self.asynchronous)
+
+  def num_versions(self, cohort_size: int) -> int:
+    """The global models an asynchronous run keeps: max staleness + 1."""
+    if self.max_staleness is not None:
+      return self.max_staleness + 1
+    return 10 * -(-self.concurrency // cohort_size) + 1
+
+  def build_staleness(self):
+    """The staleness weight w(s) (jit-able)."""
+    from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
+    return systems.STALENESS.build(self.staleness, **self.staleness_args)
 
   def build_codec(self):
     """The uplink ``compression.Codec``, or None."""

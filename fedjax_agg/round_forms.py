@@ -26,6 +26,7 @@ from fedjax_agg import aggregators
 from fedjax_agg import clock
 from fedjax_agg import distributed
 from fedjax_agg import evaluation as evaluation_lib
+from fedjax_agg import fedbuff
 from fedjax_agg import loop
 from fedjax_agg import rounds
 from fedjax_agg import sampling as sampling_lib
@@ -90,21 +91,35 @@ def unvmapped(plan, state, built, cohort_size: int,
   # runs on one device, from a local copy.
   state, data = place_state(state), place(data)
   eval_data = data if mesh is None else distributed.local_copy(data, device)
-  round_fn = rounds.make_round_fn(
-      model, aggregator, training, execution=execution, mesh=mesh,
-      local_update=plan.local_update, nonfinite=plan.nonfinite.clients,
-      donate_state=True, uplink=clock.uplink(plan.systems, state.params))
+  systems = plan.systems
+  asynchronous = systems is not None and systems.asynchronous
+  if asynchronous:
+    round_fn = fedbuff.make_async_round_fn(
+        model, aggregator, training, systems.build_staleness(),
+        execution=execution, mesh=mesh, codec=systems.build_codec(),
+        nonfinite=plan.nonfinite.clients, donate_state=True)
+  else:
+    round_fn = rounds.make_round_fn(
+        model, aggregator, training, execution=execution, mesh=mesh,
+        local_update=plan.local_update, nonfinite=plan.nonfinite.clients,
+        donate_state=True, uplink=clock.uplink(systems, state.params))
   sample_keys = loop.cohort_keys(run_keys[0], num_rounds)
   full_mask = place(jnp.ones((cohort_size,), jnp.float32))
   compiled = []
   timeline = None
-  if plan.systems is not None:
-    timeline = clock.round_plan(
-        plan.systems, clock.build_system(plan.systems, state.params, data,
-                                         training),
-        sample_keys, num_rounds, cohort_size, execution.sampler)
+  if systems is not None:
+    system = clock.build_system(systems, state.params, data, training)
+    timeline = (
+        clock.async_plan(systems, system, num_rounds, cohort_size,
+                         plan.seeds[0]) if asynchronous else
+        clock.round_plan(systems, system, sample_keys, num_rounds,
+                         cohort_size, execution.sampler))
 
   def sample(r):
+    if asynchronous:
+      return (place(jnp.asarray(timeline.client_ids[r])), full_mask,
+              place(jnp.asarray(timeline.start_versions[r])),
+              place(jnp.asarray(timeline.staleness[r])))
     if timeline is not None:
       return (place(jnp.asarray(timeline.client_ids[r])),
               place(jnp.asarray(timeline.mask[r])))
@@ -122,11 +137,10 @@ def unvmapped(plan, state, built, cohort_size: int,
     return place(cohort), place(mask)
 
   def round_step(state, drawn):
-    cohort, mask = drawn
     if not compiled:  # hosts start their first round together
-      distributed.compile_together(round_fn, state, data, cohort, mask)
+      distributed.compile_together(round_fn, state, data, *drawn)
       compiled.append(True)
-    state, out = round_fn(state, data, cohort, mask)
+    state, out = round_fn(state, data, *drawn)
     if mesh is not None:
       # Leaves whose sharding XLA chose otherwise are placed again, so
       # that the next round reuses this compilation.

@@ -41,8 +41,8 @@ from fedjax_agg.types import (Aggregator, ClientInfo, LocalUpdate, Model,
                               Params, PRNGKey)
 
 __all__ = ["LocalUpdate", "RoundOutput", "ServerState", "as_local_update",
-           "init_state", "make_round_fn", "num_sampled", "sample_cohort",
-           "stateless"]
+           "exclude_rows", "init_state", "make_round_fn", "num_sampled",
+           "round_inputs", "sample_cohort", "stateless"]
 
 
 class ServerState(NamedTuple):
@@ -141,14 +141,43 @@ def init_state(params: Params, aggregator: Aggregator, seed: int = 0,
                      client_state)
 
 
-def _exclude(finite, mask, client_params, global_params):
-  """Rows that are padding or non-finite become the global model."""
+def exclude_rows(finite, mask, client_params, global_params):
+  """Rows that are padding or non-finite become the global model.
+
+  ``finite`` and ``mask`` [K]; ``client_params`` stacked [K, ...].
+  """
   keep = finite & (mask > 0)
 
   def leaf(stacked, single):
     shape = (-1,) + (1,) * (stacked.ndim - 1)
     return jnp.where(keep.reshape(shape), stacked, single[None])
   return jax.tree.map(leaf, client_params, global_params)
+
+
+def round_inputs(state: ServerState, data: FederatedData, cohort: jax.Array,
+                 mask: jax.Array, training: config_lib.LocalTraining):
+  """What every round derives from its state and cohort.
+
+  Returns:
+    (next state key, training key, the cohort's ``ClientInfo`` (losses
+    zero, aggregation key), [K] local steps (0 for padding rows), [K]
+    learning rates).
+  """
+  key, train_key, agg_key, steps_key = jax.random.split(state.key, 4)
+  mask = mask.astype(jnp.float32)
+  full = engine.full_steps(data, cohort, training.batch_size,
+                           training.epochs)
+  num_steps = (full if training.steps_fn is None
+               else training.steps_fn(steps_key, full))
+  # Padding rows do no work and carry weight 0.
+  num_steps = jnp.where(mask > 0, num_steps, 0)
+  lrs = jnp.broadcast_to(jnp.asarray(training.learning_rate, jnp.float32),
+                         cohort.shape)
+  info = ClientInfo(
+      client_ids=cohort, num_examples=data.num_examples[cohort].astype(
+          jnp.float32), mask=mask, loss_before=jnp.zeros_like(mask),
+      loss_after=jnp.zeros_like(mask), round=state.round + 1, key=agg_key)
+  return key, train_key, info, num_steps, lrs
 
 
 def make_round_fn(
@@ -239,24 +268,12 @@ def make_round_fn(
     local_update = as_local_update(local_update)
   if uplink is not None and not stream:
     local_update = uplink(local_update)
-  batch_size, epochs = training.batch_size, training.epochs
 
   def round_fn(state: ServerState, data: FederatedData, cohort: jax.Array,
                mask: jax.Array):
-    key, train_key, agg_key, steps_key = jax.random.split(state.key, 4)
-    mask = mask.astype(jnp.float32)
-    round_num = state.round + 1
-    full = engine.full_steps(data, cohort, batch_size, epochs)
-    num_steps = (full if training.steps_fn is None
-                 else training.steps_fn(steps_key, full))
-    # Padding rows do no work and carry weight 0.
-    num_steps = jnp.where(mask > 0, num_steps, 0)
-    lrs = jnp.broadcast_to(jnp.asarray(training.learning_rate, jnp.float32),
-                           cohort.shape)
-    info = ClientInfo(
-        client_ids=cohort, num_examples=data.num_examples[cohort].astype(
-            jnp.float32), mask=mask, loss_before=jnp.zeros_like(mask),
-        loss_after=jnp.zeros_like(mask), round=round_num, key=agg_key)
+    key, train_key, info, num_steps, lrs = round_inputs(
+        state, data, cohort, mask, training)
+    mask, round_num = info.mask, info.round
     client_state, local_metrics = state.client_state, {}
     if stream:
       local = reducer(state.params, data, cohort, lrs, num_steps, train_key,
@@ -283,7 +300,8 @@ def make_round_fn(
     else:
       client_params = local.client_params
       if exclude:
-        client_params = _exclude(finite, mask, client_params, state.params)
+        client_params = exclude_rows(finite, mask, client_params,
+                                     state.params)
       new_params, agg_state, metrics = aggregator.aggregate(
           state.params, client_params, info, state.aggregator_state)
     train_loss = jnp.sum(safe(local.train_loss) * agg_mask) / jnp.maximum(

@@ -37,6 +37,7 @@ from fedjax_agg import clients as clients_lib
 from fedjax_agg import clock
 from fedjax_agg import distributed
 from fedjax_agg import engine
+from fedjax_agg import fedbuff
 from fedjax_agg import loop
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import round_forms
@@ -292,11 +293,17 @@ def execute(plan: Plan) -> list[Member]:
   """Runs ``plan``'s members. -> one ``Member`` per (point, seed)."""
   loop.check_rounds(plan.num_rounds)
   _check_per_client_evaluation(plan)
-  clock.check(plan.systems, vmapped=plan.vmapped, privacy=plan.privacy)
+  clock.check(plan.systems, vmapped=plan.vmapped, privacy=plan.privacy,
+              local_update=plan.local_update, stream=plan.execution.stream)
   model, members = plan.model, plan.members
   built = [parts(plan.build(dict(point))) for point in plan.points]
   num_clients = plan.data[0].num_clients
   cohort_size = rounds.num_sampled(num_clients, plan.participation)
+  if plan.systems is not None and plan.systems.asynchronous:
+    # The rule also keeps the global versions clients may start from.
+    versions = plan.systems.num_versions(cohort_size)
+    built = [(fedbuff.buffered(aggregator, versions), objective)
+             for aggregator, objective in built]
   accounts = _account(plan, built, cohort_size)
   num_rounds = accounts.num_rounds
   keys = [loop.seed_keys(s) for s in plan.seeds]
@@ -380,6 +387,9 @@ def execute(plan: Plan) -> list[Member]:
              if k != "epsilons"}}
     if plan.systems is not None:
       extra["systems"] = dataclasses.asdict(plan.systems)
+      if plan.systems.asynchronous:  # the resolved default
+        extra["systems"]["max_staleness"] = plan.systems.num_versions(
+            cohort_size) - 1
     extra.update(plan.config or {})
     config = loop.base_config(
         num_rounds=num_rounds, participation=plan.participation,

@@ -316,6 +316,23 @@ class SystemsSpec:
       "--error-feedback", "keep each client's compression residual for its "
       "next update", kind="switch"))
   seed: int = _field(_systems_default("seed"))
+  concurrency: Optional[int] = _field(_systems_default("concurrency"), Flag(
+      "--concurrency", "C: asynchronous buffered aggregation (FedBuff) with "
+      "C clients training at once, a server step per buffer of m updates",
+      type=int))
+  staleness: str = _field(_systems_default("staleness"), Flag(
+      "--staleness", "with --concurrency: weight of an update s versions "
+      "old (default polynomial: (1 + s)^-0.5)",
+      choices=_systems_choices("STALENESS")))
+  staleness_args: dict = _field(_systems_default("staleness_args"), Flag(
+      "--staleness-arg", "argument of the staleness weight (repeatable), "
+      "e.g. a=1.0", kind="pairs"))
+  max_staleness: Optional[int] = _field(_systems_default("max_staleness"),
+                                        Flag("--max-staleness", "with "
+                                             "--concurrency: discard updates "
+                                             "older than this many versions "
+                                             "(default 10 ceil(C / m))",
+                                             type=int))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -516,14 +516,16 @@ def _check_systems(config: dict) -> None:
                       spec_lib.keys(spec_lib.SystemsSpec))
   # Each key checked with the key it depends on (a name's arguments, the
   # codec of error feedback), so that an error names the key at fault.
-  parents = {"profile_args": "profiles",
-             "availability_args": "availability", "codec_args": "codec",
-             "error_feedback": "codec"}
+  parents = {"profile_args": ("profiles",),
+             "availability_args": ("availability",), "codec_args": ("codec",),
+             "error_feedback": ("codec",),
+             "staleness": ("concurrency",),
+             "staleness_args": ("staleness", "concurrency"),
+             "max_staleness": ("concurrency",)}
   for key, value in block.items():
-    parent = parents.get(key)
     together = {key: value}
-    if parent is not None and parent in block:
-      together[parent] = block[parent]
+    together.update({parent: block[parent] for parent in parents.get(key, ())
+                     if parent in block})
     _built(f"systems.{key}", Systems, **together)
   _built("systems", Systems, **block)
 

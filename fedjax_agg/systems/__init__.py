@@ -20,7 +20,7 @@ that a run loop feeds to the jitted training engine.
   selection, deadline, dropouts) returning a ``SyncRound``; FedBuff's
   asynchronous buffered aggregation ``AsyncSchedule`` returning an
   ``AsyncStep`` per server step; a run's rounds planned up front
-  (``plan_rounds`` -> ``RoundPlan``).
+  (``plan_rounds`` -> ``RoundPlan``, ``plan_async`` -> ``AsyncPlan``).
 
 Every name is exported once from this package; the implementation modules
 are private.
@@ -44,6 +44,8 @@ from fedjax_agg.systems._profiles import PROFILE_COLUMNS
 from fedjax_agg.systems._profiles import PROFILES
 from fedjax_agg.systems._profiles import read_profiles
 from fedjax_agg.systems._profiles import task_time
+from fedjax_agg.systems._rounds import AsyncPlan
+from fedjax_agg.systems._rounds import plan_async
 from fedjax_agg.systems._rounds import plan_rounds
 from fedjax_agg.systems._rounds import RoundPlan
 from fedjax_agg.systems._staleness import constant_staleness
@@ -65,15 +67,15 @@ from fedjax_agg.systems._sync import System
 from fedjax_agg.systems._sync import Workload
 
 __all__ = [
-    "ACCEPTED", "AVAILABILITY", "AsyncSchedule", "AsyncStep", "Availability",
-    "ClientProfiles", "INTERVAL_COLUMNS", "LATE", "OFFLINE", "PROFILE_COLUMNS",
-    "PROFILES", "RoundPlan", "STALENESS", "STATUS_NAMES", "SURPLUS",
-    "StalenessFn", "SyncRound", "System", "Workload", "always",
-    "check_profiles", "check_system", "constant_profiles", "constant_staleness",
-    "diurnal", "from_intervals", "hinge_staleness", "lognormal_profiles",
-    "markov", "num_selected", "plan_rounds", "polynomial_staleness",
-    "read_intervals", "read_profiles", "sync_round", "sync_round_from_order",
-    "task_time",
+    "ACCEPTED", "AVAILABILITY", "AsyncPlan", "AsyncSchedule", "AsyncStep",
+    "Availability", "ClientProfiles", "INTERVAL_COLUMNS", "LATE", "OFFLINE",
+    "PROFILE_COLUMNS", "PROFILES", "RoundPlan", "STALENESS", "STATUS_NAMES",
+    "SURPLUS", "StalenessFn", "SyncRound", "System", "Workload", "always",
+    "check_profiles", "check_system", "constant_profiles",
+    "constant_staleness", "diurnal", "from_intervals", "hinge_staleness",
+    "lognormal_profiles", "markov", "num_selected", "plan_async",
+    "plan_rounds", "polynomial_staleness", "read_intervals", "read_profiles",
+    "sync_round", "sync_round_from_order", "task_time",
 ]
 
 # Availability models by name; ``AVAILABILITY.build(name, num_clients=N,

@@ -73,7 +73,7 @@ _FINISH, _DROP, _WAKE = 0, 1, 2
 _BATCHES = (16, 128, 1024, 8192)
 _STATE_KEYS = ("num_clients", "concurrency", "buffer_size", "max_staleness",
                "max_drops_per_step", "time", "version", "rng", "events",
-               "buffer", "wakes", "dropped", "stale")
+               "buffer", "wakes", "dropped", "stale", "started")
 
 
 class AsyncStep(NamedTuple):
@@ -133,7 +133,7 @@ class AsyncSchedule:
     self._rng = np.random.default_rng(np.random.SeedSequence(seed))
     self._time, self._version = 0.0, 0
     self._events, self._buffer, self._wakes = [], [], set()
-    self._dropped = self._stale = 0
+    self._dropped = self._stale = self._started = 0
     self._fill()
 
   def _configure(self, system, concurrency, buffer_size, max_staleness,
@@ -172,6 +172,11 @@ class AsyncSchedule:
   def version(self) -> int:
     """The current global model version (steps taken)."""
     return self._version
+
+  @property
+  def num_started(self) -> int:
+    """Tasks started so far (each downloaded the model once)."""
+    return self._started
 
   @property
   def num_running(self) -> int:
@@ -223,6 +228,7 @@ class AsyncSchedule:
       finish = now + self._task_times[new]
       self._running[new] = True
       self._num_running += new.shape[0]
+      self._started += new.shape[0]
       for client, end, gone in zip(new.tolist(), finish.tolist(),
                                    until.tolist(), strict=True):
         if gone < end:
@@ -314,6 +320,7 @@ class AsyncSchedule:
         "wakes": sorted(self._wakes),
         "dropped": self._dropped,
         "stale": self._stale,
+        "started": self._started,
     }
 
   @classmethod
@@ -345,6 +352,7 @@ class AsyncSchedule:
     schedule._wakes = {float(w) for w in state["wakes"]}
     schedule._dropped = int(state["dropped"])
     schedule._stale = int(state["stale"])
+    schedule._started = int(state["started"])
     for _, client, kind, _, _ in schedule._events:
       if kind != _WAKE:
         schedule._running[client] = True

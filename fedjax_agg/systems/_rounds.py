@@ -1,16 +1,19 @@
-"""A run's synchronous rounds on the simulated clock, planned up front.
+"""A run's rounds on the simulated clock, planned up front.
 
 Who takes part in round r, when it ends and what it moves depend only on
 the seeds (the cohort order, the population's profiles and availability),
-never on training, so a run plans all its rounds before the first one
-(``plan_rounds``): resuming from a checkpoint or extending a finished run
-replays the same plan. Round r starts when round r - 1 ends.
+never on training, so a run plans all its rounds before the first one:
+resuming from a checkpoint or extending a finished run replays the same
+plan. ``plan_rounds``: synchronous rounds, round r starting when round
+r - 1 ends. ``plan_async``: FedBuff's server steps (``AsyncSchedule``),
+each a "round" of the run whose cohort is the K buffered clients.
 """
 
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from fedjax_agg.systems import _async
 from fedjax_agg.systems import _sync
 
 
@@ -35,10 +38,15 @@ class RoundPlan(NamedTuple):
 
   def metrics(self, r: int) -> dict:
     """Round r's (0-based) history columns."""
-    return {"sim_time_s": float(self.sim_time_s[r]),
-            "uplink_bytes": int(self.uplink_bytes[r]),
-            "downlink_bytes": int(self.downlink_bytes[r]),
-            "dropped": int(self.dropped[r])}
+    return _clock_columns(self, r)
+
+
+def _clock_columns(plan, r: int) -> dict:
+  """The columns every plan records after its r-th (0-based) round."""
+  return {"sim_time_s": float(plan.sim_time_s[r]),
+          "uplink_bytes": int(plan.uplink_bytes[r]),
+          "downlink_bytes": int(plan.downlink_bytes[r]),
+          "dropped": int(plan.dropped[r])}
 
 
 def plan_rounds(system: _sync.System, order: Callable[[int], np.ndarray],
@@ -88,3 +96,77 @@ def _total(per_client: np.ndarray, ids: np.ndarray) -> int:
   """Bytes of ``ids``' messages: a scalar per client or [N] by id."""
   return int(per_client[ids].sum() if per_client.ndim
              else per_client * ids.shape[0])
+
+
+class AsyncPlan(NamedTuple):
+  """R planned server steps of FedBuff's schedule, K clients each.
+
+  Attributes:
+    client_ids: [R, K] int32, the buffered clients in arrival order.
+    start_versions: [R, K] int32, the global version each trained from.
+    staleness: [R, K] int32, versions the server moved on meanwhile.
+    sim_time_s: [R] float64, when each step happens.
+    dropped: [R] int64, clients that went offline since the last step.
+    stale: [R] int64, updates discarded as older than ``max_staleness``.
+    uplink_bytes: [R] int64, cumulative bytes of every update that arrived
+      (discarded stale ones included).
+    downlink_bytes: [R] int64, cumulative bytes of the models sent to every
+      client that started a task (at the step's instant included).
+  """
+  client_ids: np.ndarray
+  start_versions: np.ndarray
+  staleness: np.ndarray
+  sim_time_s: np.ndarray
+  dropped: np.ndarray
+  stale: np.ndarray
+  uplink_bytes: np.ndarray
+  downlink_bytes: np.ndarray
+
+  def metrics(self, r: int) -> dict:
+    """Step r's (0-based) history columns."""
+    return {**_clock_columns(self, r),
+            "stale": int(self.stale[r]),
+            "staleness_mean": float(self.staleness[r].mean()),
+            "staleness_max": int(self.staleness[r].max())}
+
+
+def plan_async(system: _sync.System, num_steps: int, concurrency: int,
+               buffer_size: int, seed: int, *,
+               max_staleness: Optional[int] = None) -> AsyncPlan:
+  """Plans ``num_steps`` server steps of ``AsyncSchedule``.
+
+  Args:
+    system: the population; its workload's ``up_bytes`` and ``down_bytes``
+      must be scalars (one model, one message size).
+    num_steps: R.
+    concurrency, buffer_size, seed, max_staleness: as ``AsyncSchedule``.
+
+  Returns:
+    The ``AsyncPlan``: the first n steps of a longer plan are the plan of n
+    steps (the schedule is a deterministic function of its arguments).
+  """
+  schedule = _async.AsyncSchedule(system, concurrency, buffer_size, seed,
+                                  max_staleness=max_staleness)
+  up_bytes = np.asarray(system.workload.up_bytes, np.int64)
+  down_bytes = np.asarray(system.workload.down_bytes, np.int64)
+  if up_bytes.ndim or down_bytes.ndim:
+    raise ValueError("system.workload: plan_async needs one up_bytes and "
+                     "one down_bytes for every client (scalars)")
+  ids = np.zeros((num_steps, buffer_size), np.int32)
+  versions = np.zeros((num_steps, buffer_size), np.int32)
+  staleness = np.zeros((num_steps, buffer_size), np.int32)
+  times = np.zeros(num_steps)
+  dropped = np.zeros(num_steps, np.int64)
+  stale = np.zeros(num_steps, np.int64)
+  arrived = np.zeros(num_steps, np.int64)
+  started = np.zeros(num_steps, np.int64)
+  for r in range(num_steps):
+    step = schedule.next_step()
+    ids[r], versions[r] = step.client_ids, step.start_versions
+    staleness[r] = step.staleness
+    times[r], dropped[r], stale[r] = step.time, step.num_dropped, (
+        step.num_stale)
+    arrived[r] = buffer_size + step.num_stale
+    started[r] = schedule.num_started
+  return AsyncPlan(ids, versions, staleness, times, dropped, stale,
+                   np.cumsum(arrived) * up_bytes, started * down_bytes)
