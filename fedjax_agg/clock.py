@@ -5,6 +5,8 @@ The run (``fedjax_agg.runner``) asks this module three things:
 * ``check(systems, plan)``: what a run with systems refuses (a vmapped
   sweep; privacy accounting when the clock selects the clients, since the
   accountant assumes uniform cohorts of m);
+* ``server_rule(...)``: the rule on a simulated secure sum
+  (``Systems.secagg_bits``) and, asynchronously, keeping the versions;
 * ``uplink(systems, params)``: how the clients' local update is wrapped so
   that their updates go through the codec (``compression.with_codec``),
   or None;
@@ -21,14 +23,16 @@ import jax
 import numpy as np
 
 from fedjax_agg import compression
+from fedjax_agg import fedbuff
 from fedjax_agg import rounds
+from fedjax_agg import secagg
 from fedjax_agg import systems as systems_lib
 from fedjax_agg.config import LocalTraining, Systems
 from fedjax_agg.federated import FederatedData
-from fedjax_agg.types import LocalUpdate, Params
+from fedjax_agg.types import Aggregator, LocalUpdate, Params
 
 __all__ = ["async_plan", "build_system", "check", "model_bytes",
-           "round_plan", "uplink"]
+           "round_plan", "server_rule", "uplink"]
 
 
 def check(systems: Optional[Systems], *, vmapped: bool, privacy,
@@ -64,6 +68,30 @@ def check(systems: Optional[Systems], *, vmapped: bool, privacy,
       raise ValueError(
           "execution.stream=True: an asynchronous step aggregates the "
           "buffered clients' virtual models (stacked), it cannot stream")
+
+
+def server_rule(systems: Optional[Systems], aggregator: Aggregator,
+                cohort_size: int, data: FederatedData) -> Aggregator:
+  """The run's rule as the systems make it: on a secure sum
+  (``secagg.secure_aggregation``, its fixed point sized for the round's
+  rows) and, asynchronously, keeping the global versions clients start
+  from (``fedbuff.buffered``)."""
+  if systems is None:
+    return aggregator
+  if systems.secagg_bits is not None:
+    rows = (cohort_size if systems.asynchronous else
+            systems_lib.num_selected(cohort_size, systems.over_selection))
+    try:
+      aggregator = secagg.secure_aggregation(
+          aggregator, bits=systems.secagg_bits, clip=systems.secagg_clip,
+          cohort_size=rows,
+          max_examples=float(np.max(np.asarray(data.num_examples))))
+    except ValueError as error:
+      raise ValueError(f"systems.secagg_bits: {error}") from None
+  if systems.asynchronous:
+    aggregator = fedbuff.buffered(aggregator,
+                                  systems.num_versions(cohort_size))
+  return aggregator
 
 
 def model_bytes(params: Params) -> int:

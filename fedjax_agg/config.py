@@ -404,6 +404,14 @@ class Systems:
     max_staleness: updates older than this many versions are discarded
       (counted in the history's ``stale``); the run keeps max_staleness + 1
       global models. None: 10 ceil(C / K).
+    secagg_bits: b in 1..32: the rule runs on a simulated secure sum
+      (``fedjax_agg.secagg``): each client's update is clipped to
+      [-secagg_clip, secagg_clip] per coordinate, its statistics converted
+      to fixed point and summed modulo 2^b, the server sees only the
+      survivors' sum. Only rules that are a sum over clients (FedAvg, the
+      server optimizers over it, DP-FedAvg, norm bounding, FedNNNN) can;
+      the others are refused by name. None: no secure aggregation.
+    secagg_clip: the clipping range of an update coordinate.
   """
   profiles: str = "constant"
   profile_args: dict = dataclasses.field(default_factory=dict)
@@ -419,6 +427,8 @@ class Systems:
   staleness: str = "polynomial"
   staleness_args: dict = dataclasses.field(default_factory=dict)
   max_staleness: Optional[int] = None
+  secagg_bits: Optional[int] = None
+  secagg_clip: float = 1.0
 
   def __post_init__(self):
     from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
@@ -457,6 +467,14 @@ class Systems:
     checks.check_choice("staleness", self.staleness, systems.STALENESS.names)
     systems.STALENESS.check_arguments(self.staleness, self.staleness_args,
                                       "staleness_args")
+    if self.secagg_bits is not None:
+      checks.check_int("secagg_bits", self.secagg_bits, 1, 32)
+    checks.check_range("secagg_clip", self.secagg_clip, 0, low_open=True)
+    if not math.isfinite(self.secagg_clip):
+      raise ValueError(f"secagg_clip must be finite, got {self.secagg_clip}")
+    if self.secagg_bits is None and self.secagg_clip != 1.0:
+      raise ValueError(f"secagg_clip={self.secagg_clip} applies to secure "
+                       "aggregation only: set secagg_bits too")
     try:
       self.build_staleness()  # the function's own checks of its arguments
     except (TypeError, ValueError) as error:

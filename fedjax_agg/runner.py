@@ -37,7 +37,6 @@ from fedjax_agg import clients as clients_lib
 from fedjax_agg import clock
 from fedjax_agg import distributed
 from fedjax_agg import engine
-from fedjax_agg import fedbuff
 from fedjax_agg import loop
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import round_forms
@@ -299,11 +298,9 @@ def execute(plan: Plan) -> list[Member]:
   built = [parts(plan.build(dict(point))) for point in plan.points]
   num_clients = plan.data[0].num_clients
   cohort_size = rounds.num_sampled(num_clients, plan.participation)
-  if plan.systems is not None and plan.systems.asynchronous:
-    # The rule also keeps the global versions clients may start from.
-    versions = plan.systems.num_versions(cohort_size)
-    built = [(fedbuff.buffered(aggregator, versions), objective)
-             for aggregator, objective in built]
+  built = [(clock.server_rule(plan.systems, aggregator, cohort_size,
+                              plan.data[0]), objective)
+           for aggregator, objective in built]
   accounts = _account(plan, built, cohort_size)
   num_rounds = accounts.num_rounds
   keys = [loop.seed_keys(s) for s in plan.seeds]

@@ -333,6 +333,12 @@ class SystemsSpec:
                                              "older than this many versions "
                                              "(default 10 ceil(C / m))",
                                              type=int))
+  secagg_bits: Optional[int] = _field(_systems_default("secagg_bits"), Flag(
+      "--secagg-bits", "simulated secure aggregation: fixed-point sums "
+      "modulo 2^b (1..32) of the clients' clipped updates", type=int))
+  secagg_clip: float = _field(_systems_default("secagg_clip"), Flag(
+      "--secagg-clip", "with --secagg-bits: clipping range of an update "
+      "coordinate (default 1.0)", type=float))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -521,7 +521,8 @@ def _check_systems(config: dict) -> None:
              "error_feedback": ("codec",),
              "staleness": ("concurrency",),
              "staleness_args": ("staleness", "concurrency"),
-             "max_staleness": ("concurrency",)}
+             "max_staleness": ("concurrency",),
+             "secagg_clip": ("secagg_bits",)}
   for key, value in block.items():
     together = {key: value}
     together.update({parent: block[parent] for parent in parents.get(key, ())
