@@ -17,6 +17,7 @@ The run (``fedjax_agg.runner``) asks this module three things:
   itself is ``fedjax_agg.fedbuff``).
 """
 
+import zlib
 from typing import Callable, Optional
 
 import jax
@@ -32,7 +33,7 @@ from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Aggregator, LocalUpdate, Params
 
 __all__ = ["async_plan", "build_system", "check", "model_bytes",
-           "round_plan", "server_rule", "uplink"]
+           "round_plan", "server_rule", "trace_fingerprint", "uplink"]
 
 
 def check(systems: Optional[Systems], *, vmapped: bool, privacy,
@@ -92,6 +93,22 @@ def server_rule(systems: Optional[Systems], aggregator: Aggregator,
     aggregator = fedbuff.buffered(aggregator,
                                   systems.num_versions(cohort_size))
   return aggregator
+
+
+def trace_fingerprint(systems: Optional[Systems]) -> dict:
+  """The content (size and CRC-32) of every trace file the systems read,
+  by argument: a checkpoint resumes only on the same traces, not merely
+  the same paths."""
+  if systems is None:
+    return {}
+  out = {}
+  for name in ("profile_args", "availability_args"):
+    path = getattr(systems, name).get("path")
+    if path is not None:
+      with open(path, "rb") as f:
+        content = f.read()
+      out[name] = {"bytes": len(content), "crc32": zlib.crc32(content)}
+  return out
 
 
 def model_bytes(params: Params) -> int:

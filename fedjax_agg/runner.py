@@ -440,6 +440,7 @@ def _fingerprint(plan: Plan, built, accounts: _Accounts) -> dict:
                 "privacy": accounts.privacy[0]}
   if plan.systems is not None:
     specific["systems"] = plan.systems
+    specific["systems_traces"] = clock.trace_fingerprint(plan.systems)
   data = list(plan.data) if len(plan.data) > 1 else plan.data[0]
   return loop.fingerprint(
       model=plan.model, data=data, test_data=plan.test_data,

@@ -190,6 +190,22 @@ def test_resume_and_extension_replay_the_same_plan(tmp_path):
          checkpointing=Checkpointing(directory=directory, resume=True))
 
 
+def test_resume_needs_the_same_trace_content_not_just_its_path(tmp_path):
+  trace = tmp_path / "speeds.csv"
+  rows = lambda speed: "client_id,speed,uplink,downlink\n" + "".join(
+      f"{i},{speed + i},1000,4000\n" for i in range(len(SIZES)))
+  trace.write_text(rows(20.0))
+  systems = Systems(profiles="trace", profile_args={"path": str(trace)})
+  directory = str(tmp_path / "ckpt")
+  _run(systems, rounds=1,
+       checkpointing=Checkpointing(directory=directory, every=1))
+  trace.write_text(rows(30.0))  # same path, other clients
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match="systems_traces"):
+    _run(systems, rounds=2,
+         checkpointing=Checkpointing(directory=directory, resume=True))
+
+
 def test_zero_rounds_on_the_clock_evaluate_the_initial_model():
   result = _run(Systems(over_selection=0.5), rounds=0)
   assert [row["round"] for row in result.history.rows] == [0]
