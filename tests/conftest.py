@@ -27,6 +27,13 @@ if _CACHE != "0":
     _CACHE = _OWN_CACHE = tempfile.mkdtemp(prefix="fedjax_agg_xla_cache_")
     # The workers (started after this) share the controller's directory.
     os.environ["FEDJAX_AGG_TEST_COMPILE_CACHE"] = _CACHE
+  # As environment variables, so that the processes tests start (other
+  # device counts, the notebook's kernel, the CLI) share the cache too.
+  _SETTINGS = {"jax_compilation_cache_dir": _CACHE,
+               "jax_persistent_cache_min_compile_time_secs": "0",
+               "jax_persistent_cache_min_entry_size_bytes": "0"}
+  for _name, _value in _SETTINGS.items():
+    os.environ[_name.upper()] = _value
   import jax  # noqa: E402  pylint: disable=g-import-not-at-top
   jax.config.update("jax_compilation_cache_dir", _CACHE)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
