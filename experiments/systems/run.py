@@ -227,7 +227,7 @@ def report_time(results: dict) -> None:
       entry = {"speed_sigma": sigma, "mode": mode, "algorithm": algorithm,
                "rounds": len(runs[0][2]) - 1, "common_time_s": common}
       ttt, acc_common, final, end, ends = [], [], [], [], []
-      for i, (_, seed, rows) in enumerate(runs):
+      for i, (_, _, rows) in enumerate(runs):
         t = column(rows, "sim_time_s")
         acc = column(rows, "test_accuracy", np.nan)
         ttt.append(first_reaching(t, acc, TARGET))
@@ -270,7 +270,7 @@ def report_codecs(results: dict) -> None:
     if not runs:
       continue
     final, up, btt = [], [], []
-    for i, (_, seed, rows) in enumerate(runs):
+    for i, (_, _, rows) in enumerate(runs):
       b = column(rows, "uplink_bytes")
       acc = column(rows, "test_accuracy", np.nan)
       final.append(float(acc[-1]))
@@ -306,7 +306,7 @@ def report_secagg(results: dict) -> None:
     if not runs:
       continue
     final, extra = [], {}
-    for i, (_, seed, rows) in enumerate(runs):
+    for i, (_, _, rows) in enumerate(runs):
       acc = column(rows, "test_accuracy", np.nan)
       final.append(float(acc[-1]))
       keys = sorted({key for row in rows for key in row
