@@ -1,6 +1,6 @@
 """A run's systems (``config.Systems``): population, round plan, uplink.
 
-The run (``fedjax_agg.runner``) asks this module three things:
+The run (``fedjax_agg.runner``) asks this module four things:
 
 * ``check(systems, plan)``: what a run with systems refuses (a vmapped
   sweep; privacy accounting when the clock selects the clients, since the
