@@ -487,16 +487,17 @@ def make_local_reducer(
     rows = _cohort_rows(layout, client_ids, learning_rates, num_steps,
                         info.num_examples, info.mask)
 
-    def row_info(row: _Row, losses, shared) -> ClientInfo:
-      loss_before, loss_after = losses
+    def row_info(row: _Row, per_client, shared) -> ClientInfo:
+      loss_before, loss_after, steps_taken = per_client
       return ClientInfo(row.args.client_id, row.num_examples, row.mask,
-                        loss_before, loss_after, *shared)
+                        loss_before, loss_after, *shared,
+                        num_steps=steps_taken)
 
     def run_chunks(global_params, data, key, shared, rows):
       def body(total, chunk: _Row):
         params, *per_client = train_chunk(global_params, data, key,
                                           chunk.args)
-        rows_info = row_info(chunk, per_client[:2], shared)
+        rows_info = row_info(chunk, per_client[:3], shared)
 
         finite = jnp.ones(chunk.mask.shape, bool)
         if exclude_nonfinite:
@@ -507,8 +508,7 @@ def make_local_reducer(
 
         def add_client(k, total):
           client_params = jax.tree.map(lambda a: a[k], params)
-          info_k = ClientInfo(*(a[k] for a in rows_info[:5]),
-                              *rows_info[5:])
+          info_k = rows_info.row(k)
           if exclude_nonfinite:
             # An excluded client is a padding row: mask 0, and the global
             # model in place of its model, so no NaN reaches the sum.
@@ -527,12 +527,13 @@ def make_local_reducer(
         return total, tuple(per_client) + (finite,)
 
       scalar = jax.ShapeDtypeStruct((), jnp.float32)
+      steps = jax.ShapeDtypeStruct((), jnp.int32)
       one_row = jax.tree.map(
           lambda a: jax.ShapeDtypeStruct(a.shape[2:], a.dtype), rows)
       zeros = jax.tree.map(
           lambda s: jnp.zeros(s.shape, s.dtype),
           jax.eval_shape(client_stats, global_params, global_params,
-                         row_info(one_row, (scalar, scalar), shared)))
+                         row_info(one_row, (scalar, scalar, steps), shared)))
       total, per_client = _loop_chunks(body, zeros, rows, chunk_loop)
       if mesh is not None:
         total = jax.lax.psum(total, client_axis)

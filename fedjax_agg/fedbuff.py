@@ -215,7 +215,8 @@ def make_async_round_fn(
     safe = lambda losses: (jnp.where(agg_mask > 0, losses, 0.0) if exclude
                            else losses)
     info = info._replace(mask=agg_mask, loss_before=safe(local.loss_before),
-                         loss_after=safe(local.loss_after))
+                         loss_after=safe(local.loss_after),
+                         num_steps=local.steps_taken)
     new_params, agg_state, agg_metrics = aggregator.aggregate(
         state.params, client_params, info, state.aggregator_state)
     metrics.update(agg_metrics)

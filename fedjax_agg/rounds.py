@@ -176,7 +176,8 @@ def round_inputs(state: ServerState, data: FederatedData, cohort: jax.Array,
   info = ClientInfo(
       client_ids=cohort, num_examples=data.num_examples[cohort].astype(
           jnp.float32), mask=mask, loss_before=jnp.zeros_like(mask),
-      loss_after=jnp.zeros_like(mask), round=state.round + 1, key=agg_key)
+      loss_after=jnp.zeros_like(mask), round=state.round + 1, key=agg_key,
+      num_steps=num_steps)
   return key, train_key, info, num_steps, lrs
 
 
@@ -293,7 +294,8 @@ def make_round_fn(
     safe = lambda losses: (jnp.where(agg_mask > 0, losses, 0.0) if exclude
                            else losses)
     info = info._replace(mask=agg_mask, loss_before=safe(local.loss_before),
-                         loss_after=safe(local.loss_after))
+                         loss_after=safe(local.loss_after),
+                         num_steps=local.steps_taken)
     if stream:
       new_params, agg_state, metrics = aggregator.stream.finalize(
           state.params, local.stats, info, state.aggregator_state)

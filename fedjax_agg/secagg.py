@@ -97,7 +97,8 @@ import numpy as np
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.types import Aggregator, ClientInfo, PRNGKey, StreamingForm
+from fedjax_agg.types import (Aggregator, ClientInfo, INFO_AXES, PRNGKey,
+                              StreamingForm)
 
 __all__ = ["MAX_SUMMANDS", "SECAGG_STREAM", "SecAggStats", "decode",
            "encode", "levels", "modular_sum", "secure_aggregation"]
@@ -111,8 +112,6 @@ SECAGG_STREAM = 2**31 - 3
 # (at most 65535 each) stay below 2^31.
 MAX_SUMMANDS = 2**15
 
-# Per-client fields of a ClientInfo vmapped, the round's scalars shared.
-_INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None)
 
 
 class SecAggStats(NamedTuple):
@@ -433,7 +432,7 @@ def secure_aggregation(aggregator: Aggregator, *, bits: int, clip: float,
     checks.check_cohort(global_params, client_params, info,
                         uses_num_examples=False)
     check_real_clients(info)
-    rows = jax.vmap(client_stats, in_axes=(None, 0, _INFO_AXES))(
+    rows = jax.vmap(client_stats, in_axes=(None, 0, INFO_AXES))(
         global_params, client_params, info)
     leaves, treedef = jax.tree.flatten(rows.encoded)
     sums = [modular_sum(leaf, bits) for leaf in leaves]

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_agg.types import Aggregator, ClientInfo, Params
+from fedjax_agg.types import Aggregator, ClientInfo, INFO_AXES, Params
 
 __all__ = ["DEFAULT_SHAPES", "check_aggregator", "client_info", "cohorts",
            "make_info", "make_params", "stacked_params"]
@@ -41,8 +41,6 @@ __all__ = ["DEFAULT_SHAPES", "check_aggregator", "client_info", "cohorts",
 # Two layers (kernel + bias each), a conv and a dense one.
 DEFAULT_SHAPES = {"conv": {"kernel": (3, 3, 1, 2), "bias": (2,)},
                   "dense": {"kernel": (5, 3), "bias": (3,)}}
-# Per-client fields of a ClientInfo vmapped, the round's scalars shared.
-_INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None)
 
 
 def make_params(rng: np.random.Generator, shapes=None) -> Params:
@@ -53,18 +51,23 @@ def make_params(rng: np.random.Generator, shapes=None) -> Params:
 
 
 def make_info(client_ids, num_examples, mask=None, round_num=1,
-              seed=0) -> ClientInfo:
-  """A ``ClientInfo`` for the given [K] ids and counts (mask 1 default)."""
+              seed=0, num_steps=None) -> ClientInfo:
+  """A ``ClientInfo`` for the given [K] ids and counts (mask 1 default);
+  ``num_steps`` [K] local steps (default: 4 for each real client, 0 for
+  padding rows, as a round with equal local work fills it in)."""
   client_ids = np.asarray(client_ids, np.int32)
   num = client_ids.shape[0]
   mask = np.ones(num) if mask is None else np.asarray(mask)
+  if num_steps is None:
+    num_steps = np.where(mask > 0, 4, 0)
   return ClientInfo(
       client_ids=jnp.asarray(client_ids),
       num_examples=jnp.asarray(num_examples, jnp.float32),
       mask=jnp.asarray(mask, jnp.float32),
       loss_before=jnp.ones((num,), jnp.float32),
       loss_after=jnp.full((num,), 0.5, jnp.float32),
-      round=jnp.asarray(round_num, jnp.int32), key=jax.random.key(seed))
+      round=jnp.asarray(round_num, jnp.int32), key=jax.random.key(seed),
+      num_steps=jnp.asarray(num_steps, jnp.int32))
 
 
 def _clients(rng, global_params, num, scale=0.1, zero_rows=()):
@@ -211,7 +214,7 @@ def check_aggregator(aggregator: Aggregator,
 
     @jax.jit
     def streamed(params, stacked, round_info, state):
-      stats = jax.vmap(stream.client_stats, in_axes=(None, 0, _INFO_AXES))(
+      stats = jax.vmap(stream.client_stats, in_axes=(None, 0, INFO_AXES))(
           params, stacked, round_info)
       summed = jax.tree.map(lambda a: jnp.sum(a, axis=0), stats)
       return stream.finalize(params, summed, round_info, state)

@@ -10,7 +10,8 @@ import jax
 import optax
 
 __all__ = ["AggregateFn", "Aggregator", "AggregatorState", "Batch",
-    "ClientInfo", "LocalObjective", "LocalUpdate", "Metrics", "Model",
+    "ClientInfo", "INFO_AXES", "LocalObjective", "LocalUpdate", "Metrics",
+    "Model",
     "PRNGKey", "Params", "StackedParams", "StreamingForm",
     "softmax_cross_entropy"]
 
@@ -35,6 +36,10 @@ class ClientInfo(NamedTuple):
       after local training.
     round: [] int32, 1-based round number.
     key: PRNG key for randomised aggregation rules.
+    num_steps: [K] int32, the local optimisation steps each client took
+      (0 for padding rows; fewer for stragglers and ADCT budgets); the
+      rounds fill it in. None where the caller did not (a rule that reads
+      it, such as FedNova, then refuses).
   """
   client_ids: jax.Array
   num_examples: jax.Array
@@ -43,6 +48,23 @@ class ClientInfo(NamedTuple):
   loss_after: jax.Array
   round: jax.Array
   key: PRNGKey
+  num_steps: Optional[jax.Array] = None
+
+  def row(self, k) -> "ClientInfo":
+    """Client k's info: the per-client fields' k-th entries (scalars),
+    ``round`` and ``key`` the cohort's (what a ``StreamingForm``'s
+    ``client_stats`` is given)."""
+    take = lambda a: None if a is None else a[k]
+    return self._replace(
+        client_ids=take(self.client_ids),
+        num_examples=take(self.num_examples), mask=take(self.mask),
+        loss_before=take(self.loss_before),
+        loss_after=take(self.loss_after), num_steps=take(self.num_steps))
+
+
+# ``jax.vmap`` axes of a ClientInfo over its clients: the per-client fields
+# mapped, the round's ``round`` and ``key`` shared.
+INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None, 0)
 
 
 class AggregateFn(Protocol):

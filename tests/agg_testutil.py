@@ -9,7 +9,7 @@ import numpy as np
 
 from fedjax_agg import aggregators
 from fedjax_agg import testing
-from fedjax_agg.types import ClientInfo
+from fedjax_agg.types import INFO_AXES
 from fedjax_agg.types import Model
 
 NUM_CLIENTS = 7  # N, the federation size used by the tests.
@@ -37,8 +37,21 @@ def make_clients(rng: np.random.Generator, global_params, num: int,
   return jax.tree.map(leaf, global_params)
 
 
-def make_info(client_ids, num_examples, mask=None, round_=1, seed=0):
-  return testing.make_info(client_ids, num_examples, mask, round_, seed)
+def make_info(client_ids, num_examples, mask=None, round_=1, seed=0,
+              num_steps=None):
+  return testing.make_info(client_ids, num_examples, mask, round_, seed,
+                           num_steps)
+
+
+def spoil_rows(stacked, rows):
+  """``stacked`` with the given rows (padding) holding garbage: NaN in
+  every other one, 1e30 in the rest (a rule must ignore them)."""
+  def spoil(leaf):
+    leaf = np.array(leaf)
+    for i, row in enumerate(rows):
+      leaf[row] = np.nan if i % 2 == 0 else 1e30
+    return jnp.asarray(leaf)
+  return jax.tree.map(spoil, stacked)
 
 
 def stack_rows(trees):
@@ -111,8 +124,6 @@ def jitted_rule(name: str, items: tuple = ()) -> JittedRule:
   return JittedRule(name, **dict(items))
 
 
-# Per-client fields of a ClientInfo vmapped, the round's scalars shared.
-INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None)
 
 
 def streamed_aggregate(aggregator, global_params, client_params, info,

@@ -33,7 +33,9 @@ IDENTICAL_KWARGS = {
     "fedmedian": {}, "trimmed_mean": {},
     "krum": {}, "bulyan": {}, "geometric_median": {},
     "centered_clipping": {}, "norm_bounding": {"max_norm": 1e3},
-    "qffl": {"q": 0.0},
+    "qffl": {"q": 0.0}, "fednova": {},
+    # h moves the model even when every client returns the same one.
+    "feddyn": None,
 }
 # Rules symmetric in the clients, unaffected by padding rows and by a common
 # scale of num_examples: every rule above (a rule registered elsewhere is

@@ -16,12 +16,11 @@ from fedjax_agg import secagg
 from fedjax_agg import testing
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
-from fedjax_agg.types import Aggregator, ClientInfo, StreamingForm
+from fedjax_agg.types import Aggregator, INFO_AXES, StreamingForm
 from tests import agg_testutil as tu
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
-_INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None)
 
 K = 5  # real clients of the cohorts below
 # One layer keeps compilation short (per-leaf work is traced per leaf).
@@ -67,7 +66,7 @@ def _loop_sums(global_params, clients, info, name="fedavg", inner=(),
   _, _, client_stats, _ = _rule(name, inner, **kwargs)
   total = None
   for k in range(info.mask.shape[0]):
-    info_k = ClientInfo(*(a[k] for a in info[:5]), info.round, info.key)
+    info_k = info.row(k)
     stats = client_stats(global_params, _row(clients, k), info_k)
     total = stats if total is None else jax.tree.map(jnp.add, total, stats)
   for leaf in jax.tree.leaves(total.encoded):
@@ -86,7 +85,7 @@ def _streamed(global_params, clients, info, name="fedavg", inner=(),
 
 @functools.lru_cache(maxsize=None)
 def _jitted_rows(client_stats):
-  return jax.jit(jax.vmap(client_stats, in_axes=(None, 0, _INFO_AXES)))
+  return jax.jit(jax.vmap(client_stats, in_axes=(None, 0, INFO_AXES)))
 
 
 def _stacked_sums(global_params, clients, info, name="fedavg", inner=(),
@@ -476,8 +475,7 @@ def test_padding_rows_change_nothing():
     assert int(padded_metrics[name]) == int(metrics[name]) == 0
   # A padding row's statistics are exactly zero.
   _, _, client_stats, _ = _rule(bits=8)
-  row = ClientInfo(*(a[0] for a in padded_info[:5]), padded_info.round,
-                   padded_info.key)
+  row = padded_info.row(0)
   for leaf in jax.tree.leaves(client_stats(params, _row(padded, 0), row)):
     assert not np.any(np.asarray(leaf))
 

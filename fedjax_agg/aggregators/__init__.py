@@ -19,7 +19,8 @@ feeds any rule's output through an optax transformation on the
 pseudo-gradient w_t - output (``fedopt``).
 
 Memory. Rules that are a sum over clients carry a ``StreamingForm``
-(``Aggregator.stream``): FedAvg, FedNNNN / Norm-Norm / Momentum, every
+(``Aggregator.stream``): FedAvg, FedNova, FedDyn, FedNNNN / Norm-Norm /
+Momentum, every
 server optimizer over one of them (FedOpt, FedAvgM, FedAdam, FedYogi,
 FedAdagrad), norm bounding and DP-FedAvg with a fixed clip norm (clipping
 is per client; DP-FedAvg draws its noise once the sum is complete).
@@ -66,6 +67,8 @@ from fedjax_agg.aggregators._fedadp import FedAdpState
 from fedjax_agg.aggregators._fedadp import gompertz
 from fedjax_agg.aggregators._fedavg import fedavg
 from fedjax_agg.aggregators._fedavg import FedAvgState
+from fedjax_agg.aggregators._feddyn import feddyn
+from fedjax_agg.aggregators._feddyn import FedDynState
 from fedjax_agg.aggregators._feddrl import AgentConfig
 from fedjax_agg.aggregators._feddrl import AgentState
 from fedjax_agg.aggregators._feddrl import feddrl
@@ -77,11 +80,15 @@ from fedjax_agg.aggregators._fednnnn import fednnnn
 from fedjax_agg.aggregators._fednnnn import FedNNNNState
 from fedjax_agg.aggregators._fednnnn import momentum
 from fedjax_agg.aggregators._fednnnn import norm_norm
+from fedjax_agg.aggregators._fednova import fednova
+from fedjax_agg.aggregators._fednova import FedNovaState
 from fedjax_agg.aggregators._fedopt import fedadagrad
 from fedjax_agg.aggregators._fedopt import fedadam
 from fedjax_agg.aggregators._fedopt import fedavgm
 from fedjax_agg.aggregators._fedopt import fedopt
 from fedjax_agg.aggregators._fedopt import fedyogi
+from fedjax_agg.aggregators._fedsgd import FedSGD
+from fedjax_agg.aggregators._fedsgd import fedsgd
 from fedjax_agg.aggregators._fedopt import scale_by_reddi
 from fedjax_agg.aggregators._fedopt import ScaleByReddiState
 from fedjax_agg.aggregators._geometric_median import geometric_median
@@ -101,12 +108,13 @@ from fedjax_agg.registry import Registry
 __all__ = [
     "AgentConfig", "AgentState", "BulyanState", "CenteredClippingState",
     "DPFedAvgState", "FedACSState", "FedAdpState", "FedAvgState",
-    "FedDRLState", "FedMedianState", "FedNNNNState", "GeometricMedianState",
-    "KrumState", "NormBoundingState", "QFFLState", "REGISTRY",
-    "ScaleByReddiState", "ServerOptState", "TrimmedMeanState",
-    "angle_weighting", "bulyan", "centered_clipping", "dp_fedavg",
-    "eval_params", "fedacs", "fedadagrad", "fedadam", "fedadp", "fedavg",
-    "fedavgm", "feddrl", "fedlayerwise", "fedmedian", "fednnnn", "fedopt",
+    "FedDRLState", "FedDynState", "FedMedianState", "FedNNNNState",
+    "FedNovaState", "FedSGD", "GeometricMedianState", "KrumState",
+    "NormBoundingState", "QFFLState", "REGISTRY", "ScaleByReddiState",
+    "ServerOptState", "TrimmedMeanState", "angle_weighting", "bulyan",
+    "centered_clipping", "dp_fedavg", "eval_params", "fedacs", "fedadagrad",
+    "fedadam", "fedadp", "fedavg", "fedavgm", "feddrl", "feddyn",
+    "fedlayerwise", "fedmedian", "fednnnn", "fednova", "fedopt", "fedsgd",
     "fedyogi", "geometric_median", "get", "gompertz", "krum", "momentum",
     "norm_bounding", "norm_norm", "qffl", "scale_by_reddi", "select_top",
     "takes_num_clients", "trimmed_mean", "with_server_optimizer",
@@ -139,6 +147,8 @@ REGISTRY = Registry("aggregator", {
     "norm_bounding": norm_bounding,
     "dp_fedavg": dp_fedavg,
     "qffl": qffl,
+    "fednova": fednova,
+    "feddyn": feddyn,
 }, context=("num_clients", "model", "x_eval", "y_eval"))
 
 

@@ -13,12 +13,10 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import tree_math
-from fedjax_agg.types import ClientInfo, Params, StackedParams
+from fedjax_agg.types import ClientInfo, INFO_AXES, Params, StackedParams
 
 __all__ = ["ClippedSums", "clipped_update_stats", "summed_client_stats"]
 
-# Per-client fields of a ClientInfo vmapped, the round's scalars shared.
-_INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None)
 
 
 class ClippedSums(NamedTuple):
@@ -61,6 +59,6 @@ def clipped_update_stats(global_params: Params, client_params: Params,
 def summed_client_stats(client_stats, global_params: Params,
                         client_params: StackedParams, info: ClientInfo):
   """sum_k client_stats(w_t, w_k, info_k) over the [K] client axis."""
-  stats = jax.vmap(client_stats, in_axes=(None, 0, _INFO_AXES))(
+  stats = jax.vmap(client_stats, in_axes=(None, 0, INFO_AXES))(
       global_params, client_params, info)
   return tree_math.sum_over_clients(stats)

@@ -13,7 +13,12 @@ clients wrap any of them: ``attacks.local_update``.)
   selects clients on the server, is an aggregator (``aggregators.fedacs``).
 
 * ``scaffold`` (+ ``scaffold_aggregator``): SCAFFOLD's control variates.
+* ``feddyn`` (+ ``aggregators.feddyn``): FedDyn's gradient states.
 * ``fedbn``: BatchNorm leaves kept per client.
+* ``fedper``: the head (personalisation layers) kept per client.
+* ``fedrep``: the head kept per client and trained first, then the body,
+  each with the other part fixed.
+* ``apfl``: a personal model and its mixing weight per client.
 * ``ditto``: a personal model per client.
 * ``personal_accuracies`` / ``finetuned_accuracies``: personalised
   evaluation on each client's held-out split (``simulation.run`` records
@@ -31,6 +36,8 @@ from fedjax_agg.clients._adct import DEFAULT_GRID
 from fedjax_agg.clients._adct import search_mask
 from fedjax_agg.clients._adct import select_configs
 from fedjax_agg.clients._adct_update import adct_update
+from fedjax_agg.clients._apfl import apfl
+from fedjax_agg.clients._apfl import APFLState
 from fedjax_agg.clients._common import batch_norm_leaf
 from fedjax_agg.clients._common import ClientOptions
 from fedjax_agg.clients._ditto import ditto
@@ -39,10 +46,19 @@ from fedjax_agg.clients._ditto import proximal_objective
 from fedjax_agg.clients._evaluation import finetuned_accuracies
 from fedjax_agg.clients._evaluation import personal_accuracies
 from fedjax_agg.clients._evaluation import summarize
+from fedjax_agg.clients._feddyn import dynamic_objective
+from fedjax_agg.clients._feddyn import feddyn
+from fedjax_agg.clients._feddyn import FedDynClientState
 from fedjax_agg.clients._fedbn import fedbn
 from fedjax_agg.clients._fedbn import FedBNState
+from fedjax_agg.clients._fedper import fedper
+from fedjax_agg.clients._fedper import FedPerState
+from fedjax_agg.clients._fedrep import fedrep
+from fedjax_agg.clients._fedrep import FedRepState
+from fedjax_agg.clients._fedrep import train_only
 from fedjax_agg.clients._host_table import HostRows
 from fedjax_agg.clients._host_table import uses_host_table
+from fedjax_agg.clients._personal import last_dense_layer
 from fedjax_agg.clients._scaffold import correction_objective
 from fedjax_agg.clients._scaffold import scaffold
 from fedjax_agg.clients._scaffold import scaffold_aggregator
@@ -54,14 +70,15 @@ from fedjax_agg.clients._table import Table
 from fedjax_agg.registry import Registry
 
 __all__ = [
-    "ClientOptions", "REGISTRY",
-    "ADCT", "ADCTOutput", "ADCTState", "DEFAULT_GRID", "adct", "adct_update",
-    "search_mask", "select_configs",
-    "DittoState", "FedBNState", "HostRows", "ScaffoldState", "Table",
-    "batch_norm_leaf", "uses_host_table",
-    "correction_objective", "ditto", "fedbn", "finetuned_accuracies",
-    "gather", "init_table", "personal_accuracies", "proximal_objective",
-    "scaffold", "scaffold_aggregator", "scatter", "summarize",
+    "ADCT", "ADCTOutput", "ADCTState", "APFLState", "ClientOptions",
+    "DEFAULT_GRID", "DittoState", "FedBNState", "FedDynClientState",
+    "FedPerState", "FedRepState", "HostRows", "REGISTRY", "ScaffoldState",
+    "Table", "adct", "adct_update", "apfl", "batch_norm_leaf",
+    "correction_objective", "ditto", "dynamic_objective", "fedbn", "feddyn",
+    "fedper", "fedrep", "finetuned_accuracies", "gather", "init_table",
+    "last_dense_layer", "personal_accuracies", "proximal_objective",
+    "scaffold", "scaffold_aggregator", "scatter", "search_mask",
+    "select_configs", "summarize", "train_only", "uses_host_table",
 ]
 
 # The stateful client sides a config may name (``AlgorithmSpec.client``);
@@ -71,4 +88,8 @@ REGISTRY = Registry("client", {
     "scaffold": scaffold,
     "fedbn": fedbn,
     "ditto": ditto,
+    "feddyn": feddyn,
+    "fedper": fedper,
+    "fedrep": fedrep,
+    "apfl": apfl,
 }, context=("model", "training"))

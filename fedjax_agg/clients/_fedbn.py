@@ -27,12 +27,10 @@ hundred floats for the bundled BatchNorm networks).
 
 from typing import Callable, NamedTuple, Optional
 
-import jax
-import jax.numpy as jnp
-
 from fedjax_agg import engine
 from fedjax_agg import tree_math
 from fedjax_agg.clients import _common
+from fedjax_agg.clients import _personal
 from fedjax_agg.clients import _table
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.types import LocalUpdate, Model
@@ -66,49 +64,12 @@ def fedbn(model: Model, training: LocalTraining = LocalTraining(), *,
   """
   options = _common.client_options("fedbn", options)
   is_local = _common.batch_norm_leaf if is_local is None else is_local
-  if not callable(is_local):
-    raise TypeError(f"is_local must be a function of a leaf path, got "
-                    f"{type(is_local).__name__}")
+  _personal.check_is_local(is_local)
   train = engine.make_local_trainer(model, training, **options.trainer())
   shapes = _common.model_shapes(model)
-  flags = jax.tree.leaves(tree_math.select_leaves(shapes, is_local))
-  if not any(flags):
+  local = _personal.local_leaves(shapes, is_local)
+  if not local.positions:
     raise ValueError(
         "fedbn: the model has no local leaves (no BatchNorm layer matched "
         f"is_local); leaf paths: {tree_math.leaf_paths(shapes)[:8]}")
-  positions = [i for i, flag in enumerate(flags) if flag]
-  shape_leaves = jax.tree.leaves(shapes)
-
-  def init(num_clients: int) -> FedBNState:
-    return FedBNState(options.init_table(
-        num_clients, tuple(shape_leaves[i] for i in positions)))
-
-  def merged(table, global_params, client_ids):
-    """[K] models: the global leaves with each client's local ones."""
-    leaves, treedef = jax.tree.flatten(global_params)
-    own = _table.gather(table, client_ids,
-                        default=tuple(leaves[i] for i in positions))
-    count = client_ids.shape[0]
-    stacked = [jnp.broadcast_to(leaf, (count,) + leaf.shape)
-               for leaf in leaves]
-    for j, i in enumerate(positions):
-      stacked[i] = own[j]
-    return jax.tree.unflatten(treedef, stacked)
-
-  def update(client_state: FedBNState, global_params, data, client_ids,
-             mask, learning_rates, num_steps, round_num, key):
-    del round_num
-    start = merged(client_state.local, global_params, client_ids)
-    local = train(global_params, data, client_ids, learning_rates,
-                  num_steps, key, start, None)
-    trained = jax.tree.leaves(local.client_params)
-    rows = tuple(trained[i] for i in positions)
-    write = (mask > 0) & engine.rows_finite(local.client_params)
-    table = _table.scatter(client_state.local, client_ids, rows, write)
-    return local, FedBNState(table), {
-        "num_local_leaves": jnp.asarray(len(positions), jnp.float32)}
-
-  def personalize(client_state: FedBNState, global_params, client_ids):
-    return merged(client_state.local, global_params, client_ids)
-
-  return LocalUpdate(init=init, update=update, personalize=personalize)
+  return _personal.keep_leaves(train, local, options, FedBNState)

@@ -29,6 +29,10 @@ from fedjax_agg.config import Systems
 # default per concept, ``fedjax_agg.spec``).
 TRAIN_DEFAULTS = spec_lib.defaults(spec_lib.TrainSpec)
 # The defaults of a config's "attack" block (see ``_checks.ATTACK_KEYS``).
+# Client sides that set their own local objective (F_k plus their terms).
+OWN_OBJECTIVE_CLIENTS = ("scaffold", "feddyn")
+# Client side -> (the server rule it needs, the argument both must share).
+PAIRED_RULES = {"feddyn": ("feddyn", "alpha")}
 ATTACK_DEFAULTS = spec_lib.defaults(spec_lib.AttackSpec)
 # Aggregators whose runs record their privacy (the "privacy" block, see
 # ``_checks.PRIVACY_KEYS``).
@@ -222,8 +226,9 @@ def local_update(config: dict, algorithm: str, model,
   spec = config["algorithms"][algorithm]
   if spec.get("client") is None:
     return attack_update(config, model, training, execution, num_clients)
-  if spec["client"] == "scaffold":
-    # SCAFFOLD's loss is F_k plus its correction term, set by the client.
+  if spec["client"] in OWN_OBJECTIVE_CLIENTS:
+    # SCAFFOLD's and FedDyn's losses are F_k plus their own terms, set by
+    # the client.
     training = dataclasses.replace(training, objective=None)
   mesh, _ = distributed.round_mesh(execution.devices)
   return clients.REGISTRY.build(

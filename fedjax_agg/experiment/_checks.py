@@ -30,6 +30,8 @@ from fedjax_agg.config import Systems
 from fedjax_agg.experiment._build import _rule_parameters
 from fedjax_agg.experiment._build import _train_config
 from fedjax_agg.experiment._build import objective_of
+from fedjax_agg.experiment._build import OWN_OBJECTIVE_CLIENTS
+from fedjax_agg.experiment._build import PAIRED_RULES
 from fedjax_agg.experiment._build import PRIVATE_AGGREGATORS
 from fedjax_agg.experiment._build import rule_arguments
 from fedjax_agg.experiment._build import run_privacy
@@ -400,6 +402,27 @@ def _check_algorithm(config: dict, name: str, spec) -> None:
 CLIENT_OPTIONS = ("placement", "path")
 
 
+def _check_pair(config, name, spec, client, arguments) -> None:
+  """A client side that needs its server rule gets it, with the same
+  value of the argument they share (FedDyn's alpha)."""
+  if client not in PAIRED_RULES:
+    return
+  rule, shared = PAIRED_RULES[client]
+  path = f"algorithms.{name}"
+  if spec["aggregator"] != rule:
+    raise ConfigError(f"{path}.aggregator", f"{path}.aggregator: the "
+                      f"{client} client needs the {rule!r} rule (its server "
+                      f"side), got {spec['aggregator']!r}")
+  ours = arguments.get(shared, clients.REGISTRY.parameters(client)[
+      shared].default)
+  theirs = rule_arguments(config, name)[0][shared]
+  if ours != theirs:
+    raise ConfigError(
+        f"{path}.client_args.{shared}", f"{path}.client_args.{shared}: "
+        f"the {client} client and rule must share {shared}, got {ours!r} "
+        f"(client) and {theirs!r} (aggregator_args)")
+
+
 def _check_client(config: dict, name: str, spec: dict, train: dict) -> None:
   """The algorithm's client side and what needs one: personalised
   evaluation needs personal models, held-out evaluation a held-out split."""
@@ -417,11 +440,13 @@ def _check_client(config: dict, name: str, spec: dict, train: dict) -> None:
                if arg not in clients.REGISTRY.context]
     _check_keys(f"{path}.client_args", arguments,
                 allowed + list(CLIENT_OPTIONS))
-    if client == "scaffold" and objective_of(spec) != "cross_entropy":
+    if (client in OWN_OBJECTIVE_CLIENTS
+        and objective_of(spec) != "cross_entropy"):
       raise ConfigError(
-          f"{path}.objective", f"{path}.objective: the scaffold client sets "
+          f"{path}.objective", f"{path}.objective: the {client} client sets "
           f"its own local objective; got {objective_of(spec)!r} (leave it "
           "cross_entropy)")
+    _check_pair(config, name, spec, client, arguments)
     if config.get("attack") is not None:
       raise ConfigError(
           "attack", f"attack: {name} has a client side ({client!r}); "
@@ -442,7 +467,7 @@ def _check_client(config: dict, name: str, spec: dict, train: dict) -> None:
 
 
 # Client sides with personal models (a ``personalize``).
-_PERSONAL_CLIENTS = ("fedbn", "ditto")
+_PERSONAL_CLIENTS = ("fedbn", "ditto", "fedper", "fedrep", "apfl")
 
 
 def _check_rules(config: dict, name: str) -> None:

@@ -48,15 +48,10 @@ def garbage_cohort(seed, mask, num=K):
   updates = flat_rows(clients)[real] - flat(global_params)
   padding = np.flatnonzero(mask == 0)
 
-  def spoil(leaf):
-    leaf = np.array(leaf)
-    for i, row in enumerate(padding):
-      leaf[row] = np.nan if i % 2 == 0 else 1e30
-    return jnp.asarray(leaf)
   counts = rng.integers(1, 40, size=num).astype(np.float64)
   counts[padding] = 1e9
   info = tu.make_info(np.arange(num) % tu.NUM_CLIENTS, counts, mask)
-  return global_params, jax.tree.map(spoil, clients), info, updates
+  return global_params, tu.spoil_rows(clients, padding), info, updates
 
 
 # ---------------------------------------------------------------------------

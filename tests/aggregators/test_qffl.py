@@ -55,17 +55,12 @@ def garbage_cohort(seed, mask, losses):
   losses = np.array(losses, np.float64)
   counts = rng.integers(1, 40, size=K).astype(np.float64)
 
-  def spoil(leaf):
-    leaf = np.array(leaf)
-    for i, row in enumerate(padding):
-      leaf[row] = np.nan if i % 2 == 0 else 1e30
-    return jnp.asarray(leaf)
   for i, row in enumerate(padding):
     losses[row] = np.nan if i % 2 == 0 else -1e30
     counts[row] = 1e9
   info = tu.make_info(np.arange(K), counts, mask)._replace(
       loss_before=jnp.asarray(losses, jnp.float32))
-  return (global_params, jax.tree.map(spoil, clients), info, models,
+  return (global_params, tu.spoil_rows(clients, padding), info, models,
           np.asarray(losses, np.float32).astype(np.float64)[real])
 
 

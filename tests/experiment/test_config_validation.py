@@ -146,6 +146,19 @@ BAD = [
      "algorithms.FedAvg.client_args"),
     ({"algorithms.FedProx.client": "scaffold"}, ValueError,
      "algorithms.FedProx.objective"),
+    ({"algorithms.FedProx.client": "feddyn",
+      "algorithms.FedProx.aggregator": "feddyn"}, ValueError,
+     "algorithms.FedProx.objective"),
+    # FedDyn's client and rule come as a pair sharing alpha.
+    ({"algorithms.FedAvg.client": "feddyn"}, ValueError,
+     "algorithms.FedAvg.aggregator"),
+    ({"algorithms.FedAvg.client": "feddyn",
+      "algorithms.FedAvg.aggregator": "feddyn",
+      "algorithms.FedAvg.client_args": {"alpha": 0.1}}, ValueError,
+     "algorithms.FedAvg.client_args.alpha"),
+    ({"algorithms.FedAvg.aggregator": "fednova",
+      "algorithms.FedAvg.aggregator_args": {"momentum": 1.0}}, ValueError,
+     "algorithms.FedAvg.aggregator_args"),
     ({"algorithms.FedAvg.client": "fedbn", "attack": {"name": "sign_flip"}},
      ValueError, "attack"),
     ({"train.personalized": True, "partition.holdout_fraction": 0.2},
@@ -245,3 +258,22 @@ def test_experiment_configs_pass():
       config = json.load(f)
     experiment.check_config(config)
     experiment.check_config(experiment.resolve_config(config))
+
+
+def test_feddyn_pair_and_fednova_take_their_arguments():
+  config = experiment.override(CONFIG, {"algorithms": {
+      "FedDyn": {"aggregator": "feddyn", "aggregator_args": {"alpha": 0.1},
+                 "client": "feddyn", "client_args": {"alpha": 0.1}},
+      "FedNova": {"aggregator": "fednova",
+                  "aggregator_args": {"momentum": 0.9}}}})
+  experiment.check_config(config)
+  resolved = experiment.resolve_config(config)
+  experiment.check_config(resolved)
+  assert experiment.rule_arguments(config, "FedDyn")[0] == {"alpha": 0.1}
+  # The client learning rate reaches FedNova's proximal normaliser.
+  assert experiment.rule_arguments(config, "FedNova")[0] == {
+      "momentum": 0.9, "proximal_mu": 0.0, "learning_rate": 0.1}
+  # Both at their defaults share alpha too.
+  experiment.check_config(experiment.override(config, {
+      "algorithms.FedDyn.aggregator_args": {},
+      "algorithms.FedDyn.client_args": {}}))

@@ -1,0 +1,189 @@
+"""FedNova: normalised averaging over heterogeneous numbers of local steps.
+
+Wang, Liu, Liang, Joshi, Poor, "Tackling the Objective Inconsistency
+Problem in Heterogeneous Federated Optimization", NeurIPS 2020 (Sec. 4,
+FedNova; the normalisers of local momentum and of the proximal term are
+its examples of the general update).
+
+Client i runs tau_i local steps from x; its cumulative update is
+x_i - x = -eta G_i a_i, a_i the (non-negative) weights its local solver
+puts on its tau_i gradients. FedNova averages the *normalised* updates and
+rescales them by one effective number of steps:
+
+  Eq. (a): d_i = (x_i - x) / ||a_i||_1            (the normalised update)
+  Eq. (b): tau_eff = sum_i p_i ||a_i||_1
+  Eq. (c): x+ = x + tau_eff sum_i p_i d_i,        p_i = n_i / sum_j n_j
+
+over the round's real participants. ||a_i||_1 by local solver (tau = tau_i,
+eta the client learning rate):
+
+  plain SGD:                 tau
+  SGD, momentum rho:         (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho)
+  proximal term mu (FedProx): (1 - (1 - eta mu)^tau) / (eta mu)
+
+With every tau_i equal (and one solver), ||a_i||_1 is the same for all i,
+tau_eff equals it and Eq. (c) is FedAvg: x+ = sum_i p_i x_i.
+
+Interpretations:
+* tau_i is the number of steps client i actually took
+  (``info.num_steps``: stragglers, ADCT budgets and padding are counted as
+  they ran). A client that took no step has x_i = x and contributes
+  d_i = 0 (the 0/0 of Eq. (a) taken as 0) and ||a_i||_1 = 0 to tau_eff.
+* The solver's normaliser must be declared here (``momentum``,
+  ``proximal_mu``, and the client ``learning_rate`` that runs fill in):
+  the rule sees models, not optimisers. The paper gives no normaliser for
+  momentum and a proximal term together, so both at once are refused.
+* BatchNorm statistics (the ``batch_stats`` collection) are no gradient
+  steps: they take the plain weighted mean (FedAvg).
+* A cohort with no real participant leaves the model unchanged.
+
+Memory: a sum over clients, so it has a streaming form (the running sums of
+n_i d_i, n_i ||a_i||_1 and n_i).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_agg import checks
+from fedjax_agg import tree_math
+from fedjax_agg.types import Aggregator, ClientInfo, StreamingForm
+
+__all__ = ["FedNovaState", "fednova", "normalizer"]
+
+
+class FedNovaState(NamedTuple):
+  """FedNova keeps no state."""
+
+
+def normalizer(num_steps, momentum=0.0, proximal_mu=0.0,
+               learning_rate=1.0) -> jax.Array:
+  """||a_i||_1 of tau_i = ``num_steps`` local steps ([K] or []); the
+  hyperparameters may be traced (sweeps)."""
+  tau = jnp.asarray(num_steps, jnp.float32)
+  rho = jnp.asarray(momentum, jnp.float32)
+  # rho = 0 gives tau exactly (0^0 = 1).
+  with_momentum = (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)
+  shrink = jnp.asarray(learning_rate, jnp.float32) * jnp.asarray(
+      proximal_mu, jnp.float32)
+  safe = jnp.where(shrink > 0, shrink, 1.0)
+  proximal = (1.0 - (1.0 - safe) ** tau) / safe
+  return jnp.where(shrink > 0, proximal, with_momentum)
+
+
+def _num_steps(info: ClientInfo) -> jax.Array:
+  if info.num_steps is None:
+    raise ValueError(
+        "FedNova reads info.num_steps (each client's local steps), which "
+        "is None; the rounds fill it in (build ClientInfo with num_steps "
+        "when calling the rule directly). Secure aggregation cannot bound "
+        "FedNova's statistics (they grow with the steps taken), so it does "
+        "not wrap FedNova")
+  return info.num_steps
+
+
+def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
+            learning_rate: float = 1.0) -> Aggregator:
+  """FedNova aggregator (normalised averaging, Eqs. (a)-(c)).
+
+  Args:
+    momentum: rho in [0, 1), the clients' SGD momentum (``LocalTraining``
+      with ``client_optimizer("sgd", momentum=rho)``).
+    proximal_mu: mu >= 0 of the clients' FedProx term (``objective``
+      fedprox with that mu); not together with ``momentum``.
+    learning_rate: eta > 0, the client learning rate (runs fill it in);
+      read only for ``proximal_mu`` > 0.
+
+  Returns:
+    An ``Aggregator`` with a streaming form; it reads ``info.num_steps``.
+    Metrics: "tau_eff" [] (Eq. (b)), "client_weights" [K] (p_i) and
+    "update_weights" [K] (tau_eff p_i / ||a_i||_1, the weight of x_i - x
+    in x+ - x; 0 for a client without steps).
+  """
+  checks.check_range("momentum", momentum, 0, 1, high_open=True)
+  checks.check_range("proximal_mu", proximal_mu, 0)
+  checks.check_range("learning_rate", learning_rate, 0, low_open=True)
+  concrete = not any(checks.is_traced(v) for v in (momentum, proximal_mu,
+                                                    learning_rate))
+  if concrete and momentum > 0 and proximal_mu > 0:
+    raise ValueError(
+        "fednova: momentum and proximal_mu cannot both be > 0 (the paper "
+        f"gives no normaliser for the two together), got momentum="
+        f"{momentum}, proximal_mu={proximal_mu}")
+  if concrete and proximal_mu > 0 and learning_rate * proximal_mu >= 1:
+    raise ValueError(
+        f"fednova: learning_rate * proximal_mu must be < 1 (the proximal "
+        f"step contracts), got {learning_rate} * {proximal_mu}")
+
+  def norms(info):
+    a = normalizer(_num_steps(info), momentum, proximal_mu, learning_rate)
+    return jnp.where(info.mask > 0, a, 0.0)
+
+  def normalized(update, a, statistic):
+    """Eq. (a) on gradient leaves; statistics keep the raw update."""
+    if statistic:
+      return update
+    shape = a.shape + (1,) * (update.ndim - a.ndim)
+    scale = jnp.where(a > 0, 1.0 / jnp.where(a > 0, a, 1.0), 0.0)
+    return update * scale.reshape(shape).astype(update.dtype)
+
+  def step(global_params, mean_normalized, mean_update, tau_eff):
+    """Eq. (c) (statistics: the mean update)."""
+    statistics = tree_math.select_leaves(global_params,
+                                         tree_math.is_statistic)
+    return jax.tree.map(
+        lambda g, d, u, s: g + (u if s else tau_eff.astype(d.dtype) * d),
+        global_params, mean_normalized, mean_update, statistics)
+
+  def init(global_params):
+    del global_params
+    return FedNovaState()
+
+  def aggregate(global_params, client_params, info, state):
+    checks.check_cohort(global_params, client_params, info,
+                        fields=("num_steps",) if info.num_steps is not None
+                        else ())
+    a = norms(info)
+    weights = tree_math.normalize_weights(
+        info.num_examples.astype(jnp.float32), info.mask)
+    updates = tree_math.client_updates(client_params, global_params,
+                                       info.mask)
+    statistics = tree_math.select_leaves(global_params,
+                                         tree_math.is_statistic)
+    scaled = jax.tree.map(lambda u, s: normalized(u, a, s), updates,
+                          statistics)
+    tau_eff = jnp.sum(weights * a)  # Eq. (b)
+    new_global = step(global_params, tree_math.weighted_sum(scaled, weights),
+                      tree_math.weighted_sum(updates, weights), tau_eff)
+    new_global = tree_math.keep_if_no_clients(info.mask, new_global,
+                                              global_params)
+    return new_global, state, _metrics(weights, a, tau_eff)
+
+  def client_stats(global_params, client_params, info_k):
+    a = norms(info_k)
+    update = tree_math.tree_sub(client_params, global_params)
+    statistics = tree_math.select_leaves(global_params,
+                                         tree_math.is_statistic)
+    scaled = jax.tree.map(lambda u, s: normalized(u, a, s), update,
+                          statistics)
+    return tree_math.client_sums((scaled, update, a), info_k.mask,
+                                 info_k.num_examples)
+
+  def finalize(global_params, sums, info, state):
+    mean_scaled, mean_update, tau_eff = tree_math.mean_from_sums(sums)
+    new_global = tree_math.keep_if_no_clients(
+        info.mask, step(global_params, mean_scaled, mean_update, tau_eff),
+        global_params)
+    weights = tree_math.normalize_weights(
+        info.num_examples.astype(jnp.float32), info.mask)
+    return new_global, state, _metrics(weights, norms(info), tau_eff)
+
+  return Aggregator(init, aggregate, StreamingForm(client_stats, finalize))
+
+
+def _metrics(weights, a, tau_eff):
+  coefficients = jnp.where(a > 0, tau_eff * weights / jnp.where(a > 0, a,
+                                                                1.0), 0.0)
+  return {"tau_eff": tau_eff, "client_weights": weights,
+          "update_weights": coefficients}
