@@ -23,7 +23,7 @@ learning rate may be a traced value (sweeps build ``LocalTraining`` inside
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
 import optax
@@ -32,7 +32,8 @@ from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.types import LocalObjective, PRNGKey
 
-__all__ = ["ACCOUNTANTS", "Checkpointing", "Evaluation", "Execution",
+__all__ = ["ACCOUNTANTS", "Checkpointing", "EvalSet", "Evaluation",
+           "Execution",
            "LocalStepsFn", "LocalTraining", "NonFinite", "OptimizerFactory",
            "OPTIMIZERS", "Privacy", "SAMPLINGS", "Systems", "client_optimizer"]
 
@@ -178,7 +179,57 @@ class Execution:
     checks.check_bool("progress", self.progress)
 
 
-@dataclasses.dataclass(frozen=True)
+class EvalSet(NamedTuple):
+  """A labelled set the global model is scored on besides the test set.
+
+  At every test evaluation the run records, in column ``name``, the
+  fraction of ``x`` the global model classifies as ``y`` (a backdoor's
+  attack success: the triggered test images labelled with the target,
+  ``attacks.backdoor``).
+
+  Attributes:
+    name: the history column (an identifier, not a column the run writes
+      itself).
+    x: [M, ...] inputs shaped like the test inputs.
+    y: [M] int labels.
+  """
+  name: str
+  x: Any
+  y: Any
+
+
+# Columns of a history row an EvalSet may not take.
+_RESERVED_PREFIXES = ("test_", "client_", "cohort_", "personal_",
+                      "finetuned_", "global_")
+
+
+def _check_eval_sets(extra) -> None:
+  if not isinstance(extra, tuple):
+    raise TypeError(f"extra must be a tuple of EvalSet, got "
+                    f"{type(extra).__name__}")
+  names = set()
+  for i, item in enumerate(extra):
+    if not isinstance(item, EvalSet):
+      raise TypeError(f"extra[{i}] must be an EvalSet, got "
+                      f"{type(item).__name__}")
+    if not (isinstance(item.name, str) and item.name.isidentifier()):
+      raise ValueError(f"extra[{i}].name must be an identifier, got "
+                       f"{item.name!r}")
+    if item.name.startswith(_RESERVED_PREFIXES) or item.name in (
+        "round", "time_s", "epsilon") or item.name in names:
+      raise ValueError(f"extra[{i}].name {item.name!r} is taken (by the "
+                       "run's own columns or another EvalSet)")
+    names.add(item.name)
+    x_shape, y_shape = getattr(item.x, "shape", None), getattr(
+        item.y, "shape", None)
+    if x_shape is None or y_shape is None or len(y_shape) != 1 or (
+        not x_shape or x_shape[0] != y_shape[0] or y_shape[0] == 0):
+      raise ValueError(f"extra[{i}] ({item.name}): x must be [M, ...] and "
+                       f"y [M] arrays with M >= 1, got shapes {x_shape} "
+                       f"and {y_shape}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Evaluation:
   """When and on what the global model is evaluated.
 
@@ -202,12 +253,15 @@ class Evaluation:
       run's ``LocalTraining``) and evaluate it on the client's held-out
       split (``finetuned_accuracy_*``), next to ``global_accuracy_*``, the
       global model itself on the same splits.
+    extra: ``EvalSet``s scored at every test evaluation, each in a column
+      of its own name (e.g. a backdoor's ``attack_success``).
   """
   every: int = 1
   clients: Union[bool, int, str] = "auto"
   batch_size: int = 2048
   personalized: bool = False
   finetune_steps: int = 0
+  extra: tuple = ()
 
   def __post_init__(self):
     checks.check_int("every", self.every, 1)
@@ -216,6 +270,7 @@ class Evaluation:
     checks.check_int("batch_size", self.batch_size, 1)
     checks.check_bool("personalized", self.personalized)
     checks.check_int("finetune_steps", self.finetune_steps, 0)
+    _check_eval_sets(self.extra)
 
   @property
   def per_client(self) -> bool:

@@ -37,6 +37,7 @@ from fedjax_agg import clients as clients_lib
 from fedjax_agg import clock
 from fedjax_agg import distributed
 from fedjax_agg import engine
+from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import loop
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import round_forms
@@ -341,12 +342,15 @@ def execute(plan: Plan) -> list[Member]:
       plan, state, built, cohort_size, accounts, run_keys, num_rounds,
       num_classes)
   held_out = _held_out_evaluation(plan, built, run_keys, form.device)
+  extra = _extra_evaluation(plan, num_classes, form.device)
 
   def evaluate(state, with_clients):
     rows = form.evaluate(state, with_clients)
-    if with_clients and held_out is not None:
-      for m, row in enumerate(rows):
-        row.update(held_out(form.member_state(state, m), m))
+    for m, row in enumerate(rows):
+      member = form.member_state(state, m)
+      row.update(extra(member))
+      if with_clients and held_out is not None:
+        row.update(held_out(member, m))
     return rows
 
   driver = loop.Driver(
@@ -448,6 +452,26 @@ def _fingerprint(plan: Plan, built, accounts: _Accounts) -> dict:
       evaluation=plan.evaluation, nonfinite=plan.nonfinite,
       local_update=plan.local_update, init_params=plan.init_params,
       config=plan.config, **specific)
+
+
+def _extra_evaluation(plan: Plan, num_classes: int, device):
+  """``member state -> {name: accuracy}`` on ``Evaluation.extra``."""
+  sets = [(item.name, jnp.asarray(item.x), jnp.asarray(item.y))
+          for item in plan.evaluation.extra]
+  for name, _, y in sets:
+    loop.check_labels(y, num_classes, f"Evaluation.extra {name!r}")
+
+  def scores(state):
+    if not sets:
+      return {}
+    params = distributed.local_copy(
+        aggregators.eval_params(state.aggregator_state, state.params),
+        device)
+    return {name: evaluation_lib.evaluate(
+        plan.model, params, x, y, num_classes,
+        plan.evaluation.batch_size)["accuracy"] for name, x, y in sets}
+
+  return scores
 
 
 def _held_out_evaluation(plan: Plan, built, run_keys, device):

@@ -5,7 +5,9 @@ An attack is two pieces applied to the malicious rows of a cohort only:
 * *who*: an ``Adversaries`` rule, ``fixed(num_clients, fraction)`` (a set
   of client ids drawn once, seeded) or ``per_round(fraction)``
   (floor(fraction * m) of each round's m real participants);
-* *what*: an ``Attack`` with a data side (``label_flip``) and/or an update
+* *what*: an ``Attack`` with a data side (``label_flip``, ``backdoor``:
+  Bagdasaryan et al., AISTATS 2020, scored by its attack-success set
+  ``backdoor_eval_set`` in ``config.Evaluation.extra``) and/or an update
   side on Δ_k = w_k − g (``sign_flip``, ``scale_update``, ``gaussian``,
   ``free_rider``, ``nonfinite``, ``little_is_enough`` (Baruch et al.,
   NeurIPS 2019), ``inner_product`` (Xie et al., UAI 2020)); ``compose(a,
@@ -20,8 +22,9 @@ round's ``num_malicious``. Padding rows are never malicious; honest rows
 get exactly the models they would get without the attack.
 
 Registry. ``REGISTRY`` maps the names "label_flip", "sign_flip", "scale",
-"gaussian", "free_rider", "nonfinite", "little_is_enough" and
-"inner_product" to their factories; ``build(name, **kwargs)`` builds one.
+"gaussian", "free_rider", "nonfinite", "little_is_enough",
+"inner_product" and "backdoor" to their factories; ``build(name,
+**kwargs)`` builds one.
 
 Example::
 
@@ -38,6 +41,9 @@ from fedjax_agg.attacks._adversaries import per_round
 from fedjax_agg.attacks._alie import little_is_enough
 from fedjax_agg.attacks._alie import little_is_enough_z
 from fedjax_agg.attacks._attack import Attack
+from fedjax_agg.attacks._backdoor import ATTACK_SUCCESS
+from fedjax_agg.attacks._backdoor import backdoor
+from fedjax_agg.attacks._backdoor import backdoor_eval_set
 from fedjax_agg.attacks._attack import Cohort
 from fedjax_agg.attacks._attack import compose
 from fedjax_agg.attacks._attack import per_client
@@ -55,7 +61,8 @@ from fedjax_agg.attacks._wrapper import with_attack
 from fedjax_agg.registry import Registry
 
 __all__ = [
-    "Adversaries", "Attack", "Cohort", "HonestStats", "REGISTRY", "build",
+    "ATTACK_SUCCESS", "Adversaries", "Attack", "Cohort", "HonestStats",
+    "REGISTRY", "backdoor", "backdoor_eval_set", "build",
     "compose", "fixed", "free_rider", "gaussian", "honest_stats",
     "inner_product", "label_flip", "little_is_enough", "little_is_enough_z",
     "local_update", "nonfinite", "per_client", "per_round", "scale_update",
@@ -72,6 +79,7 @@ REGISTRY = Registry("attack", {
     "nonfinite": nonfinite,
     "little_is_enough": little_is_enough,
     "inner_product": inner_product,
+    "backdoor": backdoor,
 })
 
 

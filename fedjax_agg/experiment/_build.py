@@ -211,11 +211,21 @@ def run_arguments(config: dict, algorithm: str, prepared) -> dict:
       evaluation=Evaluation(every=train["eval_every"],
                             clients=train["eval_clients"],
                             personalized=train["personalized"],
-                            finetune_steps=train["finetune_steps"]),
+                            finetune_steps=train["finetune_steps"],
+                            extra=attack_eval_sets(config, test)),
       systems=(None if config.get("systems") is None
                else Systems(**config["systems"])),
       config={"experiment": config.get("name"), "algorithm": algorithm,
               **{f"train.{k}": v for k, v in train.items()}})
+
+
+def attack_eval_sets(config: dict, test) -> tuple:
+  """The config's attack's scored sets: a backdoor's attack success on the
+  triggered test set (``attacks.backdoor_eval_set``), else none."""
+  attack = config.get("attack")
+  if attack is None or attack.get("name") != "backdoor":
+    return ()
+  return (attacks.backdoor_eval_set(*test, **attack.get("args", {})),)
 
 
 def local_update(config: dict, algorithm: str, model,

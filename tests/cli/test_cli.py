@@ -428,6 +428,25 @@ def test_tiny_attacked_run_records_the_attack_and_the_malicious(tmp_path,
   assert sorted(malicious) == [0.0, 0.0, 1.0, 1.0]
 
 
+def test_a_backdoor_run_records_its_attack_success(tmp_path, capsys):
+  """--attack backdoor scores the triggered test set after every
+  evaluation (``attack_success``), from the CLI as from a config."""
+  out = tmp_path / "run"
+  assert cli.main(TINY + [
+      "--out", str(out), "--participation", "1.0", "--attack", "backdoor",
+      "--attack-arg", "target=3", "--attack-arg", "boost=2",
+      "--attack-fraction", "0.5"]) == 0
+  capsys.readouterr()
+  record = _strict((out / "config.json").read_text())
+  experiment.check_config(record)
+  assert record["attack"]["args"] == {
+      "target": 3, "boost": 2, "poison_fraction": 0.5, "trigger_size": 3,
+      "trigger_value": None}
+  rows = _strict((out / "history.json").read_text())["rows"]
+  success = [row["attack_success"] for row in rows]
+  assert len(success) == len(rows) and all(0 <= v <= 1 for v in success)
+
+
 def test_tiny_dp_run_records_epsilon_and_stops_at_the_target(tmp_path,
                                                              capsys):
   from fedjax_agg import privacy
