@@ -54,6 +54,45 @@ Interpretations:
 * The ``Aggregator`` carries ``noise_multiplier`` (z) and
   ``expected_clients`` for the privacy accounting of a run.
 
+Flower compatibility. ``flower_compatible=True`` reproduces the
+``aggregate_fit`` of Flower's central-DP wrappers around its ``FedAvg``
+strategy: ``DifferentialPrivacyServerSideFixedClipping`` and
+``DifferentialPrivacyClientSideFixedClipping``
+(``flwr/server/strategy/dp_fixed_clipping.py``), and, with ``adaptive``,
+``DifferentialPrivacyServerSideAdaptiveClipping`` and
+``DifferentialPrivacyClientSideAdaptiveClipping``
+(``flwr/server/strategy/dp_adaptive_clipping.py``; their
+``aggregate_train`` in ``flwr/serverapp/strategy/`` computes the same),
+with the noise's standard deviation from ``compute_stdv`` and sigma_b,
+sigma_dw from ``compute_adaptive_noise_params``
+(``flwr/common/differential_privacy.py``). ``expected_clients`` is then
+required: it is Flower's ``num_sampled_clients``. What changes:
+* Weighting: the clipped updates are averaged with FedAvg's weights,
+  sum_k n_k dw_k / sum_k n_k (n_k = ``num_examples``), not summed and
+  divided by D.
+* Update noise: N(0, (sigma_dw C' / qN)^2) per coordinate on that mean,
+  where C' is the clip norm after this round's adaptive step (Flower
+  steps C before it draws the noise; the papers noise with the C that
+  clipped). With a fixed clip norm C' = C and the standard deviation is
+  the library's, z C / qN.
+* Empty round (no real participant): the model is left unchanged and no
+  noise is drawn (Flower's inner ``FedAvg.aggregate_fit`` returns no
+  parameters, so no noise is added); with ``adaptive`` the clip norm is
+  kept too (Flower's count divides by the number of results, zero there).
+* Adaptive step: Flower counts the clipped clients (|dw_k| > C, its
+  "norm bit") where Alg. 1 (2021) counts the unclipped ones, with
+  Alg. 1's sign, C <- C exp(-eta_C ((sum_k 1[|dw_k| > C]
+  + N(0, sigma_b^2)) / m - gamma)), and divides by the round's m rather
+  than D. So C moves the other way: a cohort clipped more often than
+  gamma (Flower's ``target_clipped_quantile``) shrinks C further.
+* ``clipped_count_stddev`` defaults to qN / 20 (0 when z = 0), Flower's
+  default, instead of 5 z; sigma_dw is computed as above (Thm. 1).
+Flower's weighted mean bounds one client's influence by C n_k / sum n,
+not C / qN, and its noise follows C', which may be below the C that
+clipped: the accounting in ``fedjax_agg.privacy`` assumes the papers'
+rule and does not hold for this mode, so the rule then declares no
+``noise_multiplier`` and a run with ``config.Privacy`` refuses it.
+
 Breakdown point: 0 (a mean); each client's influence is bounded by C / D.
 
 Memory: a sum over clients, so with a fixed clip norm the rule streams
@@ -110,7 +149,8 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
               adaptive: bool = False, target_quantile: float = 0.5,
               clip_learning_rate: float = 0.2,
               clipped_count_stddev: Optional[float] = None,
-              expected_clients: Optional[float] = None) -> Aggregator:
+              expected_clients: Optional[float] = None,
+              flower_compatible: bool = False) -> Aggregator:
   """DP-FedAvg aggregator (user-level DP, optional adaptive clipping).
 
   Args:
@@ -126,27 +166,49 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
       under Poisson sampling with rate q over N clients. None: divide by
       the round's number of real participants, max(m, 1), as suits
       fixed-size cohorts.
+    flower_compatible: reproduce Flower's DP wrappers around ``FedAvg``
+      (``flwr/server/strategy/dp_fixed_clipping.py`` and
+      ``dp_adaptive_clipping.py``, ``aggregate_fit``): weighting by
+      ``num_examples``, noise with the stepped clip norm and none in an
+      empty round, clipped-count step, ``clipped_count_stddev`` default
+      qN / 20 (module docstring). Requires ``expected_clients``.
 
   Returns:
     An ``Aggregator`` (with a streaming form unless ``adaptive``) whose
     ``noise_multiplier`` is z and ``expected_clients`` the argument;
     metrics hold "clip_norm" [] (the C used this round), "fraction_clipped"
     [] (of the real participants) and "noise_stddev" [] (of the noise
-    added to each coordinate of the update, sigma_dw C / D).
+    added to each coordinate of the update, sigma_dw C / D; with
+    ``flower_compatible`` sigma_dw C' / qN, 0 in an empty round).
 
   Raises:
-    ValueError: naming the argument out of range, or
-      ``clipped_count_stddev`` <= z / 2 with ``adaptive``.
+    ValueError: naming the argument out of range,
+      ``clipped_count_stddev`` <= z / 2 with ``adaptive``, or
+      ``flower_compatible`` without ``expected_clients``.
   """
   checks.check_range("clip_norm", clip_norm, 0, low_open=True)
   checks.check_range("noise_multiplier", noise_multiplier, 0)
   checks.check_bool("adaptive", adaptive)
   checks.check_range("target_quantile", target_quantile, 0, 1)
   checks.check_range("clip_learning_rate", clip_learning_rate, 0)
+  checks.check_bool("flower_compatible", flower_compatible)
   if expected_clients is not None:
     checks.check_range("expected_clients", expected_clients, 0,
                        low_open=True)
-  if clipped_count_stddev is None:
+  elif flower_compatible:
+    raise ValueError(
+        "expected_clients is required with flower_compatible (it is "
+        "Flower's num_sampled_clients, the noise's denominator)")
+  if clipped_count_stddev is None and flower_compatible:
+    # Flower's compute_adaptive_noise_params: num_sampled_clients / 20,
+    # 0 without noise.
+    if checks.is_traced(noise_multiplier):
+      clipped_count_stddev = jnp.where(noise_multiplier > 0,
+                                       expected_clients / 20.0, 0.0)
+    else:
+      clipped_count_stddev = (expected_clients / 20.0
+                              if noise_multiplier > 0 else 0.0)
+  elif clipped_count_stddev is None:
     clipped_count_stddev = 5.0 * noise_multiplier
   else:
     checks.check_range("clipped_count_stddev", clipped_count_stddev, 0)
@@ -166,13 +228,47 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
                                                 clipped_count_stddev)
     count_stddev = clipped_count_stddev
   stream_stats = functools.partial(clipped_update_stats, max_norm=clip_norm,
-                                   weighted=False)
+                                   weighted=flower_compatible)
 
   def init(global_params):
     del global_params
     return DPFedAvgState(jnp.asarray(clip_norm, jnp.float32))
 
+  def flower_finalize(global_params, stats, info, state):
+    # Flower's DP wrappers' aggregate_fit (module docstring).
+    clip = state.clip_norm
+    num_real = stats.sums.count
+    any_real = num_real > 0
+    update_key, count_key = jax.random.split(info.key)
+    new_clip = clip
+    if adaptive:
+      # Noised fraction of clipped clients over the m results, C stepped.
+      clipped = (stats.num_clipped
+                 + count_stddev * jax.random.normal(count_key))
+      stepped = clip * jnp.exp(-clip_learning_rate
+                               * (clipped / jnp.maximum(num_real, 1.0)
+                                  - target_quantile))
+      new_clip = jnp.where(any_real, stepped, clip)
+    # compute_stdv(z, C', num_sampled_clients), none in an empty round.
+    stddev = jnp.where(
+        any_real,
+        update_multiplier * new_clip / jnp.asarray(expected_clients,
+                                                   jnp.float32), 0.0)
+    update = tree_math.add_update(
+        tree_math.mean_from_sums(stats.sums),  # sum n_k dw_k / sum n_k
+        gaussian_noise(update_key, global_params, stddev))
+    new_global = jax.tree.map(lambda new, old: jnp.where(any_real, new, old),
+                              tree_math.add_update(global_params, update),
+                              global_params)
+    return (new_global, DPFedAvgState(new_clip.astype(jnp.float32)), {
+        "clip_norm": clip,
+        "fraction_clipped": (stats.num_clipped
+                             / jnp.maximum(num_real, 1.0)),
+        "noise_stddev": jnp.asarray(stddev, jnp.float32)})
+
   def finalize(global_params, stats, info, state):
+    if flower_compatible:
+      return flower_finalize(global_params, stats, info, state)
     clip = state.clip_norm
     num_real = stats.sums.count
     if expected_clients is None:
@@ -205,13 +301,18 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,
-                        uses_num_examples=False)
+                        uses_num_examples=flower_compatible)
     client_stats = functools.partial(
-        clipped_update_stats, max_norm=state.clip_norm, weighted=False)
+        clipped_update_stats, max_norm=state.clip_norm,
+        weighted=flower_compatible)
     return finalize(global_params, summed_client_stats(
         client_stats, global_params, client_params, info), info, state)
 
   stream = None if adaptive else StreamingForm(stream_stats, finalize)
+  # Flower's weighting gives a client influence C n_k / sum_j n_j, not
+  # C / D, so the Gaussian mechanism's accounting does not hold: such a
+  # rule declares no calibrated noise and runs refuse to account it.
   return Aggregator(init, aggregate, stream,
-                    noise_multiplier=noise_multiplier,
+                    noise_multiplier=(None if flower_compatible
+                                      else noise_multiplier),
                     expected_clients=expected_clients)

@@ -27,6 +27,20 @@ Interpretations:
   keeps huge updates from overflowing and tiny ones from rounding away.
 * The selected models are averaged without weights (number of examples
   unused); equal scores are broken by cohort position (stable order).
+* ``flower_compatible=True`` reproduces Flower's Multi-Krum
+  (``aggregate_krum`` in ``flwr/server/strategy/aggregate.py``, called by
+  ``Krum.aggregate_fit`` in ``flwr/server/strategy/krum.py``; the same
+  weighting in ``MultiKrum.aggregate_train``,
+  ``flwr/serverapp/strategy/multikrum.py``): the selected models are
+  averaged weighted by ``num_examples``, sum_{k in S} n_k w_k /
+  sum_{k in S} n_k, instead of uniformly. Scores and selection are
+  unchanged: Flower's are the same (the m - f - 2 nearest, at least 1, on
+  squared distances between whole models), except that its unstable sort
+  may break equal scores otherwise. Krum (``num_selected=1``, Flower's
+  ``num_clients_to_keep`` 0 or 1) is the same either way. Where
+  ``num_selected`` exceeds m this rule keeps all m models; Flower's slice
+  then keeps the num_selected - m best when that is below m (not
+  reproduced).
 * A cohort with no real participant leaves the model unchanged.
 
 Breakdown point: Krum tolerates f Byzantine clients when 2f + 2 < m, i.e.
@@ -121,12 +135,17 @@ def krum_scores(distances: jax.Array, mask: jax.Array,
   return jnp.where(real, scores, jnp.inf)
 
 
-def krum(num_byzantine: int = 0, num_selected: int = 1) -> Aggregator:
+def krum(num_byzantine: int = 0, num_selected: int = 1,
+         flower_compatible: bool = False) -> Aggregator:
   """Multi-Krum aggregator (Krum for ``num_selected=1``).
 
   Args:
     num_byzantine: f, the number of Byzantine clients assumed (>= 0).
     num_selected: how many lowest-score models are averaged (>= 1).
+    flower_compatible: average the selected models weighted by
+      ``num_examples``, as Flower's ``aggregate_krum``
+      (``flwr/server/strategy/aggregate.py``) does, instead of uniformly
+      as Blanchard et al. do (module docstring).
 
   Returns:
     An ``Aggregator``; metrics hold "krum_selected" [K] (1.0 for a chosen
@@ -134,6 +153,7 @@ def krum(num_byzantine: int = 0, num_selected: int = 1) -> Aggregator:
   """
   checks.check_int("num_byzantine", num_byzantine, 0)
   checks.check_int("num_selected", num_selected, 1)
+  checks.check_bool("flower_compatible", flower_compatible)
 
   def init(global_params):
     del global_params
@@ -141,7 +161,7 @@ def krum(num_byzantine: int = 0, num_selected: int = 1) -> Aggregator:
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,
-                        uses_num_examples=False)
+                        uses_num_examples=flower_compatible)
     real = info.mask > 0
     num_real = jnp.sum(real).astype(jnp.int32)
     updates = tree_math.client_updates(client_params, global_params,
@@ -155,7 +175,13 @@ def krum(num_byzantine: int = 0, num_selected: int = 1) -> Aggregator:
     rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
     count = jnp.minimum(num_selected, num_real)
     selected = jnp.where(real & (rank < count), 1.0, 0.0)
-    weights = selected / jnp.maximum(count, 1).astype(jnp.float32)
+    if flower_compatible:
+      # Flower's aggregate(): the kept models weighted by num_examples.
+      raw = jnp.where(selected > 0, info.num_examples, 0.0)
+      total = jnp.sum(raw)
+      weights = raw / jnp.where(total > 0, total, 1.0)
+    else:
+      weights = selected / jnp.maximum(count, 1).astype(jnp.float32)
     new_global = tree_math.add_update(
         global_params, tree_math.weighted_sum(updates, weights))
     new_global = tree_math.keep_if_no_clients(info.mask, new_global,
