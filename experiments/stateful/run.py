@@ -1,5 +1,6 @@
 """Stateful clients under strong label skew: FedAvg, FedProx, SCAFFOLD,
-FedBN and Ditto on Fashion-MNIST, Dirichlet alpha = 0.1 over 100 clients.
+FedBN, Ditto, FedDyn, FedNova (with and without stragglers), FedPer, FedRep
+and APFL on Fashion-MNIST, Dirichlet alpha = 0.1 over 100 clients.
 
   python experiments/stateful/run.py                 # the committed run
   python experiments/stateful/run.py --rounds 5 --seeds 0 --out /tmp/s
@@ -36,12 +37,14 @@ from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import objectives  # pylint: disable=wrong-import-position
 from fedjax_agg import partitions  # pylint: disable=wrong-import-position
 from fedjax_agg import simulation  # pylint: disable=wrong-import-position
+from fedjax_agg import stragglers  # pylint: disable=wrong-import-position
 from fedjax_agg import validation  # pylint: disable=wrong-import-position
 from fedjax_agg.config import (Evaluation, Execution,  # pylint: disable=wrong-import-position
                                LocalTraining)
 
 ALGORITHMS = ("fedavg", "fedprox", "scaffold", "fedavg_bn", "fedbn",
-              "ditto")
+              "ditto", "feddyn", "fednova", "fedavg_stragglers",
+              "fednova_stragglers", "fedper", "fedrep", "apfl")
 
 
 def build(name: str, training: LocalTraining, args):
@@ -66,6 +69,32 @@ def build(name: str, training: LocalTraining, args):
   if name == "ditto":
     return (plain, aggregators.fedavg(),
             clients.ditto(plain, training, lam=args.lam), training, True)
+  if name == "feddyn":
+    return (plain, aggregators.feddyn(args.feddyn_alpha,
+                                      num_clients=args.num_clients),
+            clients.feddyn(plain, training, alpha=args.feddyn_alpha),
+            training, False)
+  if name.startswith("fednova") or name == "fedavg_stragglers":
+    if name.endswith("_stragglers"):
+      # Half of each cohort stops after U{1..E s} of its E s steps.
+      training = dataclasses.replace(
+          training, epochs=args.straggler_epochs,
+          steps_fn=stragglers.stragglers(0.5, args.straggler_epochs,
+                                         unit="steps"))
+    rule = (aggregators.fedavg() if name.startswith("fedavg") else
+            aggregators.fednova(learning_rate=training.learning_rate))
+    return plain, rule, None, training, False
+  if name == "fedper":
+    return (plain, aggregators.fedavg(), clients.fedper(plain, training),
+            training, True)
+  if name == "fedrep":
+    return (plain, aggregators.fedavg(),
+            clients.fedrep(plain, training, head_epochs=args.head_epochs),
+            training, True)
+  if name == "apfl":
+    return (plain, aggregators.fedavg(),
+            clients.apfl(plain, training, alpha=args.apfl_alpha), training,
+            True)
   raise ValueError(f"unknown algorithm {name!r}; one of {ALGORITHMS}")
 
 
@@ -83,6 +112,13 @@ def main(argv=None):
   parser.add_argument("--learning-rate", type=float, default=0.05)
   parser.add_argument("--mu", type=float, default=0.01, help="FedProx mu")
   parser.add_argument("--lam", type=float, default=0.5, help="Ditto lambda")
+  parser.add_argument("--feddyn-alpha", type=float, default=0.01)
+  parser.add_argument("--straggler-epochs", type=int, default=2,
+                      help="local epochs of the runs with stragglers")
+  parser.add_argument("--head-epochs", type=int, default=2,
+                      help="FedRep's head epochs per round")
+  parser.add_argument("--apfl-alpha", type=float, default=0.5,
+                      help="APFL's initial mixing weight")
   parser.add_argument("--finetune-steps", type=int, default=5)
   parser.add_argument("--eval-every", type=int, default=10)
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -148,9 +184,21 @@ def main(argv=None):
                                float("nan")}
       summary.append(entry)
       print(json.dumps(entry), flush=True)
-  jsonio.dump_json({"runs": summary,
-                    "args": {**vars(args), "out": shown_out}},
-                   os.path.join(args.out, "summary.json"))
+  # Runs of other algorithms or seeds already in the summary stay there
+  # (an invocation with --algorithms adds its rows).
+  path = os.path.join(args.out, "summary.json")
+  kept, invocations = [], []
+  if os.path.exists(path):
+    with open(path) as f:
+      previous = json.load(f)
+    done = {(e["algorithm"], e["seed"]) for e in summary}
+    kept = [{k: float("nan") if v is None else v for k, v in e.items()}
+            for e in previous["runs"]
+            if (e["algorithm"], e["seed"]) not in done]
+    invocations = previous.get("invocations", [previous.get("args")])
+  summary = kept + summary
+  jsonio.dump_json({"runs": summary, "invocations": invocations + [
+      {**vars(args), "out": shown_out}]}, path)
   lines = [",".join(summary[0])] + [
       ",".join(str(v) for v in entry.values()) for entry in summary]
   jsonio.write_text(os.path.join(args.out, "summary.csv"),
