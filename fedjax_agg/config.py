@@ -362,7 +362,12 @@ class Privacy:
 
   The noise accounted for is the noise the run's aggregator adds: its
   ``Aggregator.noise_multiplier`` (``aggregators.dp_fedavg``). A run whose
-  rule adds no calibrated noise is refused, never accounted.
+  rule adds no calibrated noise is refused, never accounted. A rule whose
+  noise is tree-aggregated (``aggregators.dp_ftrl``, its multiplier an
+  ``aggregators.TreeAggregationNoise``) is accounted as its trees, with no
+  amplification by sampling, from how often each client takes part in
+  the run's fixed-size cohorts (``privacy.tree_epsilons``; RDP accountant,
+  "without_replacement" cohorts only).
 
   Attributes:
     noise_multiplier: None (the default): the aggregator's own z. A number

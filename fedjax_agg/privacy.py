@@ -20,6 +20,29 @@ A round is the event
 of a ``GaussianDpEvent(z)``; R rounds compose. With adaptive clipping
 ``z`` is the round's total multiplier (``aggregators.dp_fedavg``
 accounts the clipped count inside it). z = 0 gives epsilon = inf.
+
+Tree aggregation (DP-FTRL; Kairouz, McMahan, Song, Thakkar, Thakurta and
+Xu, "Practical and Private (Deep) Learning without Sampling or
+Shuffling", ICML 2021, App. D): a rule that adds its noise to the nodes
+of a binary tree over the rounds (``aggregators.dp_ftrl``) is accounted
+by ``tree_epsilons``, from the cohorts the run actually drew, with no
+amplification by sampling. The cohorts are drawn from the run's seed,
+independently of the data, and recorded; the guarantee holds given
+them. A tree of T rounds so far has released its complete nodes, on
+ceil(log2(T + 1)) levels; a client that took part in k of its rounds
+moves each update by at most C / m (the node noise is z C / m), so the
+node sums of one level by at most k C / m in L2 norm, and all of them by
+k sqrt(ceil(log2(T + 1))) C / m: the tree is dp_accounting's
+``SingleEpochTreeAggregationDpEvent(z / k, T)`` (stated there for
+k = 1). Node by node the releases are Gaussian mechanisms, so the bound
+holds for updates that depend on earlier releases. Trees (restarts)
+have independent noise and compose. k is counted per tree for the most
+frequent participant of the drawn cohorts: the run draws every round's
+cohort afresh, so a client may return within a tree, and the RDP grows
+as k^2. The neighbouring relation is dp_accounting's REPLACE_SPECIAL,
+one client's updates replaced by zeros (the paper's); DP-FedAvg's
+fixed-size cohorts above are accounted for replacing one client by
+another.
 """
 
 import math
@@ -34,7 +57,8 @@ from fedjax_agg.config import ACCOUNTANTS
 from fedjax_agg.config import SAMPLINGS
 
 __all__ = ["ACCOUNTANTS", "SAMPLINGS", "epsilon", "epsilons", "round_event",
-           "rounds_for_epsilon"]
+           "rounds_for_epsilon", "tree_epsilons", "tree_event",
+           "tree_participations"]
 
 
 def _check(noise_multiplier, num_clients, cohort_size, delta, sampling,
@@ -182,3 +206,116 @@ def rounds_for_epsilon(target_epsilon: float, noise_multiplier: float, *,
     middle = (low + high) // 2
     low, high = (middle, high) if within(middle) else (low, middle)
   return low
+
+
+def _check_cohorts(cohorts, restart_every) -> np.ndarray:
+  if restart_every is not None:
+    checks.check_int("restart_every", restart_every, 1)
+  array = np.asarray(cohorts)
+  if (array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0
+      or array.dtype.kind not in "iu" or np.any(array < 0)):
+    raise ValueError(
+        "cohorts must be an [R, K] array of client ids (ints >= 0) with "
+        f"R, K >= 1, got shape {array.shape} and dtype {array.dtype}")
+  return array
+
+
+def _tree_rounds(cohorts: np.ndarray, restart_every):
+  """Per round r: (T, k) of r's tree up to r (``tree_participations``)."""
+  counts = np.zeros(int(cohorts.max()) + 1, np.int64)
+  steps = np.empty(len(cohorts), np.int64)
+  peaks = np.empty(len(cohorts), np.int64)
+  peak = 0
+  for r, ids in enumerate(cohorts):
+    position = r % restart_every if restart_every else r
+    if position == 0:  # a new tree
+      counts[:] = 0
+      peak = 0
+    np.add.at(counts, ids, 1)
+    peak = max(peak, int(counts[ids].max()))
+    steps[r], peaks[r] = position + 1, peak
+  return steps, peaks
+
+
+def tree_participations(cohorts, restart_every=None) -> np.ndarray:
+  """k after each round: the most rounds any one client took part in,
+  within that round's tree up to it. [R] int64.
+
+  Args:
+    cohorts: [R, K] the client ids of rounds 1..R (a client listed twice
+      in a round counts twice).
+    restart_every: rounds per tree (None: one tree).
+  """
+  return _tree_rounds(_check_cohorts(cohorts, restart_every),
+                      restart_every)[1]
+
+
+def _tree_event(noise_multiplier, steps, peaks):
+  return dp_accounting.SingleEpochTreeAggregationDpEvent(
+      noise_multiplier / int(peaks), int(steps))
+
+
+def tree_event(noise_multiplier: float, cohorts, restart_every=None
+               ) -> dp_accounting.DpEvent:
+  """The ``DpEvent`` of rounds 1..R of a tree-aggregation rule on
+  ``cohorts``: every tree's ``SingleEpochTreeAggregationDpEvent(z / k, T)``
+  (T its rounds, k its most frequent participant's rounds), composed.
+  Accounted with ``NeighboringRelation.REPLACE_SPECIAL``.
+
+  Args:
+    noise_multiplier: z > 0, the node noise over one participation's
+      sensitivity.
+    cohorts, restart_every: as ``tree_participations``.
+  """
+  checks.check_range("noise_multiplier", noise_multiplier, 0, low_open=True)
+  steps, peaks = _tree_rounds(_check_cohorts(cohorts, restart_every),
+                              restart_every)
+  last = np.append(steps[1:] == 1, True)  # each tree's last round
+  return dp_accounting.ComposedDpEvent([
+      _tree_event(noise_multiplier, t, k)
+      for t, k in zip(steps[last], peaks[last], strict=True)])
+
+
+def tree_epsilons(noise_multiplier: float, cohorts, *, delta: float,
+                  restart_every=None) -> np.ndarray:
+  """epsilon after each round 1..R of a tree-aggregation rule, [R] float64.
+
+  Round r's epsilon is that of ``tree_event(z, cohorts[:r])`` under the
+  RDP accountant (module docstring): the completed trees' RDP curves are
+  summed once, the current tree's is recomputed as it grows.
+
+  Args:
+    noise_multiplier: z >= 0 (0: no privacy, epsilon = inf).
+    cohorts: [R, K] the client ids each round drew, R, K >= 1.
+    delta: in (0, 1).
+    restart_every: rounds per tree (None: one tree).
+
+  Raises:
+    ValueError, TypeError: naming the argument.
+  """
+  checks.check_range("noise_multiplier", noise_multiplier, 0)
+  checks.check_range("delta", delta, 0, 1, low_open=True, high_open=True)
+  steps, peaks = _tree_rounds(_check_cohorts(cohorts, restart_every),
+                              restart_every)
+  if noise_multiplier == 0:
+    return np.full(len(steps), np.inf)
+  curves = {}
+
+  def curve(t, k):
+    if (t, k) not in curves:
+      ledger = rdp.RdpAccountant(
+          neighboring_relation=dp_accounting.NeighboringRelation
+          .REPLACE_SPECIAL)
+      ledger.compose(_tree_event(noise_multiplier, t, k))
+      curves[t, k] = (ledger.orders, ledger.rdp)
+    return curves[t, k]
+
+  completed = 0.0
+  out = np.empty(len(steps))
+  for r, (t, k) in enumerate(zip(steps, peaks, strict=True)):
+    orders, current = curve(int(t), int(k))
+    total = completed + current
+    out[r] = rdp.compute_epsilon(orders, total, delta)[0]
+    if r + 1 == len(steps) or steps[r + 1] == 1:
+      completed = total
+  return out

@@ -162,9 +162,12 @@ def resolve_privacy(privacy: Optional[Privacy], aggregator: Aggregator,
 
   The accounting is derived from ``aggregator.noise_multiplier``, never
   taken on trust: a rule that adds no calibrated Gaussian noise, a stated
-  ``Privacy.noise_multiplier`` that differs from the rule's, and Poisson
+  ``Privacy.noise_multiplier`` that differs from the rule's, Poisson
   sampling with a rule that divides by the realised cohort size (its noise
-  then depends on who was drawn) are refused.
+  then depends on who was drawn) and Poisson sampling with a rule whose
+  noise is tree-aggregated (``aggregators.TreeAggregationNoise``, DP-FTRL:
+  accounted from the participations in its fixed-size cohorts) are
+  refused.
 
   Args:
     privacy: the run's ``config.Privacy`` or None.
@@ -191,6 +194,13 @@ def resolve_privacy(privacy: Optional[Privacy], aggregator: Aggregator,
         f"the noise the aggregator adds (noise_multiplier={rule_z}); the "
         "accounting is that of the rule's noise: leave "
         "Privacy.noise_multiplier unset or make them equal")
+  if privacy.sampling == "poisson" and isinstance(
+      aggregator.noise_multiplier, aggregators.TreeAggregationNoise):
+    raise ValueError(
+        "privacy.sampling='poisson': the aggregator adds its noise by tree "
+        "aggregation (DP-FTRL), whose accounting takes no amplification by "
+        "sampling; it counts how often each client takes part in the run's "
+        "fixed-size cohorts: use sampling='without_replacement'")
   if privacy.sampling == "poisson":
     expected = aggregator.expected_clients
     if expected is None or not np.isclose(float(expected), cohort_size):
@@ -205,15 +215,23 @@ def resolve_privacy(privacy: Optional[Privacy], aggregator: Aggregator,
 
 
 def _accounting(privacy: Optional[Privacy], num_clients: int,
-                cohort_size: int, num_rounds: int) -> dict:
+                cohort_size: int, num_rounds: int, tree=None) -> dict:
   """Epsilon after each round, and where the target ends the run (the
-  Poisson rate is q = m / N, as the sampler draws)."""
+  Poisson rate is q = m / N, as the sampler draws). ``tree``: (rounds per
+  tree or None, the [R, m] cohorts the run draws) for a rule whose noise
+  is tree-aggregated, accounted from those cohorts."""
   if privacy is None or num_rounds == 0:
     return {}
-  epsilons = privacy_lib.epsilons(
-      privacy.noise_multiplier, num_rounds, num_clients=num_clients,
-      delta=privacy.delta, sampling=privacy.sampling,
-      accountant=privacy.accountant, cohort_size=cohort_size)
+  if tree is None:
+    epsilons = privacy_lib.epsilons(
+        privacy.noise_multiplier, num_rounds, num_clients=num_clients,
+        delta=privacy.delta, sampling=privacy.sampling,
+        accountant=privacy.accountant, cohort_size=cohort_size)
+  else:
+    restart_every, cohorts = tree
+    epsilons = privacy_lib.tree_epsilons(
+        privacy.noise_multiplier, cohorts, delta=privacy.delta,
+        restart_every=restart_every)
   out = {"epsilons": epsilons, "requested_rounds": num_rounds}
   if privacy.target_epsilon is not None:
     allowed = int(np.sum(epsilons <= privacy.target_epsilon))
@@ -226,7 +244,27 @@ def _accounting(privacy: Optional[Privacy], num_clients: int,
       out["stopped_by"] = "target_epsilon"
   out["final_epsilon"] = float(epsilons[out.get("rounds_run",
                                                 num_rounds) - 1])
+  if tree is not None:
+    restart_every, cohorts = tree
+    out.update(mechanism="tree_aggregation", neighboring_relation="zero_out",
+               restart_every=restart_every,
+               max_participations=int(privacy_lib.tree_participations(
+                   cohorts[:out.get("rounds_run", num_rounds)],
+                   restart_every).max()))
   return out
+
+
+def _drawn_cohorts(plan: Plan, run_key, cohort_size: int) -> np.ndarray:
+  """[R, m] the cohorts a run with ``run_key`` draws (as its rounds do:
+  ``loop.cohort_keys``, ``rounds.sample_cohort``)."""
+  num_clients = plan.data[0].num_clients
+  keys = loop.cohort_keys(run_key, plan.num_rounds)
+  # At most ~2^24 ids in flight (the permutation sampler holds N per draw).
+  batch = max(1, min(plan.num_rounds, 2 ** 24 // num_clients))
+  return np.asarray(jax.lax.map(
+      lambda key: rounds.sample_cohort(key, num_clients, cohort_size,
+                                       plan.execution.sampler),
+      keys, batch_size=batch))
 
 
 def _client_state(plan: Plan, params, num_clients: int):
@@ -247,8 +285,10 @@ class _Accounts(NamedTuple):
   num_rounds: int  # the rounds the run makes (target epsilon may end it)
 
 
-def _account(plan: Plan, built, cohort_size: int) -> _Accounts:
-  """Every member's privacy, resolved from its own rule, and accounting."""
+def _account(plan: Plan, built, cohort_size: int, run_keys) -> _Accounts:
+  """Every member's privacy, resolved from its own rule, and accounting
+  (``run_keys``: per seed; a tree-aggregation rule is accounted from the
+  cohorts its seed draws)."""
   num_clients = plan.data[0].num_clients
   if plan.vmapped and isinstance(plan.privacy, Privacy) and (
       plan.privacy.sampling == "poisson"):
@@ -258,13 +298,22 @@ def _account(plan: Plan, built, cohort_size: int) -> _Accounts:
         "use sampling='fixed' in a sweep, or run the members one at a time")
   resolved = [resolve_privacy(plan.privacy, built[p][0], cohort_size)
               for p, _ in plan.members]
-  cache = {}
+  cache, cohorts = {}, {}
   accounting = []
-  for privacy in resolved:
-    key = None if privacy is None else privacy.noise_multiplier
+  for (p, s), privacy in zip(plan.members, resolved, strict=True):
+    rule_z = built[p][0].noise_multiplier
+    tree = None
+    if privacy is not None and isinstance(
+        rule_z, aggregators.TreeAggregationNoise) and plan.num_rounds:
+      if s not in cohorts:
+        cohorts[s] = _drawn_cohorts(plan, run_keys[s], cohort_size)
+      tree = (rule_z.restart_every, cohorts[s])
+    key = None if privacy is None else (
+        privacy.noise_multiplier,
+        None if tree is None else (tree[0], s))
     if key not in cache:
       cache[key] = _accounting(privacy, num_clients, cohort_size,
-                               plan.num_rounds)
+                               plan.num_rounds, tree)
     accounting.append(cache[key])
   ends = {a.get("rounds_run", plan.num_rounds) for a in accounting}
   if len(ends) > 1:
@@ -302,9 +351,10 @@ def execute(plan: Plan) -> list[Member]:
   built = [(clock.server_rule(plan.systems, aggregator, cohort_size,
                               plan.data[0]), objective)
            for aggregator, objective in built]
-  accounts = _account(plan, built, cohort_size)
-  num_rounds = accounts.num_rounds
   keys = [loop.seed_keys(s) for s in plan.seeds]
+  accounts = _account(plan, built, cohort_size,
+                      [run_key for _, run_key in keys])
+  num_rounds = accounts.num_rounds
   states, run_keys = [], []
   for p, s in members:
     init_key, run_key = keys[s]

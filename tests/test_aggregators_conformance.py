@@ -36,7 +36,12 @@ IDENTICAL_KWARGS = {
     "qffl": {"q": 0.0}, "fednova": {},
     # h moves the model even when every client returns the same one.
     "feddyn": None,
+    "dp_ftrl": {"clip_norm": 1e3},
 }
+# Rules whose state records a cohort of padding rows only as a round
+# (DP-FTRL: a leaf of its tree, whose position and step advance): only
+# their model must stay.
+RECORDS_EMPTY_ROUNDS = ("dp_ftrl",)
 # Rules symmetric in the clients, unaffected by padding rows and by a common
 # scale of num_examples: every rule above (a rule registered elsewhere is
 # checked only for the universal properties until it is listed here).
@@ -190,7 +195,8 @@ def test_cohort_of_padding_only_keeps_model_and_state(name):
   empty = info._replace(mask=jnp.zeros((K,), jnp.float32))
   out, new_state, _ = rule.aggregate(global_params, clients, empty, state)
   tu.assert_trees_close(out, global_params, rtol=0, atol=0)
-  tu.assert_trees_close(new_state, state, rtol=0, atol=0)
+  if name not in RECORDS_EMPTY_ROUNDS:
+    tu.assert_trees_close(new_state, state, rtol=0, atol=0)
 
 
 def test_get_requires_num_clients_for_per_client_state():

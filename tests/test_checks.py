@@ -162,7 +162,7 @@ def _round(name, ids, num_examples, mask):
 def test_real_clients_need_positive_example_counts(name, count):
   reads_counts = name not in ("fedmedian", "trimmed_mean", "krum",
                               "bulyan", "centered_clipping", "dp_fedavg",
-                              "qffl", "feddyn")
+                              "dp_ftrl", "qffl", "feddyn")
   if reads_counts:
     with pytest.raises(ValueError, match="num_examples"):
       _round(name, [0, 1, 2, 3], [5.0, count, 1.0, 2.0], [1, 1, 1, 1])

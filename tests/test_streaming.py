@@ -33,7 +33,7 @@ from tests.test_engine import tiny_data
 # The rules that are a single-pass sum over clients, and only those.
 STREAMING = {"fedavg", "fednnnn", "norm_norm", "momentum", "fedopt",
              "fedavgm", "fedadam", "fedyogi", "fedadagrad", "norm_bounding",
-             "dp_fedavg", "fednova", "feddyn"}
+             "dp_fedavg", "dp_ftrl", "fednova", "feddyn"}
 SIZES = (7, 13, 4, 10, 1, 5, 9, 3, 6, 2, 11, 8, 4, 12, 3, 5)  # 16 clients
 BATCH, EPOCHS, WIDTH = 3, 1, 3
 

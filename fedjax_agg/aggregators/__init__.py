@@ -22,8 +22,8 @@ Memory. Rules that are a sum over clients carry a ``StreamingForm``
 (``Aggregator.stream``): FedAvg, FedNova, FedDyn, FedNNNN / Norm-Norm /
 Momentum, every
 server optimizer over one of them (FedOpt, FedAvgM, FedAdam, FedYogi,
-FedAdagrad), norm bounding and DP-FedAvg with a fixed clip norm (clipping
-is per client; DP-FedAvg draws its noise once the sum is complete).
+FedAdagrad), norm bounding, DP-FedAvg with a fixed clip norm and DP-FTRL
+(clipping is per client; both draw their noise once the sum is complete).
 ``simulation.make_round_fn`` then aggregates on the fly and a round holds
 ``clients_per_step`` client models, whatever K. The other rules need all K
 trained models at once, so their round holds the stacked [K, ...] client
@@ -58,6 +58,9 @@ from fedjax_agg.aggregators._centered_clipping import centered_clipping
 from fedjax_agg.aggregators._centered_clipping import CenteredClippingState
 from fedjax_agg.aggregators._dp_fedavg import dp_fedavg
 from fedjax_agg.aggregators._dp_fedavg import DPFedAvgState
+from fedjax_agg.aggregators._dp_ftrl import dp_ftrl
+from fedjax_agg.aggregators._dp_ftrl import DPFTRLState
+from fedjax_agg.aggregators._dp_ftrl import TreeAggregationNoise
 from fedjax_agg.aggregators._fedacs import fedacs
 from fedjax_agg.aggregators._fedacs import FedACSState
 from fedjax_agg.aggregators._fedacs import select_top
@@ -107,12 +110,13 @@ from fedjax_agg.registry import Registry
 
 __all__ = [
     "AgentConfig", "AgentState", "BulyanState", "CenteredClippingState",
-    "DPFedAvgState", "FedACSState", "FedAdpState", "FedAvgState",
-    "FedDRLState", "FedDynState", "FedMedianState", "FedNNNNState",
-    "FedNovaState", "FedSGD", "GeometricMedianState", "KrumState",
-    "NormBoundingState", "QFFLState", "REGISTRY", "ScaleByReddiState",
-    "ServerOptState", "TrimmedMeanState", "angle_weighting", "bulyan",
-    "centered_clipping", "dp_fedavg", "eval_params", "fedacs", "fedadagrad",
+    "DPFTRLState", "DPFedAvgState", "FedACSState", "FedAdpState",
+    "FedAvgState", "FedDRLState", "FedDynState", "FedMedianState",
+    "FedNNNNState", "FedNovaState", "FedSGD", "GeometricMedianState",
+    "KrumState", "NormBoundingState", "QFFLState", "REGISTRY",
+    "ScaleByReddiState", "ServerOptState", "TreeAggregationNoise",
+    "TrimmedMeanState", "angle_weighting", "bulyan", "centered_clipping",
+    "dp_fedavg", "dp_ftrl", "eval_params", "fedacs", "fedadagrad",
     "fedadam", "fedadp", "fedavg", "fedavgm", "feddrl", "feddyn",
     "fedlayerwise", "fedmedian", "fednnnn", "fednova", "fedopt", "fedsgd",
     "fedyogi", "geometric_median", "get", "gompertz", "krum", "momentum",
@@ -146,6 +150,7 @@ REGISTRY = Registry("aggregator", {
     "centered_clipping": centered_clipping,
     "norm_bounding": norm_bounding,
     "dp_fedavg": dp_fedavg,
+    "dp_ftrl": dp_ftrl,
     "qffl": qffl,
     "fednova": fednova,
     "feddyn": feddyn,

@@ -36,7 +36,7 @@ PAIRED_RULES = {"feddyn": ("feddyn", "alpha")}
 ATTACK_DEFAULTS = spec_lib.defaults(spec_lib.AttackSpec)
 # Aggregators whose runs record their privacy (the "privacy" block, see
 # ``_checks.PRIVACY_KEYS``).
-PRIVATE_AGGREGATORS = ("dp_fedavg",)
+PRIVATE_AGGREGATORS = ("dp_fedavg", "dp_ftrl")
 
 
 def seeds_of(config: dict) -> list[int]:
