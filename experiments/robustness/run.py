@@ -46,6 +46,7 @@ from fedjax_agg import federated  # pylint: disable=wrong-import-position
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import partitions  # pylint: disable=wrong-import-position
+from fedjax_agg import privacy as privacy_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import simulation  # pylint: disable=wrong-import-position
 from fedjax_agg import sweep  # pylint: disable=wrong-import-position
 from fedjax_agg.config import (Evaluation, Execution,  # pylint: disable=wrong-import-position
@@ -64,7 +65,23 @@ RULES = {
     "norm_bounding": ("norm_bounding", {"max_norm": 1.0}),
     "fedadp": ("fedadp", {}),
     "fedlayerwise": ("fedlayerwise", {}),
+    # K = 10 >= 4 f + 3 allows f = 1 only.
+    "bulyan": ("bulyan", {"num_byzantine": 1}),
 }
+# The defences measured against the backdoor, and its conditions: clean,
+# the backdoor as trained, and with model replacement (gamma = 10 = the
+# cohort size, Bagdasaryan et al.'s n / eta with eta = 1).
+BACKDOOR_RULES = {
+    "fedavg": ("fedavg", {}),
+    "median": ("fedmedian", {}),
+    "multi_krum": ("krum", {"num_byzantine": 3, "num_selected": 5}),
+    "bulyan": ("bulyan", {"num_byzantine": 1}),
+    "norm_bounding": ("norm_bounding", {"max_norm": 1.0}),
+    "dp_fedavg": ("dp_fedavg", {"clip_norm": 1.0, "noise_multiplier": 0.1}),
+}
+BACKDOOR = {"target": 0, "poison_fraction": 0.5, "trigger_size": 3}
+BOOSTS = (1.0, 10.0)
+PARTITIONS = {"iid": {}, "dirichlet_0.3": {"alpha": 0.3}}
 ATTACKS = {
     "label_flip": {},
     "sign_flip": {"scale": 4.0},
@@ -90,6 +107,11 @@ def main(argv=None):
   parser.add_argument("--noise", type=float, nargs="+",
                       default=[0.0, 0.1, 0.3, 1.0])
   parser.add_argument("--skip-dp", action="store_true")
+  parser.add_argument("--backdoor", action="store_true",
+                      help="run the backdoor study (only)")
+  parser.add_argument("--dp-ftrl", action="store_true",
+                      help="run DP-FTRL at the epsilons of DP-FedAvg's "
+                      "--noise runs (only)")
   parser.add_argument("--skip-attacks", action="store_true")
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
@@ -121,8 +143,22 @@ def main(argv=None):
       "adversaries": "per_round",
       "command": [experiment.shown_path(sys.argv[0])] + sys.argv[1:],
       "args": {**vars(args), "out": shown_out}}
+  if args.dp_ftrl:
+    jsonio.dump_json(record, os.path.join(args.out, "config_dp_ftrl.json"))
+    run_dp_ftrl(args, model, data, test, training, participation,
+                execution, evaluation)
+    return
+  if args.backdoor:
+    jsonio.dump_json({**record, "backdoor": BACKDOOR, "boosts": BOOSTS,
+                      "backdoor_rules": BACKDOOR_RULES,
+                      "partitions": PARTITIONS, "partition_seed": 0},
+                     os.path.join(args.out, "config_backdoor.json"))
+    run_backdoor(args, dataset, model, training, participation, execution)
+    return
   if not args.skip_attacks:
-    jsonio.dump_json(record, os.path.join(args.out, "config_attacks.json"))
+    jsonio.dump_json(_merged_record(record, os.path.join(
+        args.out, "config_attacks.json")), os.path.join(
+            args.out, "config_attacks.json"))
     run_attacks(args, model, data, test, training, participation,
                 execution, evaluation)
   if not args.skip_dp:
@@ -135,8 +171,11 @@ def run_attacks(args, model, data, test, training, participation,
                 execution, evaluation):
   conditions = [("none", 0.0)] + [(a, f) for a in args.attacks
                                    for f in args.fractions]
-  lines, costs = ["rule,attack,fraction,seed,test_accuracy"], [
-      "rule,median_round_s"]
+  # Rows of rules not run now stay (a run with --rules adds its rows).
+  lines = _kept_rows(os.path.join(args.out, "attacks.csv"), args.rules,
+                     "rule,attack,fraction,seed,test_accuracy")
+  costs = _kept_rows(os.path.join(args.out, "round_cost.csv"), args.rules,
+                     "rule,median_round_s")
   for rule_name in args.rules:
     factory, kwargs = RULES[rule_name]
     rule = aggregators.get(factory, num_clients=NUM_CLIENTS, **kwargs)
@@ -170,17 +209,100 @@ def run_attacks(args, model, data, test, training, participation,
   table_and_plot(args)
 
 
+def _merged_record(record, path):
+  """``record`` with the rules and commands of an earlier record at
+  ``path`` kept (a run with --rules adds to the committed table)."""
+  if not os.path.exists(path):
+    return record
+  with open(path) as f:
+    previous = json.load(f)
+  earlier = previous.get("commands", [previous.get("command")])
+  return {**record, "rules": {**previous.get("rules", {}),
+                              **record["rules"]},
+          "commands": earlier + [record["command"]]}
+
+
+def _kept_rows(path, rules, header):
+  """The header and the rows of ``path`` whose first field is not one of
+  ``rules``."""
+  if not os.path.exists(path):
+    return [header]
+  with open(path) as f:
+    rows = f.read().splitlines()
+  return [header] + [r for r in rows[1:] if r.split(",")[0] not in rules]
+
+
+def run_backdoor(args, dataset, model, training, participation, execution):
+  """Attack success and clean accuracy of the backdoor against each
+  defence, on IID and Dirichlet(0.3) label-skewed clients."""
+  test = (dataset.test_x, dataset.test_y)
+  eval_set = attacks.backdoor_eval_set(*test, **BACKDOOR)
+  evaluation = Evaluation(every=args.rounds, clients=False,
+                          extra=(eval_set,))
+  lines = ["partition,rule,boost,seed,test_accuracy,attack_success"]
+  for partition, partition_args in PARTITIONS.items():
+    parts = partitions.REGISTRY.build(
+        partition.split("_")[0], labels=dataset.train_y,
+        num_clients=NUM_CLIENTS, seed=0, **partition_args)
+    data = federated.from_partition(dataset.train_x, dataset.train_y, parts)
+    for rule_name, (factory, kwargs) in BACKDOOR_RULES.items():
+      rule = aggregators.get(factory, num_clients=NUM_CLIENTS, **kwargs)
+      for boost in (0.0,) + BOOSTS:  # 0: the clean run
+        update = None if boost == 0 else attacks.local_update(
+            model, training, attacks.backdoor(**BACKDOOR, boost=boost),
+            attacks.per_round(0.1), execution=execution)
+        members = sweep.run_sweep(
+            lambda hparams, rule=rule: rule, seeds=args.seeds, model=model,
+            data=data, test_data=test, num_rounds=args.rounds,
+            participation=participation, training=training,
+            execution=execution, evaluation=evaluation, local_update=update)
+        for member in members:
+          last = member.history.rows[-1]
+          lines.append(f"{partition},{rule_name},{boost},{member.seed},"
+                       f"{last['test_accuracy']},{last['attack_success']}")
+          print(lines[-1], flush=True)
+        jsonio.write_text(os.path.join(args.out, "backdoor.csv"),
+                          "\n".join(lines) + "\n")
+  backdoor_table(args)
+
+
+def backdoor_table(args):
+  import pandas as pd  # pylint: disable=import-outside-toplevel
+  frame = pd.read_csv(os.path.join(args.out, "backdoor.csv"))
+  stats = frame.groupby(["partition", "rule", "boost"]).agg(
+      acc=("test_accuracy", "mean"), acc_sd=("test_accuracy", "std"),
+      success=("attack_success", "mean"),
+      success_sd=("attack_success", "std")).reset_index()
+  header = ["partition", "rule", "clean: acc. / success"] + [
+      f"backdoor gamma={b:g}: acc. / success" for b in BOOSTS]
+  rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for partition in PARTITIONS:
+    for rule in BACKDOOR_RULES:
+      cells = [partition, rule]
+      for boost in (0.0,) + BOOSTS:
+        hit = stats[(stats.partition == partition) & (stats.rule == rule)
+                    & np.isclose(stats.boost, boost)]
+        cells.append(
+            f"{hit.acc.iloc[0]:.3f} ± {hit.acc_sd.iloc[0]:.3f} / "
+            f"{hit.success.iloc[0]:.3f} ± {hit.success_sd.iloc[0]:.3f}"
+            if len(hit) else "")
+      rows.append("| " + " | ".join(cells) + " |")
+  jsonio.write_text(os.path.join(args.out, "backdoor_table.md"),
+                    "\n".join(rows) + "\n")
+
+
 def table_and_plot(args):
   import pandas as pd  # pylint: disable=import-outside-toplevel
   frame = pd.read_csv(os.path.join(args.out, "attacks.csv"))
   stats = frame.groupby(["rule", "attack", "fraction"])[
       "test_accuracy"].agg(["mean", "std"]).reset_index()
   clean = stats[stats.attack == "none"].set_index("rule")
+  rules = [rule for rule in RULES if rule in set(frame.rule)]
   header = ["rule", "clean"] + [f"{a} {int(f * 100)}%" for a in args.attacks
                                 for f in args.fractions]
   rows = ["| " + " | ".join(header) + " |",
           "|" + "---|" * len(header)]
-  for rule in args.rules:
+  for rule in rules:
     cells = [rule, f"{clean.loc[rule, 'mean']:.3f} ± "
                    f"{clean.loc[rule, 'std']:.3f}"]
     for attack in args.attacks:
@@ -196,7 +318,7 @@ def table_and_plot(args):
                            figsize=(3.2 * len(args.attacks), 3.2),
                            sharey=True, squeeze=False)
   for ax, attack in zip(axes[0], args.attacks, strict=True):
-    for rule in args.rules:
+    for rule in rules:
       xs = [0.0] + list(args.fractions)
       ys = [clean.loc[rule, "mean"]] + [
           stats[(stats.rule == rule) & (stats.attack == attack)
@@ -209,6 +331,60 @@ def table_and_plot(args):
   axes[0][-1].legend(fontsize=6)
   fig.tight_layout()
   fig.savefig(os.path.join(args.out, "attacks.png"), dpi=120)
+
+
+def drawn_cohorts(seed, num_rounds, cohort_size):
+  """[R, m] the cohorts a run of ``seed`` draws (``loop.cohort_keys``)."""
+  from fedjax_agg import loop  # pylint: disable=import-outside-toplevel
+  from fedjax_agg import rounds  # pylint: disable=import-outside-toplevel
+  keys = loop.cohort_keys(loop.seed_keys(seed)[1], num_rounds)
+  return np.stack([np.asarray(rounds.sample_cohort(key, NUM_CLIENTS,
+                                                   cohort_size))
+                   for key in keys])
+
+
+def matched_tree_noise(epsilon, cohorts, delta):
+  """The smallest z (to 0.1 %) whose tree epsilon after all of
+  ``cohorts``' rounds is at most ``epsilon``."""
+  low, high = 0.01, 1000.0
+  while high / low > 1.001:
+    mid = (low * high) ** 0.5
+    spent = privacy_lib.tree_epsilons(mid, cohorts, delta=delta)[-1]
+    low, high = (mid, high) if spent > epsilon else (low, mid)
+  return high
+
+
+def run_dp_ftrl(args, model, data, test, training, participation,
+                execution, evaluation):
+  """DP-FTRL (tree noise, no amplification by sampling) at the final
+  epsilon of each DP-FedAvg noise level of ``--noise``, per seed: z is
+  chosen so that the seed's own cohorts spend that epsilon."""
+  cohort_size = max(int(participation * NUM_CLIENTS), 1)
+  lines = ["fedavg_noise_multiplier,seed,noise_multiplier,epsilon,"
+           "max_participations,test_accuracy"]
+  for fedavg_noise in args.noise:
+    if fedavg_noise == 0:
+      continue
+    target = privacy_lib.epsilons(fedavg_noise, args.rounds,
+                                  num_clients=NUM_CLIENTS,
+                                  cohort_size=cohort_size, delta=1e-5)[-1]
+    for seed in args.seeds:
+      noise = matched_tree_noise(
+          target, drawn_cohorts(seed, args.rounds, cohort_size), 1e-5)
+      result = simulation.run(
+          model, data, test,
+          aggregators.dp_ftrl(clip_norm=1.0, noise_multiplier=noise,
+                              num_participants=cohort_size),
+          num_rounds=args.rounds, participation=participation,
+          training=training, execution=execution, evaluation=evaluation,
+          privacy=Privacy(delta=1e-5), seed=seed)
+      last = result.history.rows[-1]
+      peak = result.history.config["privacy"]["max_participations"]
+      lines.append(f"{fedavg_noise},{seed},{noise},{last['epsilon']},"
+                   f"{peak},{last['test_accuracy']}")
+      print(lines[-1], flush=True)
+      jsonio.write_text(os.path.join(args.out, "dp_ftrl.csv"),
+                        "\n".join(lines) + "\n")
 
 
 def run_dp(args, model, data, test, training, participation, execution,
