@@ -452,7 +452,7 @@ def test_nonfinite_clients_are_excluded_by_the_round(setup):
 def test_registry_builds_every_attack():
   assert set(attacks.REGISTRY) == {
       "label_flip", "sign_flip", "scale", "gaussian", "free_rider",
-      "nonfinite", "little_is_enough", "inner_product"}
+      "nonfinite", "little_is_enough", "inner_product", "backdoor"}
   for name in attacks.REGISTRY:
     assert isinstance(attacks.build(name), attacks.Attack)
   assert isinstance(attacks.build("sign_flip", scale=10), attacks.Attack)
