@@ -48,6 +48,7 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
+from fedjax_agg.aggregators._clipped_sums import summed_client_stats
 from fedjax_agg.types import Aggregator, ClientInfo, StreamingForm
 
 __all__ = ["FedNovaState", "fednova", "normalizer"]
@@ -120,14 +121,6 @@ def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
     a = normalizer(_num_steps(info), momentum, proximal_mu, learning_rate)
     return jnp.where(info.mask > 0, a, 0.0)
 
-  def normalized(update, a, statistic):
-    """Eq. (a) on gradient leaves; statistics keep the raw update."""
-    if statistic:
-      return update
-    shape = a.shape + (1,) * (update.ndim - a.ndim)
-    scale = jnp.where(a > 0, 1.0 / jnp.where(a > 0, a, 1.0), 0.0)
-    return update * scale.reshape(shape).astype(update.dtype)
-
   def step(global_params, mean_normalized, mean_update, tau_eff):
     """Eq. (c) (statistics: the mean update)."""
     statistics = tree_math.select_leaves(global_params,
@@ -144,30 +137,16 @@ def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
     checks.check_cohort(global_params, client_params, info,
                         fields=("num_steps",) if info.num_steps is not None
                         else ())
-    a = norms(info)
-    weights = tree_math.normalize_weights(
-        info.num_examples.astype(jnp.float32), info.mask)
-    updates = tree_math.client_updates(client_params, global_params,
-                                       info.mask)
-    statistics = tree_math.select_leaves(global_params,
-                                         tree_math.is_statistic)
-    scaled = jax.tree.map(lambda u, s: normalized(u, a, s), updates,
-                          statistics)
-    tau_eff = jnp.sum(weights * a)  # Eq. (b)
-    new_global = step(global_params, tree_math.weighted_sum(scaled, weights),
-                      tree_math.weighted_sum(updates, weights), tau_eff)
-    new_global = tree_math.keep_if_no_clients(info.mask, new_global,
-                                              global_params)
-    return new_global, state, _metrics(weights, a, tau_eff)
+    return finalize(global_params, summed_client_stats(
+        client_stats, global_params, client_params, info), info, state)
 
   def client_stats(global_params, client_params, info_k):
     a = norms(info_k)
     update = tree_math.tree_sub(client_params, global_params)
-    statistics = tree_math.select_leaves(global_params,
-                                         tree_math.is_statistic)
-    scaled = jax.tree.map(lambda u, s: normalized(u, a, s), update,
-                          statistics)
-    return tree_math.client_sums((scaled, update, a), info_k.mask,
+    # Eq. (a); a client without steps has d_i = 0.
+    scale = jnp.where(a > 0, 1.0 / jnp.where(a > 0, a, 1.0), 0.0)
+    normalized = jax.tree.map(lambda u: u * scale.astype(u.dtype), update)
+    return tree_math.client_sums((normalized, update, a), info_k.mask,
                                  info_k.num_examples)
 
   def finalize(global_params, sums, info, state):
