@@ -43,7 +43,7 @@ from fedjax_agg.types import Model, Params
 
 __all__ = ["Callback", "Driver", "EarlyStopping", "MAX_SEED",
            "NonFiniteError", "STOPPING_MODES", "base_config", "check_labels",
-           "check_rounds", "cohort_keys", "fingerprint",
+           "check_rounds", "cohort_keys", "drawn_cohorts", "fingerprint",
            "loop_with_checkpoints", "num_classes_of", "open_checkpoints",
            "seed_keys"]
 
@@ -68,6 +68,19 @@ def seed_keys(seed: int) -> tuple[jax.Array, jax.Array]:
 def cohort_keys(run_key: jax.Array, num_rounds: int) -> jax.Array:
   """[R] keys of the rounds' cohorts (prefix-stable in R)."""
   return jax.random.split(jax.random.fold_in(run_key, 1), max(num_rounds, 1))
+
+
+def drawn_cohorts(run_key: jax.Array, num_rounds: int, num_clients: int,
+                  cohort_size: int, sampler: str = "auto") -> np.ndarray:
+  """[R, m] the cohorts a run with ``run_key`` draws, as its rounds draw
+  them (``cohort_keys``, ``rounds.sample_cohort``)."""
+  from fedjax_agg import rounds  # pylint: disable=g-import-not-at-top
+  keys = cohort_keys(run_key, num_rounds)
+  # At most ~2^24 ids in flight (the permutation sampler holds N per draw).
+  batch = max(1, min(num_rounds, 2 ** 24 // num_clients))
+  return np.asarray(jax.lax.map(
+      lambda key: rounds.sample_cohort(key, num_clients, cohort_size,
+                                       sampler), keys, batch_size=batch))
 
 
 def num_classes_of(model: Model, params: Params, x) -> int:

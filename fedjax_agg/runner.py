@@ -254,19 +254,6 @@ def _accounting(privacy: Optional[Privacy], num_clients: int,
   return out
 
 
-def _drawn_cohorts(plan: Plan, run_key, cohort_size: int) -> np.ndarray:
-  """[R, m] the cohorts a run with ``run_key`` draws (as its rounds do:
-  ``loop.cohort_keys``, ``rounds.sample_cohort``)."""
-  num_clients = plan.data[0].num_clients
-  keys = loop.cohort_keys(run_key, plan.num_rounds)
-  # At most ~2^24 ids in flight (the permutation sampler holds N per draw).
-  batch = max(1, min(plan.num_rounds, 2 ** 24 // num_clients))
-  return np.asarray(jax.lax.map(
-      lambda key: rounds.sample_cohort(key, num_clients, cohort_size,
-                                       plan.execution.sampler),
-      keys, batch_size=batch))
-
-
 def _client_state(plan: Plan, params, num_clients: int):
   """The client side's initial state (the codec's residuals with it)."""
   local_update = plan.local_update
@@ -306,7 +293,9 @@ def _account(plan: Plan, built, cohort_size: int, run_keys) -> _Accounts:
     if privacy is not None and isinstance(
         rule_z, aggregators.TreeAggregationNoise) and plan.num_rounds:
       if s not in cohorts:
-        cohorts[s] = _drawn_cohorts(plan, run_keys[s], cohort_size)
+        cohorts[s] = loop.drawn_cohorts(
+            run_keys[s], plan.num_rounds, num_clients, cohort_size,
+            plan.execution.sampler)
       tree = (rule_z.restart_every, cohorts[s])
     key = None if privacy is None else (
         privacy.noise_multiplier,

@@ -44,6 +44,7 @@ from fedjax_agg import data as data_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import experiment  # pylint: disable=wrong-import-position
 from fedjax_agg import federated  # pylint: disable=wrong-import-position
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
+from fedjax_agg import loop  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import partitions  # pylint: disable=wrong-import-position
 from fedjax_agg import privacy as privacy_lib  # pylint: disable=wrong-import-position
@@ -333,16 +334,6 @@ def table_and_plot(args):
   fig.savefig(os.path.join(args.out, "attacks.png"), dpi=120)
 
 
-def drawn_cohorts(seed, num_rounds, cohort_size):
-  """[R, m] the cohorts a run of ``seed`` draws (``loop.cohort_keys``)."""
-  from fedjax_agg import loop  # pylint: disable=import-outside-toplevel
-  from fedjax_agg import rounds  # pylint: disable=import-outside-toplevel
-  keys = loop.cohort_keys(loop.seed_keys(seed)[1], num_rounds)
-  return np.stack([np.asarray(rounds.sample_cohort(key, NUM_CLIENTS,
-                                                   cohort_size))
-                   for key in keys])
-
-
 def matched_tree_noise(epsilon, cohorts, delta):
   """The smallest z (to 0.1 %) whose tree epsilon after all of
   ``cohorts``' rounds is at most ``epsilon``."""
@@ -369,8 +360,9 @@ def run_dp_ftrl(args, model, data, test, training, participation,
                                   num_clients=NUM_CLIENTS,
                                   cohort_size=cohort_size, delta=1e-5)[-1]
     for seed in args.seeds:
-      noise = matched_tree_noise(
-          target, drawn_cohorts(seed, args.rounds, cohort_size), 1e-5)
+      cohorts = loop.drawn_cohorts(loop.seed_keys(seed)[1], args.rounds,
+                                   NUM_CLIENTS, cohort_size)
+      noise = matched_tree_noise(target, cohorts, 1e-5)
       result = simulation.run(
           model, data, test,
           aggregators.dp_ftrl(clip_norm=1.0, noise_multiplier=noise,
