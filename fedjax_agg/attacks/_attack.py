@@ -60,11 +60,15 @@ class Attack(NamedTuple):
       The wrapper (``with_attack`` given the model) refuses a model whose
       outputs are not C wide, which would otherwise train on labels the
       model does not have, or map its other classes wrongly.
+    max_label: the largest label the data side writes (a backdoor's
+      target), else None; the wrapper given the model refuses a model with
+      no output for it.
   """
   data: Optional[Callable[[Any, Cohort], Any]] = None
   update: Optional[Callable[[Params, StackedParams, Cohort],
                             StackedParams]] = None
   num_classes: Optional[int] = None
+  max_label: Optional[int] = None
 
 
 def select_rows(rows: jax.Array, stacked_true: StackedParams,
@@ -125,7 +129,9 @@ def compose(first: Attack, second: Attack) -> Attack:
     raise ValueError(f"first is written for num_classes="
                      f"{first.num_classes}, second for "
                      f"{second.num_classes}")
+  labels = [a.max_label for a in (first, second) if a.max_label is not None]
   return Attack(data=either(first.data, second.data, data),
                 update=either(first.update, second.update, update),
                 num_classes=(first.num_classes if first.num_classes
-                             is not None else second.num_classes))
+                             is not None else second.num_classes),
+                max_label=max(labels) if labels else None)

@@ -124,7 +124,7 @@ def backdoor(target: int = 0, *, poison_fraction: float = 0.5,
         y=data.y.at[targets].set(jnp.asarray(target, data.y.dtype),
                                  mode="drop"))
 
-  attack = Attack(data=poison)
+  attack = Attack(data=poison, max_label=int(target))
   return attack if boost == 1 else compose(attack, scale_update(boost))
 
 

@@ -109,10 +109,16 @@ def with_attack(attack: Attack, adversaries: Adversaries,
     return inner.init(num_clients)
 
   def check_classes(global_params, data):
-    if model is None or attack.num_classes is None:
+    if model is None or (attack.num_classes is None
+                         and attack.max_label is None):
       return
     width = _num_outputs(model, global_params, data.x)
-    if width != attack.num_classes:
+    if attack.max_label is not None and attack.max_label >= width:
+      raise ValueError(
+          f"target: the attack writes label {attack.max_label}, but the "
+          f"model has C={width} classes (outputs of width {width}); use a "
+          f"label in [0, {width})")
+    if attack.num_classes is not None and width != attack.num_classes:
       raise ValueError(
           f"permutation: the attack's label map (label_flip's permutation "
           f"or num_classes) is written for {attack.num_classes} classes, "

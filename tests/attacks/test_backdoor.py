@@ -157,3 +157,20 @@ def test_eval_set_labels_outside_the_model_are_refused():
                    num_rounds=1, execution=Execution(progress=False),
                    evaluation=Evaluation(extra=(EvalSet(
                        "bad", x[:4], np.array([0, 1, 2, 7])),)))
+
+
+def test_a_target_the_model_has_no_output_for_is_refused():
+  data, x, y, _ = tiny_data()
+  model = tiny_model()  # 3 classes
+  training = LocalTraining(batch_size=3, compute_losses=False)
+  for target in (3, 9):
+    update = attacks.local_update(
+        model, training, attacks.compose(attacks.backdoor(target=target),
+                                         attacks.sign_flip()),
+        attacks.fixed(data.num_clients, ids=(1,)))
+    with pytest.raises(ValueError, match=f"target: the attack writes "
+                       f"label {target}, but the model has C=3"):
+      simulation.run(model, data, (x, y), aggregators.fedavg(),
+                     num_rounds=1, training=training,
+                     execution=Execution(progress=False),
+                     local_update=update)
