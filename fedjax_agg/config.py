@@ -26,6 +26,7 @@ import os
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
+import numpy as np
 import optax
 
 from fedjax_agg import checks
@@ -227,6 +228,12 @@ def _check_eval_sets(extra) -> None:
       raise ValueError(f"extra[{i}] ({item.name}): x must be [M, ...] and "
                        f"y [M] arrays with M >= 1, got shapes {x_shape} "
                        f"and {y_shape}")
+    if not np.issubdtype(np.asarray(item.y).dtype, np.integer):
+      raise TypeError(f"extra[{i}] ({item.name}): y must hold int labels, "
+                      f"got dtype {np.asarray(item.y).dtype}")
+    if not np.all(np.isfinite(np.asarray(item.x))):
+      raise ValueError(f"extra[{i}] ({item.name}): x holds non-finite "
+                       "values")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

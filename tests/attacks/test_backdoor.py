@@ -144,7 +144,11 @@ def test_a_run_scores_attack_success_on_its_eval_set():
      "shapes"),
     ((EvalSet("a", np.zeros((2, 5)), np.zeros(2, int)),
       EvalSet("a", np.zeros((2, 5)), np.zeros(2, int))), ValueError,
-     "taken")])
+     "taken"),
+    ((EvalSet("a", np.zeros((2, 5)), np.zeros(2)),), TypeError,
+     "int labels"),
+    ((EvalSet("a", np.full((2, 5), np.nan), np.zeros(2, int)),),
+     ValueError, "non-finite")])
 def test_bad_eval_sets_are_refused(extra, error, match):
   with pytest.raises(error, match=match):
     Evaluation(extra=extra)
