@@ -14,7 +14,7 @@ from fedjax_agg import rounds
 from fedjax_agg.clients._apfl import apfl, mix
 from fedjax_agg.config import Execution, LocalTraining
 from tests.clients.test_clients import bn_model
-from tests.clients.test_fedper import SCHEDULE, run_rounds
+from tests.clients.test_fedper import average_leaves, SCHEDULE, run_rounds
 from tests.test_engine import tiny_data, tiny_model
 
 
@@ -62,9 +62,7 @@ def reference_apfl(model, params, schedule, x, y, parts, lr, alpha_lr,
       personal[client] = (v, alpha)
       trained.append([np.asarray(a, np.float64) for a in w])
       weights.append(len(parts[client]))
-    weights = np.asarray(weights) / np.sum(weights)
-    glob = [np.tensordot(weights, np.stack([t[i] for t in trained]), 1)
-            for i in range(len(glob))]
+    glob = average_leaves(trained, weights)
   return glob, personal
 
 

@@ -50,6 +50,14 @@ def full_batch_sgd(model, params, x, y, lr, steps, trains):
   return params
 
 
+def average_leaves(trained, weights):
+  """The server's mean in float64: [leaf lists] and their raw weights ->
+  one leaf list."""
+  weights = np.asarray(weights, np.float64) / np.sum(weights)
+  return [np.tensordot(weights, np.stack([t[i] for t in trained]), 1)
+          for i in range(len(trained[0]))]
+
+
 def reference_rounds(model, params, schedule, x, y, parts, lr, phases,
                      is_local, weighting="num_examples"):
   """Rounds of a personalised-head algorithm, one client at a time.
@@ -87,9 +95,7 @@ def reference_rounds(model, params, schedule, x, y, parts, lr, phases,
       trained.append(leaves)
       weights.append(len(parts[client]) if weighting == "num_examples"
                      else 1.0)
-    weights = np.asarray(weights) / np.sum(weights)
-    glob = [np.tensordot(weights, np.stack([t[i] for t in trained]), 1)
-            for i in range(len(glob))]
+    glob = average_leaves(trained, weights)
   return glob, heads
 
 
