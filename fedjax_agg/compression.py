@@ -55,12 +55,13 @@ from fedjax_agg import engine
 from fedjax_agg import rounds
 from fedjax_agg import tree_math
 from fedjax_agg.registry import Registry
-from fedjax_agg.types import LocalUpdate, Params, PRNGKey
+from fedjax_agg.types import LocalUpdate, Params, PRNGKey, StackedParams
 
 __all__ = ["CODECS", "CODEC_STREAM", "Codec", "CompressionState",
-           "compress_tree", "get", "hadamard", "identity", "message_bits",
-           "message_bytes", "qsgd", "random_k", "rotate", "sign", "top_k",
-           "uniform", "unrotate", "walsh_hadamard", "with_codec"]
+           "compress_tree", "compress_updates", "get", "hadamard",
+           "identity", "message_bits", "message_bytes", "qsgd", "random_k",
+           "rotate", "sign", "top_k", "uniform", "unrotate",
+           "walsh_hadamard", "with_codec"]
 
 # fold_in data of the codec's key stream in the round: neither a client id
 # (< N) nor the attacks' stream (2^31 - 1), so training keys are unchanged.
@@ -408,6 +409,28 @@ def compress_tree(codec: Codec, tree: Params, key: PRNGKey) -> Params:
   return jax.tree.unflatten(treedef, decoded)
 
 
+def compress_updates(codec: Codec, updates: StackedParams,
+                     client_ids: jax.Array, key: PRNGKey) -> StackedParams:
+  """The cohort's updates, each sent through ``codec`` and decoded.
+
+  Row k goes through ``compress_tree`` with the key fold_in(fold_in(key,
+  CODEC_STREAM), client_ids[k]): a client's draw depends on the round's
+  key and its id, not on its row.
+
+  Args:
+    codec: the compressor.
+    updates: [K, ...] one update per row.
+    client_ids: [K] int, the client of each row.
+    key: the round's key.
+
+  Returns:
+    [K, ...] the decoded updates, shaped and typed as ``updates``.
+  """
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(
+      jax.random.fold_in(key, CODEC_STREAM), client_ids)
+  return jax.vmap(lambda u, k: compress_tree(codec, u, k))(updates, keys)
+
+
 def message_bits(codec: Codec, tree: Any) -> int:
   """Bits of one client's message: the sum of ``codec.bits`` over the
   non-empty leaves of ``tree`` (arrays or ``jax.ShapeDtypeStruct``s)."""
@@ -449,8 +472,8 @@ def with_codec(codec: Codec, local_update: LocalUpdate | Callable[..., Any],
 
   After the inner update, row k (client i) sends u = w_k - g, plus e_i
   with error feedback (EF-SGD of Karimireddy et al., ICML 2019),
-  through ``compress_tree`` with the key fold_in(fold_in(round key,
-  CODEC_STREAM), i); its model becomes g + C(u). With error feedback
+  through ``compress_updates`` (the key fold_in(fold_in(round key,
+  CODEC_STREAM), i)); its model becomes g + C(u). With error feedback
   e_i <- u - C(u) for the real rows (mask > 0) whose u and C(u) are
   finite; other rows change no residual. The result's losses are the
   inner update's (of the uncompressed models).
@@ -527,9 +550,7 @@ def with_codec(codec: Codec, local_update: LocalUpdate | Callable[..., Any],
           lambda u, table: u + tree_math.gather_clients(table, client_ids,
                                                         0.0),
           sent, residuals)
-    keys = jax.vmap(jax.random.fold_in, (None, 0))(
-        jax.random.fold_in(key, CODEC_STREAM), client_ids)
-    decoded = jax.vmap(lambda u, k: compress_tree(codec, u, k))(sent, keys)
+    decoded = compress_updates(codec, sent, client_ids, key)
     # Where the decoded update is the client's own (w - g), the server has
     # w: g + (w - g) may round away from it, so the identity codec (and a
     # coordinate sent exactly) changes nothing, bit for bit.

@@ -195,10 +195,8 @@ def make_async_round_fn(
         starts)
     metrics = {"start_version": start_versions, "staleness": staleness}
     if codec is not None:
-      keys = jax.vmap(jax.random.fold_in, (None, 0))(
-          jax.random.fold_in(train_key, compression.CODEC_STREAM), cohort)
-      decoded = jax.vmap(lambda u, k: compression.compress_tree(
-          codec, u, k))(decoded, keys)
+      decoded = compression.compress_updates(codec, decoded, cohort,
+                                             train_key)
     finite = jnp.ones(mask.shape, bool)
     if exclude:
       finite = engine.rows_finite(decoded)

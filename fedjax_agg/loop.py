@@ -10,18 +10,32 @@ same ``Driver``; what every run does besides the round lives here once:
   from the state's key;
 * the evaluation schedule (``config.Evaluation``), the history rows and
   client rows (``fedjax_agg.history``), the non-finite policy
-  (``config.NonFinite``), checkpoints (``loop_with_checkpoints``, whose
-  fingerprint ``fingerprint`` builds), the progress bar and callbacks;
+  (``config.NonFinite``), checkpoints (``open_checkpoints`` and the
+  ``Checkpoints`` callback; ``fingerprint`` says what a checkpoint must
+  match), the progress bar and callbacks;
 * the run's recorded settings (``base_config``).
 
-Callbacks. Each callable in a member's ``callbacks`` is called after every
-round with ``(row, client_row)``: the round's history row (a dict of
-scalars) and its per-client arrays (None for the row of round 0);
-``history.HistoryWriter`` writes the history files that way as the run
-goes. A callback with a true ``stop_requested`` attribute after a round
-asks the run to end there (``EarlyStopping``); a run of several members
-ends when every member has asked. The history's config then says at which
-round and why (``stopped_by``).
+Callbacks. Everything a run does besides its rounds and evaluation is a
+callback with one interface, in a member's ``callbacks``:
+
+* ``callback(row, client_row)`` after every round: the round's history row
+  (a dict of scalars, which a callback may extend, e.g. with ``epsilon``)
+  and its per-client arrays (None for the row of round 0). A plain
+  function is a callback;
+* optionally ``callback.after_round(round_num, state, stopping)`` once per
+  round, after every member's rows, with the run's whole state
+  (``stopping``: the run ends at this round because callbacks asked);
+* optionally ``callback.close()`` when the loop ends, also on an error;
+* a true ``stop_requested`` attribute after a round asks the run to end
+  there; a run of several members ends when every member has asked. The
+  history's config then says at which round and why (``stopped_by``).
+
+The run's own cross-cutting parts are such callbacks: ``history``'s
+``HistoryWriter`` (the history files as the run goes), ``Checkpoints``
+(save and resume, ``config.Checkpointing``), ``PrivacyAccounting`` (the
+``epsilon`` column and the end at a target epsilon, ``config.Privacy``),
+``EarlyStopping`` (the end when a metric stops improving) and the
+TensorBoard writer of the command line.
 """
 
 import dataclasses
@@ -43,9 +57,9 @@ from fedjax_agg.types import Model, Params
 
 __all__ = ["Callback", "Driver", "EarlyStopping", "MAX_SEED",
            "NonFiniteError", "STOPPING_MODES", "base_config", "check_labels",
-           "check_rounds", "cohort_keys", "drawn_cohorts", "fingerprint",
-           "loop_with_checkpoints", "num_classes_of", "open_checkpoints",
-           "seed_keys"]
+           "Checkpoints", "PrivacyAccounting", "check_rounds", "cohort_keys",
+           "drawn_cohorts", "fingerprint", "num_classes_of",
+           "open_checkpoints", "seed_keys"]
 
 Callback = Callable[[dict, Optional[dict]], None]
 
@@ -121,26 +135,53 @@ def open_checkpoints(checkpointing: Optional[Checkpointing],
   return checkpointer, snapshot
 
 
-def loop_with_checkpoints(driver: "Driver", checkpointer, state, run_key,
-                          num_rounds: int, rows, client_rows,
-                          pack=lambda rows, client_rows: (rows[0],
-                                                          client_rows[0])):
-  """``driver.loop`` from the rows' last round, saving as ``checkpointer``
-  says and at a round where callbacks stop the run (``pack`` turns the
-  members' rows into what a checkpoint holds)."""
-  def after_round(round_num, state, last=False):
-    if checkpointer is not None and (
-        checkpointer.should_save(round_num, num_rounds)
-        or (last and checkpointer.every > 0)):
-      checkpointer.save(round_num, state, run_key,
-                        *pack(rows, client_rows))
+class Checkpoints:
+  """The callback that saves a run as ``config.Checkpointing`` says: every
+  ``every`` rounds, at the last round and at a round where callbacks end
+  the run (``pack`` turns the members' rows into what a checkpoint
+  holds). ``close()`` releases the checkpointer."""
 
-  try:
-    return driver.loop(state, len(rows[0]) - 1, num_rounds, rows,
-                       client_rows, after_round)
-  finally:
-    if checkpointer is not None:
-      checkpointer.close()
+  def __init__(self, checkpointer, run_key, num_rounds: int, rows,
+               client_rows, pack=lambda rows, client_rows: (
+                   rows[0], client_rows[0])):
+    self.checkpointer, self.run_key = checkpointer, run_key
+    self.num_rounds, self.pack = num_rounds, pack
+    self.rows, self.client_rows = rows, client_rows
+
+  def __call__(self, row: dict, client: Optional[dict]) -> None:
+    del row, client  # It saves whole rounds (after_round).
+
+  def after_round(self, round_num: int, state, stopping: bool) -> None:
+    checkpointer = self.checkpointer
+    if checkpointer.should_save(round_num, self.num_rounds) or (
+        stopping and checkpointer.every > 0):
+      checkpointer.save(round_num, state, self.run_key,
+                        *self.pack(self.rows, self.client_rows))
+
+  def close(self) -> None:
+    self.checkpointer.close()
+
+
+class PrivacyAccounting:
+  """The callback of a run's privacy accounting (``config.Privacy``): it
+  writes ``epsilon``, the privacy loss after the row's round
+  (``epsilons[r - 1]``), into each row, and asks the run to end at
+  ``final_round``, the last round whose epsilon stays within the target
+  (None: no target, or the run ends first). It goes first in a member's
+  callbacks, so that the others see the column."""
+
+  def __init__(self, epsilons, final_round: Optional[int] = None):
+    self.epsilons = np.asarray(epsilons, np.float64)
+    self.final_round = final_round
+    self.stop_requested = False
+
+  def __call__(self, row: dict, client: Optional[dict]) -> None:
+    del client
+    round_num = int(row["round"])
+    if round_num >= 1:
+      row["epsilon"] = float(self.epsilons[round_num - 1])
+    self.stop_requested = (self.final_round is not None
+                           and round_num >= self.final_round)
 
 
 def check_rounds(num_rounds) -> None:
@@ -233,14 +274,31 @@ class Driver:
           "NonFinite(model='record') to record it and go on)")
 
   def loop(self, state, first_round: int, num_rounds: int,
-           rows: list[list[dict]], client_rows: list[list[dict]],
-           after_round: Optional[Callable[..., None]] = None):
-    """Rounds ``first_round + 1 .. num_rounds``; appends to the rows."""
+           rows: list[list[dict]], client_rows: list[list[dict]]):
+    """Rounds ``first_round + 1 .. num_rounds``; appends to the rows;
+    closes the callbacks that have a ``close`` when it ends."""
+    try:
+      return self._loop(state, first_round, num_rounds, rows, client_rows)
+    finally:
+      for callback in self._hooked("close"):
+        callback.close()
+
+  def _hooked(self, name: str) -> list:
+    """The callbacks with method ``name``, each once."""
+    seen = {}
+    for callbacks in self.callbacks:
+      for callback in callbacks:
+        if callable(getattr(callback, name, None)):
+          seen.setdefault(id(callback), callback)
+    return list(seen.values())
+
+  def _loop(self, state, first_round, num_rounds, rows, client_rows):
     desc = "rounds" if self.num_members == 1 else (
         f"rounds ({self.num_members} members)")
-    if self._stop_requested():  # A resumed run that had stopped.
-      self.stopped_at = first_round
+    if first_round < num_rounds and self._stop_requested():
+      self.stopped_at = first_round  # A resumed run that had stopped.
       return state
+    hooked = self._hooked("after_round")
     bar = tqdm.trange(first_round, num_rounds, disable=not self.progress,
                       desc=desc)
     for r in bar:
@@ -270,8 +328,8 @@ class Driver:
         bar.set_postfix(acc=" ".join(f"{row['test_accuracy']:.4f}"
                                      for row in new_rows[:4]))
       stop = self._stop_requested() and round_num < num_rounds
-      if after_round is not None:
-        after_round(round_num, state, stop)
+      for callback in hooked:
+        callback.after_round(round_num, state, stop)
       if stop:
         self.stopped_at = round_num
         bar.close()

@@ -64,11 +64,11 @@ def unvmapped(plan, state, built, cohort_size: int,
                num_classes: int) -> Round:
   """One member's round: its cohort sharded over the devices, streaming,
   Poisson cohorts, host tables."""
-  model, execution, evaluation = plan.model, plan.execution, plan.evaluation
+  model, options = plan.model, plan.options
+  execution, evaluation = options.execution, options.evaluation
   aggregator = built[0][0]
   training = plan.training_of(plan.points[0], built[0][1])
   data = plan.data[0]
-  accounting = accounts.accounting[0]
   privacy = accounts.privacy[0]
   poisson = privacy is not None and privacy.sampling == "poisson"
   if poisson:
@@ -91,17 +91,18 @@ def unvmapped(plan, state, built, cohort_size: int,
   # runs on one device, from a local copy.
   state, data = place_state(state), place(data)
   eval_data = data if mesh is None else distributed.local_copy(data, device)
-  systems = plan.systems
+  systems = plan.options.systems
   asynchronous = systems is not None and systems.asynchronous
   if asynchronous:
     round_fn = fedbuff.make_async_round_fn(
         model, aggregator, training, systems.build_staleness(),
         execution=execution, mesh=mesh, codec=systems.build_codec(),
-        nonfinite=plan.nonfinite.clients, donate_state=True)
+        nonfinite=plan.options.nonfinite.clients, donate_state=True)
   else:
     round_fn = rounds.make_round_fn(
         model, aggregator, training, execution=execution, mesh=mesh,
-        local_update=plan.local_update, nonfinite=plan.nonfinite.clients,
+        local_update=options.local_update,
+        nonfinite=options.nonfinite.clients,
         donate_state=True, uplink=clock.uplink(systems, state.params))
   sample_keys = loop.cohort_keys(run_keys[0], num_rounds)
   full_mask = place(jnp.ones((cohort_size,), jnp.float32))
@@ -147,10 +148,6 @@ def unvmapped(plan, state, built, cohort_size: int,
       state = place_state(state)
     jax.block_until_ready(state.params)
     out = distributed.to_numpy(out)  # gathered from other hosts
-    if "epsilons" in accounting:
-      out = out._replace(metrics={
-          **out.metrics,
-          "epsilon": accounting["epsilons"][int(state.round) - 1]})
     if timeline is not None:
       out = out._replace(metrics={
           **out.metrics, **timeline.metrics(int(state.round) - 1)})
@@ -255,7 +252,8 @@ def vmapped(plan, state, built, cohort_size: int,
              num_classes: int) -> Round:
   """S members' round as one vmapped, jitted call; the member axis sharded
   over the devices."""
-  model, execution, evaluation = plan.model, plan.execution, plan.evaluation
+  model, options = plan.model, plan.options
+  execution, evaluation = options.execution, options.evaluation
   members, points = plan.members, plan.points
   mesh, device = distributed.round_mesh(execution.devices,
                                         axis_name=MEMBER_AXIS)
@@ -289,8 +287,8 @@ def vmapped(plan, state, built, cohort_size: int,
     aggregator, objective = plan.parts_of(hp)
     round_fn = rounds.make_round_fn(
         model, aggregator, plan.training_of(hp, objective),
-        execution=member_execution, local_update=plan.local_update,
-        nonfinite=plan.nonfinite.clients, jit=False)
+        execution=member_execution, local_update=plan.options.local_update,
+        nonfinite=plan.options.nonfinite.clients, jit=False)
     return round_fn(member_state, member_data, cohort, mask)
 
   sweep_round = jax.jit(
@@ -302,9 +300,6 @@ def vmapped(plan, state, built, cohort_size: int,
   sample_keys = jax.vmap(lambda key: loop.cohort_keys(
       key, num_rounds))(jnp.stack(run_keys))
   mask = jnp.ones((cohort_size,), jnp.float32)
-  epsilons = None
-  if plan.privacy is not None and num_rounds:
-    epsilons = np.stack([a["epsilons"] for a in accounts.accounting], 1)
   stacked_eval = evaluation_lib.stacked_per_example_fn(model)
   test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
   labels = np.asarray(test_y)
@@ -342,14 +337,7 @@ def vmapped(plan, state, built, cohort_size: int,
   def round_step(state, cohorts):
     state, out = sweep_round(hparams, state, round_data, cohorts, mask)
     jax.block_until_ready(state.params)
-    out = jax.device_get(out)
-    if epsilons is not None:
-      out = out._replace(metrics={
-          **out.metrics, "epsilon": epsilons[int(out_round(state)) - 1]})
-    return state, out
-
-  def out_round(state):
-    return np.asarray(jax.device_get(state.round))[0]
+    return state, jax.device_get(out)
 
   return Round(state=state, round_step=round_step,
                 sample=lambda r: by_member(sample(sample_keys[:, r])),

@@ -42,13 +42,13 @@ from fedjax_agg import loop
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import round_forms
 from fedjax_agg import rounds
-from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
-                               LocalTraining, NonFinite, Privacy, Systems)
+from fedjax_agg.config import (LocalTraining, Privacy)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
+from fedjax_agg.options import RunOptions
 from fedjax_agg.round_forms import (MEMBER_AXIS, UntraceableGridError,
                                     stack_data)
-from fedjax_agg.types import Aggregator, LocalObjective, Model, Params
+from fedjax_agg.types import Aggregator, LocalObjective, Model
 
 __all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "Member", "Plan",
            "UntraceableGridError", "execute", "parts", "resolve_privacy",
@@ -71,9 +71,7 @@ class Plan:
       vmapped, with traced float32 scalars inside the round).
     points: the grid points (``[{}]`` without a grid).
     seeds: the seeds; members are (point, seed), points outer.
-    num_rounds, participation, training, execution, evaluation,
-      local_update, nonfinite, init_params, checkpointing, config, privacy,
-      systems: as ``simulation.run``.
+    options: the settings every member shares (``options.RunOptions``).
     callbacks: per member, the callables called with its rows.
     vmapped: step the members as one vmapped round (``sweep``); else one
       member, unvmapped (``simulation.run``).
@@ -84,19 +82,8 @@ class Plan:
   build: Callable[[dict], Any]
   points: Sequence[dict] = ({},)
   seeds: Sequence[int] = (0,)
-  num_rounds: int
-  participation: float = 1.0
-  training: LocalTraining = LocalTraining()
-  execution: Execution = Execution()
-  evaluation: Evaluation = Evaluation()
-  local_update: Optional[Any] = None
-  nonfinite: NonFinite = NonFinite()
-  init_params: Optional[Params] = None
-  checkpointing: Optional[Checkpointing] = None
+  options: RunOptions
   callbacks: Sequence[Sequence[loop.Callback]] = ((),)
-  config: Optional[dict] = None
-  privacy: Optional[Privacy] = None
-  systems: Optional[Systems] = None
   vmapped: bool = False
 
   def parts_of(self, hparams: dict):
@@ -113,10 +100,10 @@ class Plan:
     """The member's training: the grid's client learning rate and the
     objective its rule comes with."""
     return dataclasses.replace(
-        self.training,
+        self.options.training,
         learning_rate=point.get(CLIENT_LEARNING_RATE,
-                                self.training.learning_rate),
-        objective=objective or self.training.objective)
+                                self.options.training.learning_rate),
+        objective=objective or self.options.training.objective)
 
 
 class Member(NamedTuple):
@@ -140,7 +127,7 @@ def parts(built) -> tuple[Aggregator, Optional[LocalObjective]]:
 
 
 def _check_per_client_evaluation(plan: Plan) -> None:
-  evaluation = plan.evaluation
+  evaluation = plan.options.evaluation
   if not evaluation.per_client:
     return
   if any(data.validation is None for data in plan.data):
@@ -148,8 +135,8 @@ def _check_per_client_evaluation(plan: Plan) -> None:
         "evaluation: personalized / finetune_steps evaluate on the clients' "
         "held-out split, but data has no validation split (use "
         "validation.holdout_split and FederatedData.with_validation)")
-  if evaluation.personalized and getattr(plan.local_update, "personalize",
-                                         None) is None:
+  if evaluation.personalized and getattr(
+      plan.options.local_update, "personalize", None) is None:
     raise ValueError(
         "evaluation.personalized=True needs a local_update with personal "
         "models (a LocalUpdate with personalize, e.g. clients.ditto or "
@@ -256,8 +243,8 @@ def _accounting(privacy: Optional[Privacy], num_clients: int,
 
 def _client_state(plan: Plan, params, num_clients: int):
   """The client side's initial state (the codec's residuals with it)."""
-  local_update = plan.local_update
-  wrap = clock.uplink(plan.systems, params)
+  local_update = plan.options.local_update
+  wrap = clock.uplink(plan.options.systems, params)
   if wrap is not None:
     # Only ``init`` is read: the engine's own trainer (None) is stateless.
     local_update = wrap(local_update or rounds.stateless(lambda *a: None))
@@ -277,13 +264,13 @@ def _account(plan: Plan, built, cohort_size: int, run_keys) -> _Accounts:
   (``run_keys``: per seed; a tree-aggregation rule is accounted from the
   cohorts its seed draws)."""
   num_clients = plan.data[0].num_clients
-  if plan.vmapped and isinstance(plan.privacy, Privacy) and (
-      plan.privacy.sampling == "poisson"):
+  if plan.vmapped and isinstance(plan.options.privacy, Privacy) and (
+      plan.options.privacy.sampling == "poisson"):
     raise ValueError(
         "privacy.sampling='poisson' draws a cohort of random size each "
         "round, which members stepped as one vmapped call cannot share; "
         "use sampling='fixed' in a sweep, or run the members one at a time")
-  resolved = [resolve_privacy(plan.privacy, built[p][0], cohort_size)
+  resolved = [resolve_privacy(plan.options.privacy, built[p][0], cohort_size)
               for p, _ in plan.members]
   cache, cohorts = {}, {}
   accounting = []
@@ -291,20 +278,20 @@ def _account(plan: Plan, built, cohort_size: int, run_keys) -> _Accounts:
     rule_z = built[p][0].noise_multiplier
     tree = None
     if privacy is not None and isinstance(
-        rule_z, aggregators.TreeAggregationNoise) and plan.num_rounds:
+        rule_z, aggregators.TreeAggregationNoise) and plan.options.num_rounds:
       if s not in cohorts:
         cohorts[s] = loop.drawn_cohorts(
-            run_keys[s], plan.num_rounds, num_clients, cohort_size,
-            plan.execution.sampler)
+            run_keys[s], plan.options.num_rounds, num_clients, cohort_size,
+            plan.options.execution.sampler)
       tree = (rule_z.restart_every, cohorts[s])
     key = None if privacy is None else (
         privacy.noise_multiplier,
         None if tree is None else (tree[0], s))
     if key not in cache:
       cache[key] = _accounting(privacy, num_clients, cohort_size,
-                               plan.num_rounds, tree)
+                               plan.options.num_rounds, tree)
     accounting.append(cache[key])
-  ends = {a.get("rounds_run", plan.num_rounds) for a in accounting}
+  ends = {a.get("rounds_run", plan.options.num_rounds) for a in accounting}
   if len(ends) > 1:
     raise ValueError(
         f"privacy.target_epsilon: the members reach the target after "
@@ -312,12 +299,24 @@ def _account(plan: Plan, built, cohort_size: int, run_keys) -> _Accounts:
         "different noise); members stepped together must run as many "
         "rounds: run them one at a time")
   end = ends.pop()
-  if end < plan.num_rounds:
+  if end < plan.options.num_rounds:
     warnings.warn(
         f"privacy: epsilon passes target_epsilon="
-        f"{plan.privacy.target_epsilon} after round {end}; the run ends "
-        f"there instead of at round {plan.num_rounds}", stacklevel=4)
+        f"{plan.options.privacy.target_epsilon} after round {end}; the run "
+        f"ends there instead of at round {plan.options.num_rounds}",
+        stacklevel=4)
   return _Accounts(resolved, accounting, end)
+
+
+def _privacy_callbacks(accounts: _Accounts, m: int,
+                       num_rounds: int) -> list:
+  """Member ``m``'s ``loop.PrivacyAccounting`` callback, or none."""
+  accounting = accounts.accounting[m]
+  if "epsilons" not in accounting:
+    return []
+  final = accounting.get("rounds_run")
+  return [loop.PrivacyAccounting(accounting["epsilons"],
+                                 final_round=final or num_rounds)]
 
 
 def _global_for_all(client_state, params, client_ids):
@@ -329,15 +328,16 @@ def _global_for_all(client_state, params, client_ids):
 
 def execute(plan: Plan) -> list[Member]:
   """Runs ``plan``'s members. -> one ``Member`` per (point, seed)."""
-  loop.check_rounds(plan.num_rounds)
+  options = plan.options
   _check_per_client_evaluation(plan)
-  clock.check(plan.systems, vmapped=plan.vmapped, privacy=plan.privacy,
-              local_update=plan.local_update, stream=plan.execution.stream)
+  clock.check(options.systems, vmapped=plan.vmapped, privacy=options.privacy,
+              local_update=options.local_update,
+              stream=options.execution.stream)
   model, members = plan.model, plan.members
   built = [parts(plan.build(dict(point))) for point in plan.points]
   num_clients = plan.data[0].num_clients
-  cohort_size = rounds.num_sampled(num_clients, plan.participation)
-  built = [(clock.server_rule(plan.systems, aggregator, cohort_size,
+  cohort_size = rounds.num_sampled(num_clients, plan.options.participation)
+  built = [(clock.server_rule(plan.options.systems, aggregator, cohort_size,
                               plan.data[0]), objective)
            for aggregator, objective in built]
   keys = [loop.seed_keys(s) for s in plan.seeds]
@@ -347,8 +347,8 @@ def execute(plan: Plan) -> list[Member]:
   states, run_keys = [], []
   for p, s in members:
     init_key, run_key = keys[s]
-    params = (model.init(init_key) if plan.init_params is None
-              else plan.init_params)
+    params = (model.init(init_key) if plan.options.init_params is None
+              else plan.options.init_params)
     client_state = _client_state(plan, params, num_clients)
     _check_host_table(plan, client_state)
     states.append(rounds.init_state(
@@ -369,7 +369,7 @@ def execute(plan: Plan) -> list[Member]:
   loop.check_labels(plan.data[0].y, num_classes,
                     "data (the clients' training labels)")
   checkpointer, snapshot = loop.open_checkpoints(
-      plan.checkpointing, lambda: _fingerprint(plan, built, accounts),
+      plan.options.checkpointing, lambda: _fingerprint(plan, built, accounts),
       state, run_key, num_rounds)
   if snapshot is not None:
     state = snapshot.state
@@ -395,10 +395,11 @@ def execute(plan: Plan) -> list[Member]:
   driver = loop.Driver(
       round_step=form.round_step, sample=form.sample, evaluate=evaluate,
       member_output=form.member_output, member_state=form.member_state,
-      num_members=len(members), nonfinite=plan.nonfinite,
-      evaluation=plan.evaluation, progress=plan.execution.progress,
-      callbacks=[list(c) for c in plan.callbacks],
-      with_losses=plan.training.losses_for(any(
+      num_members=len(members), nonfinite=options.nonfinite,
+      evaluation=options.evaluation, progress=options.execution.progress,
+      callbacks=[_privacy_callbacks(accounts, m, num_rounds) + list(c)
+                 for m, c in enumerate(plan.callbacks)],
+      with_losses=plan.options.training.losses_for(any(
           b[0].uses_losses for b in built)))
   state = form.state
   pack = round_forms.pack_rows if plan.vmapped else (
@@ -412,8 +413,11 @@ def execute(plan: Plan) -> list[Member]:
                                 len(members)) if plan.vmapped
         else ([snapshot.rows], [snapshot.client_rows]))
     driver.replay(rows, client_rows)
-  state = loop.loop_with_checkpoints(driver, checkpointer, state, run_key,
-                                     num_rounds, rows, client_rows, pack=pack)
+  if checkpointer is not None:
+    driver.callbacks[0].append(loop.Checkpoints(
+        checkpointer, run_key, num_rounds, rows, client_rows, pack))
+  state = driver.loop(state, len(rows[0]) - 1, num_rounds, rows,
+                      client_rows)
   results = []
   for m, (p, s) in enumerate(members):
     point = plan.points[p]
@@ -425,15 +429,15 @@ def execute(plan: Plan) -> list[Member]:
           **dataclasses.asdict(accounts.privacy[m]),
           **{k: v for k, v in accounts.accounting[m].items()
              if k != "epsilons"}}
-    if plan.systems is not None:
-      extra["systems"] = dataclasses.asdict(plan.systems)
-      if plan.systems.asynchronous:  # the resolved default
-        extra["systems"]["max_staleness"] = plan.systems.num_versions(
+    if plan.options.systems is not None:
+      extra["systems"] = dataclasses.asdict(plan.options.systems)
+      if plan.options.systems.asynchronous:  # the resolved default
+        extra["systems"]["max_staleness"] = plan.options.systems.num_versions(
             cohort_size) - 1
-    extra.update(plan.config or {})
+    extra.update(plan.options.config or {})
     config = loop.base_config(
-        num_rounds=num_rounds, participation=plan.participation,
-        cohort_size=cohort_size, training=plan.training,
+        num_rounds=num_rounds, participation=plan.options.participation,
+        cohort_size=cohort_size, training=plan.options.training,
         learning_rate=plan.training_of(point).learning_rate,
         seed=plan.seeds[s], num_clients=num_clients, num_classes=num_classes,
         num_devices=form.num_devices, extra=extra)
@@ -452,7 +456,7 @@ def _check_host_table(plan: Plan, client_state) -> None:
         "local_update: a per-client table in host memory "
         "(placement='host') cannot be vmapped over sweep members; use "
         "placement='device' or simulation.run per member")
-  if plan.checkpointing is not None:
+  if plan.options.checkpointing is not None:
     raise ValueError(
         "checkpointing: the local update keeps its per-client table in host "
         "memory (placement='host'), outside the server state, so the run "
@@ -476,27 +480,28 @@ def _fingerprint(plan: Plan, built, accounts: _Accounts) -> dict:
   if plan.vmapped:
     specific = {"sweep": {"build": plan.build, "grid": list(plan.points),
                           "seeds": list(plan.seeds)}}
-    if plan.privacy is not None:
+    if plan.options.privacy is not None:
       specific["privacy"] = accounts.privacy
   else:
     specific = {"seed": plan.seeds[0], "aggregator": built[0][0],
                 "privacy": accounts.privacy[0]}
-  if plan.systems is not None:
-    specific["systems"] = plan.systems
-    specific["systems_traces"] = clock.trace_fingerprint(plan.systems)
+  if plan.options.systems is not None:
+    specific["systems"] = plan.options.systems
+    specific["systems_traces"] = clock.trace_fingerprint(plan.options.systems)
   data = list(plan.data) if len(plan.data) > 1 else plan.data[0]
+  options = plan.options
   return loop.fingerprint(
       model=plan.model, data=data, test_data=plan.test_data,
-      participation=plan.participation, training=plan.training,
-      evaluation=plan.evaluation, nonfinite=plan.nonfinite,
-      local_update=plan.local_update, init_params=plan.init_params,
-      config=plan.config, **specific)
+      participation=options.participation, training=options.training,
+      evaluation=options.evaluation, nonfinite=options.nonfinite,
+      local_update=options.local_update, init_params=options.init_params,
+      config=options.config, **specific)
 
 
 def _extra_evaluation(plan: Plan, num_classes: int, device):
   """``member state -> {name: accuracy}`` on ``Evaluation.extra``."""
   sets = [(item.name, jnp.asarray(item.x), jnp.asarray(item.y))
-          for item in plan.evaluation.extra]
+          for item in plan.options.evaluation.extra]
   for name, _, y in sets:
     loop.check_labels(y, num_classes, f"Evaluation.extra {name!r}")
 
@@ -508,7 +513,7 @@ def _extra_evaluation(plan: Plan, num_classes: int, device):
         device)
     return {name: evaluation_lib.evaluate(
         plan.model, params, x, y, num_classes,
-        plan.evaluation.batch_size)["accuracy"] for name, x, y in sets}
+        plan.options.evaluation.batch_size)["accuracy"] for name, x, y in sets}
 
   return scores
 
@@ -516,7 +521,7 @@ def _extra_evaluation(plan: Plan, num_classes: int, device):
 def _held_out_evaluation(plan: Plan, built, run_keys, device):
   """``(member state, m) -> row`` of accuracies on the clients' held-out
   splits (``config.Evaluation``), or None when not asked for."""
-  evaluation, model = plan.evaluation, plan.model
+  evaluation, model = plan.options.evaluation, plan.model
   if not evaluation.per_client:
     return None
   trainers = {}
@@ -535,7 +540,7 @@ def _held_out_evaluation(plan: Plan, built, run_keys, device):
     if evaluation.personalized:
       row.update(clients_lib.summarize(
           "personal_accuracy", clients_lib.personal_accuracies(
-              model, plan.local_update.personalize,
+              model, plan.options.local_update.personalize,
               distributed.local_copy(state.client_state, device), params,
               data.validation)))
     if evaluation.finetune_steps:

@@ -15,21 +15,20 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from fedjax_agg import rounds
 from fedjax_agg import runner
-from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
-                               LocalTraining, NonFinite, Privacy, Systems)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 # The loop's names, as this module gave them before the loop had its own.
 from fedjax_agg.loop import (Callback, Driver, MAX_SEED, NonFiniteError,
-                             check_labels, cohort_keys,
-                             loop_with_checkpoints, num_classes_of,
+                             check_labels, cohort_keys, num_classes_of,
                              open_checkpoints, seed_keys)
+from fedjax_agg.options import RunOptions
 from fedjax_agg.runner import resolve_privacy
-from fedjax_agg.types import Aggregator, Model, Params
+from fedjax_agg.types import Aggregator, Model
 
 __all__ = ["Callback", "Driver", "MAX_SEED", "NonFiniteError", "RunResult",
-           "check_labels", "cohort_keys", "loop_with_checkpoints",
+           "check_labels", "cohort_keys",
            "num_classes_of", "open_checkpoints", "resolve_privacy", "run",
+           "RunOptions",
            "seed_keys"]
 
 
@@ -43,23 +42,13 @@ def run(
     data: FederatedData,
     test_data: tuple[Any, Any],
     aggregator: Aggregator,
+    options: Optional[RunOptions] = None,
     *,
-    num_rounds: int,
-    participation: float = 1.0,
-    training: LocalTraining = LocalTraining(),
-    execution: Execution = Execution(),
-    evaluation: Evaluation = Evaluation(),
-    local_update: Optional[rounds.LocalUpdate] = None,
-    nonfinite: NonFinite = NonFinite(),
     seed: int = 0,
-    init_params: Optional[Params] = None,
-    checkpointing: Optional[Checkpointing] = None,
     callbacks: Sequence[Callback] = (),
-    config: Optional[dict] = None,
-    privacy: Optional[Privacy] = None,
-    systems: Optional[Systems] = None,
+    **fields,
 ) -> RunResult:
-  """Runs ``num_rounds`` rounds of federated training.
+  """Runs ``options.num_rounds`` rounds of federated training.
 
   Args:
     model: the network and its task loss (``types.Model``).
@@ -69,50 +58,28 @@ def run(
       [0, C) for the model's C outputs (C is also the number of classes of
       the macro-F1).
     aggregator: the server rule.
-    num_rounds: R.
-    participation: C, fraction of clients sampled per round
-      (m = max(floor(C N), 1), without replacement, seeded).
-    training: what the clients do (``config.LocalTraining``).
-    execution: chunking, devices, streaming, sampler, progress bar
-      (``config.Execution``). With several devices each round's clients
-      are sharded over them, params and data replicated.
-    evaluation: when and what to evaluate (``config.Evaluation``).
-    local_update: the client side (``rounds.LocalUpdate``); None: the
-      engine's local training.
-    nonfinite: what to do with NaN/Inf clients and models
-      (``config.NonFinite``).
+    options: the run's settings (``options.RunOptions``: rounds,
+      participation, training, execution, evaluation, non-finite policy,
+      local update, initial params, checkpoints, privacy, systems, recorded
+      config). With several devices each round's clients are sharded over
+      them, params and data replicated.
     seed: seeds the model init, the cohorts and the shuffles.
-    init_params: start from these params instead of ``model.init``.
-    checkpointing: save (and resume) the whole run
-      (``config.Checkpointing``); resuming with a larger ``num_rounds``
-      extends a finished run, which then equals the longer run.
-    callbacks: called with each history row (module docstring).
-    config: extra key/values recorded in the history's config (and in the
-      checkpoint fingerprint).
-    privacy: differential-privacy accounting (``config.Privacy``): the
-      ``epsilon`` column after every round, Poisson cohorts when it says
-      so, and an early end before epsilon passes its target (the history's
-      config then says at which round and why).
-    systems: the clients' simulated clock and uplink codec
-      (``config.Systems``): the ``sim_time_s``, ``uplink_bytes``,
-      ``downlink_bytes`` and ``dropped`` columns after every round;
-      availability, over-selection and deadlines decide who takes part.
+    callbacks: called with each history row (``fedjax_agg.loop``).
+    **fields: ``RunOptions`` fields given as keywords (e.g.
+      ``num_rounds=50, participation=0.1``); they replace those of
+      ``options``. Any other keyword is refused by name.
 
   Returns:
     ``RunResult(history, final_state)``.
 
   Raises:
-    NonFiniteError: per ``nonfinite``.
+    NonFiniteError: per ``options.nonfinite``.
     checkpoint.CheckpointError: a checkpoint of another run or data.
   """
+  options = RunOptions.of(options, fields, "run")
   plan = runner.Plan(
       model=model, data=(data,), test_data=test_data,
-      build=lambda hparams: aggregator, num_rounds=num_rounds,
-      participation=participation, training=training, execution=execution,
-      evaluation=evaluation, local_update=local_update, nonfinite=nonfinite,
-      init_params=init_params, checkpointing=checkpointing,
-      callbacks=(tuple(callbacks),), config=config, privacy=privacy,
-      systems=systems,
-      seeds=(seed,))
+      build=lambda hparams: aggregator, options=options,
+      callbacks=(tuple(callbacks),), seeds=(seed,))
   member, = runner.execute(plan)
   return RunResult(member.history, member.state)

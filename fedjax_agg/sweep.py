@@ -51,14 +51,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from fedjax_agg import checks
-from fedjax_agg import rounds
 from fedjax_agg import runner
-from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
-                               LocalTraining, NonFinite, Privacy, Systems)
 from fedjax_agg.federated import FederatedData
+from fedjax_agg.options import RunOptions
 from fedjax_agg.runner import (CLIENT_LEARNING_RATE, MEMBER_AXIS,
                                UntraceableGridError, stack_data)
-from fedjax_agg.types import Model, Params
+from fedjax_agg.types import Model
 
 __all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "SweepMember",
            "UntraceableGridError", "grid_points", "member_name", "run_sweep",
@@ -133,19 +131,9 @@ def run_sweep(
     model: Model,
     data: FederatedData | Sequence[FederatedData],
     test_data: tuple[Any, Any],
-    num_rounds: int,
-    participation: float = 1.0,
-    training: LocalTraining = LocalTraining(),
-    execution: Execution = Execution(),
-    evaluation: Evaluation = Evaluation(),
-    nonfinite: NonFinite = NonFinite(),
-    init_params: Optional[Params] = None,
-    checkpointing: Optional[Checkpointing] = None,
+    options: Optional[RunOptions] = None,
     callbacks: Optional[Callable[[int], Sequence[Any]]] = None,
-    config: Optional[dict] = None,
-    local_update: Optional[rounds.LocalUpdate] = None,
-    privacy: Optional[Privacy] = None,
-    systems: Optional[Systems] = None,
+    **fields,
 ) -> list[SweepMember]:
   """Runs every (grid point, seed) member as one vmapped computation.
 
@@ -163,26 +151,24 @@ def run_sweep(
     data: the federated training data shared by every member, or one per
       seed (aligned with ``seeds``, same pooled x and y).
     test_data: (x, y) test arrays.
-    num_rounds, participation, training, evaluation, nonfinite,
-      init_params, config, privacy: as ``simulation.run``
-      (``training.learning_rate`` is the client rate of members whose grid
-      has no "learning_rate"; privacy is accounted per member).
-    execution: as ``simulation.run``; with several ``devices`` the
-      members are sharded over them (their number must be a multiple of
-      the devices'); the rounds never stream.
-    checkpointing: as ``simulation.run``: the stacked members' states and
-      rows are saved together; a resume refuses another grid, seeds, data
-      or settings, and a larger ``num_rounds`` extends the sweep.
+    options: the settings every member shares (``options.RunOptions``,
+      as ``simulation.run``); ``training.learning_rate`` is the client
+      rate of members whose grid has no "learning_rate"; with several
+      ``execution.devices`` the members are sharded over them (their
+      number must be a multiple of the devices'); the rounds never stream;
+      checkpoints hold the stacked members' states and rows together (a
+      resume refuses another grid, seeds, data or settings, and a larger
+      ``num_rounds`` extends the sweep); a ``local_update`` (e.g.
+      ``clients.scaffold``) is shared by every member, each keeping its own
+      client state (the per-client table gets the member axis), and the
+      grid's "learning_rate" reaches it as the round's learning rates;
+      privacy is accounted per member (fixed-size cohorts only); systems
+      are refused (``config.Systems`` needs each member's own cohort mask;
+      run the members one at a time).
     callbacks: ``callbacks(member_index) -> callables`` called with each of
-      that member's rows (see ``simulation``).
-    local_update: the client side shared by every member (e.g.
-      ``clients.scaffold``); each member keeps its own client state (the
-      per-client table gets the member axis) and the grid's
-      "learning_rate" reaches it as the round's learning rates. None: the
-      engine's training.
-    privacy: as ``simulation.run``, per member (fixed-size cohorts only).
-    systems: refused (``config.Systems`` needs each member's own cohort
-      mask; run the members one at a time).
+      that member's rows (see ``fedjax_agg.loop``).
+    **fields: ``RunOptions`` fields as keywords (``num_rounds=...``); they
+      replace those of ``options``. Any other keyword is refused by name.
 
   Returns:
     One ``SweepMember`` per member, in the order of ``(grid point, seed)``.
@@ -192,15 +178,12 @@ def run_sweep(
     ValueError / TypeError: a bad grid, seed or data, a grid value the
       factories reject, or members whose aggregator states differ in shape.
   """
+  options = RunOptions.of(options, fields, "run_sweep")
   seeds = list(seeds)
   if not seeds:
     raise ValueError("seeds must be a non-empty list of ints")
   if len(set(seeds)) != len(seeds):
     raise ValueError(f"seeds must be distinct, got {seeds}")
-  if local_update is not None and not isinstance(local_update,
-                                                 rounds.LocalUpdate):
-    raise TypeError(f"local_update must be a rounds.LocalUpdate, got "
-                    f"{type(local_update).__name__}")
   if isinstance(data, FederatedData):
     data = (data,)
   else:
@@ -214,11 +197,7 @@ def run_sweep(
   num_members = len(points) * len(seeds)
   return runner.execute(runner.Plan(
       model=model, data=data, test_data=test_data, build=build,
-      points=points, seeds=seeds, num_rounds=num_rounds,
-      participation=participation, training=training, execution=execution,
-      evaluation=evaluation, local_update=local_update, nonfinite=nonfinite,
-      init_params=init_params, checkpointing=checkpointing,
+      points=points, seeds=seeds, options=options,
       callbacks=[list(callbacks(m)) if callbacks else []
                  for m in range(num_members)],
-      config=config, privacy=privacy,
-      systems=systems, vmapped=True))
+      vmapped=True))

@@ -138,15 +138,16 @@ def run_one(config: dict, name: str, seed: int, prepared, model):
       return drivers.run_adct(
           model, train_data, test, aggregator, tuner,
           num_rounds=train["rounds"], participation=train["participation"],
-          measure_on="server",
-          server_validation=(np.asarray(data.x)[picked], y_all[picked]),
+          measure=drivers.ADCTMeasure("server", server_validation=(
+              np.asarray(data.x)[picked], y_all[picked])),
           seed=seed, config=record, execution=Execution(progress=False),
           evaluation=Evaluation(every=train["eval_every"])).history
     # rounds.run does the same holdout split (same fraction and seed).
     return drivers.run_adct(model, data, test, aggregator, tuner,
         num_rounds=train["rounds"], participation=train["participation"],
-        validation_fraction=train["validation_fraction"],
-        split_seed=train["split_seed"], seed=seed, config=record,
+        measure=drivers.ADCTMeasure(
+            validation_fraction=train["validation_fraction"],
+            split_seed=train["split_seed"]), seed=seed, config=record,
         execution=Execution(progress=False),
         evaluation=Evaluation(every=train["eval_every"])).history
   return simulation.run(model, train_data, test, aggregator,

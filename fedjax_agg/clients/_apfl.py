@@ -52,6 +52,7 @@ import optax
 
 from fedjax_agg import checks
 from fedjax_agg import engine
+from fedjax_agg import objectives
 from fedjax_agg import tree_math
 from fedjax_agg.clients import _common
 from fedjax_agg.clients import _table
@@ -103,21 +104,14 @@ def _paired(model: Model, alpha: float) -> Model:
 
 
 def _clip_alpha() -> LocalObjective:
-  """No penalty; after every step alpha is clipped to [0, 1] (Eq. (c))."""
-
-  def prepare(params, reference):
-    del params, reference
-    return ()
-
-  def penalty(params, reference, context):
-    del params, reference, context
-    return jnp.zeros(())
+  """No penalty (``objectives.cross_entropy``'s); after every step alpha is
+  clipped to [0, 1] (Eq. (c))."""
 
   def proximal(params, reference, learning_rate):
     del reference, learning_rate
     return {**params, "alpha": jnp.clip(params["alpha"], 0.0, 1.0)}
 
-  return LocalObjective(prepare, penalty, proximal)
+  return objectives.cross_entropy()._replace(proximal=proximal)
 
 
 def apfl(model: Model, training: LocalTraining = LocalTraining(), *,

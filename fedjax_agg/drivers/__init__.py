@@ -9,6 +9,7 @@ The generic drivers are ``fedjax_agg.simulation.run`` and
 ``fedjax_agg.sweep.run_sweep``.
 """
 
+from fedjax_agg.drivers.adct import ADCTMeasure
 from fedjax_agg.drivers.adct import ADCTRunResult
 from fedjax_agg.drivers.adct import MEASURE_ON
 from fedjax_agg.drivers.adct import run_adct
@@ -16,5 +17,5 @@ from fedjax_agg.drivers.feddrl_two_stage import decider
 from fedjax_agg.drivers.feddrl_two_stage import two_stage
 from fedjax_agg.drivers.feddrl_two_stage import TwoStageResult
 
-__all__ = ["ADCTRunResult", "MEASURE_ON", "TwoStageResult", "decider",
-           "run_adct", "two_stage"]
+__all__ = ["ADCTMeasure", "ADCTRunResult", "MEASURE_ON", "TwoStageResult",
+           "decider", "run_adct", "two_stage"]

@@ -55,10 +55,14 @@ list (every public name is re-exported here):
 - ``_build``: one algorithm built (``seeds_of``, ``objective_of``,
   ``rule_arguments``, ``build_rule``, ``run_privacy``, ``attack_update``,
   ``run_arguments``).
-- ``_checks``: ``check_config`` and its errors (``ConfigError``,
-  ``ConfigTypeError``), the keys of each part of a config and the
-  arguments of the partition recipes and networks
-  (``partition_parameters``, ``model_parameters``, ...).
+- ``_checks_setting``: a config's errors (``ConfigError``,
+  ``ConfigTypeError``), the checks of its setting (dataset, partition,
+  model, train, seeds; ``TRAIN_CHECKS``) and the arguments of the
+  partition recipes and networks (``partition_parameters``,
+  ``model_parameters``, ...).
+- ``_checks``: ``check_config``: the setting's checks, each algorithm's
+  (``check_algorithm_name``) and those of the attack, privacy, systems
+  and early-stopping blocks; the keys of the config's other parts.
 - ``_record``: what a run writes down (``resolve_config``,
   ``run_record``, ``write_run_config``, ``environment``,
   ``describe_data``, ``shown_path``), the output folder's check
@@ -80,19 +84,19 @@ from fedjax_agg.experiment._build import TRAIN_DEFAULTS
 from fedjax_agg.experiment._checks import ALGORITHM_KEYS
 from fedjax_agg.experiment._checks import check_algorithm_name
 from fedjax_agg.experiment._checks import check_config
-from fedjax_agg.experiment._checks import ConfigError
-from fedjax_agg.experiment._checks import ConfigTypeError
-from fedjax_agg.experiment._checks import describe_parameters
-from fedjax_agg.experiment._checks import MODEL_KEYS
-from fedjax_agg.experiment._checks import model_parameters
-from fedjax_agg.experiment._checks import model_takes_options
-from fedjax_agg.experiment._checks import PARTITION_KEYS
-from fedjax_agg.experiment._checks import partition_parameters
 from fedjax_agg.experiment._checks import SCRIPT_ALGORITHM_KEYS
 from fedjax_agg.experiment._checks import SCRIPT_KEYS
-from fedjax_agg.experiment._checks import takes_any_keyword
 from fedjax_agg.experiment._checks import TOP_KEYS
-from fedjax_agg.experiment._checks import TRAIN_CHECKS
+from fedjax_agg.experiment._checks_setting import ConfigError
+from fedjax_agg.experiment._checks_setting import ConfigTypeError
+from fedjax_agg.experiment._checks_setting import describe_parameters
+from fedjax_agg.experiment._checks_setting import MODEL_KEYS
+from fedjax_agg.experiment._checks_setting import model_parameters
+from fedjax_agg.experiment._checks_setting import model_takes_options
+from fedjax_agg.experiment._checks_setting import PARTITION_KEYS
+from fedjax_agg.experiment._checks_setting import partition_parameters
+from fedjax_agg.experiment._checks_setting import takes_any_keyword
+from fedjax_agg.experiment._checks_setting import TRAIN_CHECKS
 from fedjax_agg.experiment._data import DATASET_DEFAULTS
 from fedjax_agg.experiment._data import load_config
 from fedjax_agg.experiment._data import load_dataset

@@ -223,14 +223,17 @@ def test_server_validation_measures_every_client_on_the_same_set():
   result = drivers.run_adct(
       model, data, (x, y), aggregators.fedavg(),
       adct(model, grid=GRID, batch_size=BATCH, clients_per_step=8),
-      num_rounds=2, participation=0.6, measure_on="server",
-      server_validation=server, execution=Execution(progress=False))
+      num_rounds=2, participation=0.6,
+      measure=drivers.ADCTMeasure("server", server_validation=server),
+      execution=Execution(progress=False))
   for row in result.history.client_rows:
     acc = np.asarray(row["adct_accuracy"]) * len(picked)
     np.testing.assert_allclose(acc, np.round(acc), atol=1e-4)
   with pytest.raises(ValueError, match="server_validation"):
     drivers.run_adct(model, data, (x, y), aggregators.fedavg(), _tuner(),
-                     num_rounds=1, measure_on="server")
+                     num_rounds=1, measure=drivers.ADCTMeasure("server"))
+  with pytest.raises(ValueError, match="server_validation"):
+    drivers.ADCTMeasure("train", server_validation=server)
   with pytest.raises(ValueError, match="per_class"):
     validation.balanced_indices(y, per_class=10_000)
 
@@ -323,6 +326,9 @@ def test_bad_arguments_are_named():
   with pytest.raises(ValueError, match="round_one"):
     adct(model, round_one="last")
   data, x, y = learnable_data()
-  with pytest.raises(ValueError, match="measure_on"):
+  with pytest.raises(ValueError, match="measure.on"):
     drivers.run_adct(model, data, (x, y), aggregators.fedavg(), _tuner(),
-        num_rounds=1, measure_on="test")
+        num_rounds=1, measure=drivers.ADCTMeasure("test"))
+  with pytest.raises(TypeError, match="keyword argument .measure_on."):
+    drivers.run_adct(model, data, (x, y), aggregators.fedavg(), _tuner(),
+        num_rounds=1, measure_on="train")

@@ -1,0 +1,137 @@
+"""``RunOptions``: the settings of a run, shared by every entry point.
+
+A run is a model, its federated data, the test set, the server rule (or,
+in a sweep, ``build``) and ``RunOptions``: the rounds, the participation,
+what the clients do and how the rounds are computed, evaluated, saved,
+accounted and timed. ``simulation.run`` (one member), ``sweep.run_sweep``
+(S vmapped members) and ``drivers.run_adct`` take the same object, or its
+fields as keywords::
+
+  options = RunOptions(num_rounds=50, participation=0.1,
+                       training=LocalTraining(learning_rate=0.05))
+  simulation.run(model, data, test, aggregators.fedavg(), options)
+  simulation.run(model, data, test, aggregators.fedavg(), num_rounds=50,
+                 participation=0.1)  # the same run
+  sweep.run_sweep(build, grid, seeds=[0, 1], model=model, data=data,
+                  test_data=test, options=options)
+
+Keywords given beside ``options`` replace its fields. A keyword that is
+not a field is refused by name, with the nearest field it may mean.
+Every field is checked when the object is built.
+"""
+
+import dataclasses
+import difflib
+from typing import Any, Mapping, Optional
+
+from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
+                               LocalTraining, NonFinite, Privacy, Systems)
+from fedjax_agg.types import Params
+
+__all__ = ["RunOptions"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class RunOptions:
+  """What every member of a run shares besides model, data and rule.
+
+  Attributes:
+    num_rounds: R, the rounds to run (an int >= 0).
+    participation: C, the fraction of clients sampled per round
+      (m = max(floor(C N), 1), without replacement, seeded).
+    training: what the clients do (``config.LocalTraining``).
+    execution: chunking, devices, streaming, sampler, progress bar
+      (``config.Execution``); never changes a result beyond rounding.
+    evaluation: when and what to evaluate (``config.Evaluation``).
+    nonfinite: what to do with NaN/Inf clients and models
+      (``config.NonFinite``).
+    local_update: the client side (``rounds.LocalUpdate``); None: the
+      engine's local training.
+    init_params: start from these params instead of ``model.init``.
+    checkpointing: save (and resume) the whole run
+      (``config.Checkpointing``); resuming with a larger ``num_rounds``
+      extends a finished run, which then equals the longer run.
+    privacy: differential-privacy accounting (``config.Privacy``): the
+      ``epsilon`` column, Poisson cohorts when it says so, and an early
+      end before epsilon passes its target.
+    systems: the clients' simulated clock and uplink codec
+      (``config.Systems``).
+    config: extra key/values recorded in the history's config (and in the
+      checkpoint fingerprint).
+  """
+  num_rounds: int
+  participation: float = 1.0
+  training: LocalTraining = LocalTraining()
+  execution: Execution = Execution()
+  evaluation: Evaluation = Evaluation()
+  nonfinite: NonFinite = NonFinite()
+  local_update: Optional[Any] = None
+  init_params: Optional[Params] = None
+  checkpointing: Optional[Checkpointing] = None
+  privacy: Optional[Privacy] = None
+  systems: Optional[Systems] = None
+  config: Optional[dict] = None
+
+  def __post_init__(self):
+    rounds = self.num_rounds
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+      raise ValueError(f"num_rounds must be an int >= 0, got {rounds!r}")
+    participation = self.participation
+    if isinstance(participation, bool) or not isinstance(
+        participation, (int, float)):
+      raise TypeError(f"participation must be a number in (0, 1], got "
+                      f"{participation!r}")
+    if not 0 < participation <= 1:
+      raise ValueError(
+          f"participation must be in (0, 1], got {participation!r}")
+    for name, kind, optional in _TYPED:
+      value = getattr(self, name)
+      if not (isinstance(value, kind) or (optional and value is None)):
+        expected = kind.__name__ + (" or None" if optional else "")
+        raise TypeError(f"{name} must be a config.{expected}, got "
+                        f"{type(value).__name__}: {value!r:.80}")
+    if self.config is not None and not isinstance(self.config, Mapping):
+      raise TypeError(f"config must be a dict of recorded key/values or "
+                      f"None, got {type(self.config).__name__}")
+    if self.local_update is not None:
+      from fedjax_agg import rounds  # pylint: disable=g-import-not-at-top
+      if not isinstance(self.local_update, rounds.LocalUpdate):
+        raise TypeError(f"local_update must be a rounds.LocalUpdate or "
+                        f"None, got {type(self.local_update).__name__}")
+
+  @classmethod
+  def of(cls, options: Optional["RunOptions"], fields: Mapping[str, Any],
+         where: str) -> "RunOptions":
+    """``options`` with ``fields`` (keywords of ``where``) replacing its
+    fields; without ``options``, the fields alone (``num_rounds`` then
+    required)."""
+    if options is not None and not isinstance(options, cls):
+      raise TypeError(f"{where}: options must be a RunOptions, got "
+                      f"{type(options).__name__}")
+    names = [field.name for field in dataclasses.fields(cls)]
+    for key in fields:
+      if key not in names:
+        near = difflib.get_close_matches(key, names, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise TypeError(
+            f"{where}() got an unexpected keyword argument {key!r}{hint} "
+            f"(its options are the fields of RunOptions: {names})")
+    if options is None:
+      if "num_rounds" not in fields:
+        raise TypeError(f"{where}() needs num_rounds (or options="
+                        "RunOptions(num_rounds=...))")
+      return cls(**fields)
+    return dataclasses.replace(options, **fields)
+
+  def replace(self, **fields) -> "RunOptions":
+    """A copy with ``fields`` replaced (checked again)."""
+    return self.of(self, fields, "RunOptions.replace")
+
+
+_TYPED = (("training", LocalTraining, False),
+          ("execution", Execution, False),
+          ("evaluation", Evaluation, False),
+          ("nonfinite", NonFinite, False),
+          ("checkpointing", Checkpointing, True),
+          ("privacy", Privacy, True),
+          ("systems", Systems, True))
