@@ -11,19 +11,31 @@ Files. ``History.save`` writes ``history.csv`` (rows) and ``history.json``
 renamed, and the JSON is strict (NaN and infinities become ``null``).
 ``HistoryWriter`` is a round callback that rewrites them after every round,
 so a run that dies keeps what it computed.
+
+The output layout, the same for every entry point (``simulation.run``'s
+caller, ``sweep``, the command line, ``experiment.run_config`` and the
+``experiments/`` scripts): one folder per run, holding its
+``config.json``; a run of one member writes ``history.csv|json`` in it, a
+run of S > 1 members (seeds x grid points) one subfolder per member
+(``<run>/<member>/history.csv|json``, named by ``sweep.member_name``, e.g.
+``seed0`` or ``alpha5_seed0``) and a ``summary.csv``. ``member_folder``
+says where a member's files go, ``save_run`` writes them and
+``load_saved`` reads one back.
 """
 
 import csv
 import dataclasses
 import os
-from typing import Optional
+import json
+from typing import Mapping, Optional
 
 import numpy as np
 
 from fedjax_agg import jsonio
 
 __all__ = ["History", "HistoryWriter", "TensorBoardWriter", "client_row",
-           "round_scalars", "rounds_to_target"]
+           "load_saved", "member_folder", "round_scalars",
+           "rounds_to_target", "save_run"]
 
 
 @dataclasses.dataclass
@@ -56,6 +68,35 @@ class History:
     jsonio.dump_json({"config": self.config, "rows": self.rows,
                       "clients": self.client_rows}, json_path, indent=None)
     return {"csv": csv_path, "json": json_path}
+
+
+def member_folder(run_dir: str, member: str, num_members: int) -> str:
+  """Where member ``member`` of a run of ``num_members`` writes its
+  history files: the run's folder itself for one member, else
+  ``<run_dir>/<member>``."""
+  if isinstance(num_members, bool) or not isinstance(num_members, int) or (
+      num_members < 1):
+    raise ValueError(f"num_members must be an int >= 1, got {num_members!r}")
+  return run_dir if num_members == 1 else os.path.join(run_dir, member)
+
+
+def save_run(run_dir: str, histories: Mapping[str, "History"]
+             ) -> dict[str, dict[str, str]]:
+  """Writes a run's member histories (member name -> History) in the one
+  layout (module docstring). -> member -> its ``{"csv", "json"}`` paths."""
+  if not histories:
+    raise ValueError("histories: a run has at least one member")
+  return {name: history.save(member_folder(run_dir, name, len(histories)))
+          for name, history in histories.items()}
+
+
+def load_saved(run_dir: str, member: str, num_members: int) -> dict:
+  """One member's saved ``history.json``: its config, rows and client
+  rows."""
+  path = os.path.join(member_folder(run_dir, member, num_members),
+                      "history.json")
+  with open(path) as f:
+    return json.load(f)
 
 
 class _CsvText:

@@ -12,7 +12,7 @@ import optax
 __all__ = ["AggregateFn", "Aggregator", "AggregatorState", "Batch",
     "ClientInfo", "INFO_AXES", "LocalObjective", "LocalUpdate", "Metrics",
     "Model",
-    "PRNGKey", "Params", "StackedParams", "StreamingForm",
+    "PRNGKey", "Params", "StackedParams", "StreamingForm", "empty_init",
     "softmax_cross_entropy"]
 
 Params = Any  # A pytree of arrays (flax variables dict, possibly with stats).
@@ -137,6 +137,26 @@ class Aggregator(NamedTuple):
   uses_losses: bool = False
   noise_multiplier: Optional[Any] = None
   expected_clients: Optional[Any] = None
+
+
+def empty_init(state_type: Callable[[], AggregatorState]
+               ) -> Callable[[Params], AggregatorState]:
+  """The ``init`` of a rule that keeps no state (as ``optax``'s
+  ``init_empty_state``): ``init(global_params) -> state_type()``.
+
+  Args:
+    state_type: the rule's empty state type (a ``NamedTuple`` without
+      fields, such as ``FedAvgState``).
+
+  Returns:
+    The rule's ``init``, ignoring ``global_params``.
+  """
+
+  def init(global_params):
+    del global_params
+    return state_type()
+
+  return init
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array

@@ -70,7 +70,8 @@ def _cli_run(out: str) -> dict:
 
 def _config_run(out: str) -> dict:
   experiment.run_config(CONFIG, out, progress=False)
-  return {f"config/{name}": _read(os.path.join(out, name, "seed1.json"))
+  # One seed: each algorithm's run folder holds its history (one layout).
+  return {f"config/{name}": _read(os.path.join(out, name, "history.json"))
           for name in CONFIG["algorithms"]}
 
 

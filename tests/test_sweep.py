@@ -231,12 +231,12 @@ def test_run_config_vmap_seeds_writes_the_runs_of_each_seed(tmp_path):
   assert summary["FedProx"]["seeds"] == 2
   # Seed 1 has its own partition (shards are drawn from the seed).
   solo = experiment.run_algorithm(CONFIG, "FedProx", 1)
-  saved = pd.read_csv(tmp_path / "FedProx" / "seed1.csv")
+  saved = pd.read_csv(tmp_path / "FedProx" / "seed1" / "history.csv")
   want = solo.history.to_dataframe()
   for column in ("test_accuracy", "test_loss", "train_loss"):
     np.testing.assert_allclose(saved[column], want[column], rtol=2e-5,
                                atol=2e-6, err_msg=column)
-  assert (tmp_path / "FedProx" / "seed0.csv").exists()
+  assert (tmp_path / "FedProx" / "seed0" / "history.csv").exists()
   with pytest.raises(ValueError, match="do not checkpoint"):
     experiment.run_config(CONFIG, str(tmp_path), vmap_seeds=True,
                           checkpoint_every=1)
@@ -329,7 +329,7 @@ SHARDED_SWEEP = textwrap.dedent("""
     calls = []
     real = sweep.run_sweep
     sweep.run_sweep = lambda *a, **k: calls.append(
-        k["execution"].devices) or real(*a, **k)
+        k["options"].execution.devices) or real(*a, **k)
     experiment.run_config(config, tempfile.mkdtemp(), progress=False,
                           vmap_seeds=True)
     assert calls == [1], calls  # gcd(3 members, 4 devices)

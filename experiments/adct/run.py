@@ -28,9 +28,12 @@ three differences, since ADCT and FedACS are not plain registry rules:
   ADCT measures its accuracies, and FedACS its selection, on the held-out
   parts.
 
-Writes ``<out>/<algorithm>/seed<k>.csv|json`` (``History.save``),
-``summary.json`` (final/best test accuracy and macro-F1, rounds to target,
-mean ± std over seeds), ``curves.png``, ``partition.png`` and, for every
+Writes each algorithm's histories in the one layout of
+``fedjax_agg.history``: ``<out>/<algorithm>/seed<k>/history.csv|json`` and
+``<out>/<algorithm>/summary.csv`` (that algorithm's ``summary.json`` entry),
+or ``<out>/<algorithm>/history.csv|json`` for one seed; ``summary.json``
+(final/best test accuracy and macro-F1, rounds to target, mean ± std over
+seeds), ``curves.png``, ``partition.png`` and, for every
 ADCT algorithm, ``adct_choices.json`` (per client: how often each
 (learning rate, epochs) was kept, how often it searched). ``--resume``
 reuses an algorithm × seed whose saved run has the same settings.
@@ -242,11 +245,13 @@ def run_config(config: dict, out_dir: str, resume: bool = False,
     model = models.get(mcfg["name"], num_classes=num_classes,
                        input_shape=input_shape, **mcfg.get("args", {}))
     for name in names:
-      path = os.path.join(out_dir, name, f"seed{seed}.json")
+      folder = history_lib.member_folder(os.path.join(out_dir, name),
+                                         f"seed{seed}", len(seeds))
+      path = os.path.join(folder, "history.json")
       history = load_saved(path, config, name, seed) if resume else None
       if history is None:
         history = run_one(config, name, seed, prepared, model)
-        history.save(os.path.join(out_dir, name), f"seed{seed}")
+        history.save(folder)
       histories[name].append(history)
       print(f"{config.get('name')} {name} seed {seed}: final acc "
             f"{history.rows[-1]['test_accuracy']:.4f} F1 "
@@ -254,6 +259,10 @@ def run_config(config: dict, out_dir: str, resume: bool = False,
   summary = summarize(histories, config.get("target_accuracy"))
   jsonio.dump_json({"name": config.get("name"), "algorithms": summary},
                    os.path.join(out_dir, "summary.json"))
+  if len(seeds) > 1:
+    for name in names:
+      experiment.write_summary_csv({name: summary[name]},
+                                   os.path.join(out_dir, name, "summary.csv"))
   choices = {name: adct_choices(runs[0]) for name, runs in histories.items()
              if "adct" in config["algorithms"][name]}
   if choices:

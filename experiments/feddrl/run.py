@@ -10,8 +10,11 @@ Aggregation for Non-IID Data in Federated Learning", ICPP 2022.
       --set train.rounds=3 --set seeds=[0]
 
 Runs every algorithm x seed of the config with ``experiment.run_config``
-(which writes ``<out>/<algorithm>/seed<k>.csv|json``, ``summary.json``,
-``curves.png`` and ``partition.png``), then adds what the paper reports:
+(which writes each algorithm's histories in the one layout of
+``fedjax_agg.history``: ``<out>/<algorithm>/seed<k>/history.csv|json`` and
+``<out>/<algorithm>/summary.csv``, or ``<out>/<algorithm>/history.csv|json``
+for one seed; ``summary.json``, ``curves.png`` and ``partition.png``), then
+adds what the paper reports:
 
 * ``table3.json``: per algorithm the best top-1 test accuracy during
   training (Table 3), mean ± std over seeds; the global model's inference
@@ -24,7 +27,6 @@ Runs every algorithm x seed of the config with ``experiment.run_config``
   FedDRL's, mean over seeds.
 """
 
-import json
 import os
 import sys
 
@@ -52,14 +54,27 @@ REFERENCE = "FedDRL"
 COLUMNS = ("test_accuracy", "client_loss_mean", "client_loss_var")
 
 
+def saved_path(config: dict, out_dir: str, name: str, seed: int) -> str:
+  """Where algorithm ``name``'s run of ``seed`` keeps its ``history.json``
+  (the one layout: a run per algorithm, a member per seed)."""
+  seeds = config.get("seeds", [0])
+  return os.path.join(history_lib.member_folder(
+      os.path.join(out_dir, name), f"seed{seed}", len(seeds)), "history.json")
+
+
+def load_saved(config: dict, out_dir: str, name: str, seed: int) -> dict:
+  """Algorithm ``name``'s saved run of ``seed``: config, rows, clients."""
+  return history_lib.load_saved(os.path.join(out_dir, name), f"seed{seed}",
+                                len(config.get("seeds", [0])))
+
+
 def load_columns(config: dict, out_dir: str, names) -> dict:
   """algorithm -> column -> [seeds, rounds + 1] array (round 0 first)."""
   out = {}
   for name in names:
     runs = []
     for seed in config.get("seeds", [0]):
-      with open(os.path.join(out_dir, name, f"seed{seed}.json")) as f:
-        runs.append(json.load(f)["rows"])
+      runs.append(load_saved(config, out_dir, name, seed)["rows"])
     out[name] = {c: np.array([[row.get(c, np.nan) for row in rows]
                               for rows in runs]) for c in COLUMNS}
   return out
@@ -71,8 +86,7 @@ def effective_clients(config: dict, out_dir: str, name: str):
   runs record no ``client_weights``."""
   out = []
   for seed in config.get("seeds", [0]):
-    with open(os.path.join(out_dir, name, f"seed{seed}.json")) as f:
-      clients = json.load(f)["clients"]
+    clients = load_saved(config, out_dir, name, seed)["clients"]
     if not clients or "client_weights" not in clients[0]:
       return None
     alpha = np.array([c["client_weights"] for c in clients])
@@ -176,13 +190,15 @@ def two_stage_aggregator(config: dict, name: str, seed: int, prepared):
 
 def run_two_stage(config: dict, names, out_dir: str) -> None:
   """Runs the two-stage FedDRL algorithms ``names`` over the seeds."""
-  for seed in config.get("seeds", [0]):
+  seeds = config.get("seeds", [0])
+  for seed in seeds:
     prepared = experiment.prepare_data(config, seed)
     for name in names:
       rule = two_stage_aggregator(config, name, seed, prepared)
       result = experiment.run_algorithm(config, name, seed, prepared,
                                         progress=True, aggregator=rule)
-      result.history.save(os.path.join(out_dir, name), f"seed{seed}")
+      result.history.save(history_lib.member_folder(
+          os.path.join(out_dir, name), f"seed{seed}", len(seeds)))
       print(f"{config.get('name')} {name} seed {seed}: final acc "
             f"{result.history.rows[-1].get('test_accuracy')}", flush=True)
 
@@ -208,21 +224,24 @@ def main(argv=None) -> None:
     experiment.write_run_config(out_dir, config)
   # The tables cover every algorithm of the config that has saved runs
   # (a later ``--algorithms`` call adds to an earlier one).
+  seeds = config.get("seeds", [0])
   done = [n for n in config["algorithms"]
-          if all(os.path.exists(os.path.join(out_dir, n, f"seed{s}.json"))
-                 for s in config.get("seeds", [0]))]
+          if all(os.path.exists(saved_path(config, out_dir, n, s))
+                 for s in seeds)]
   histories = {}
   for name in done:
     histories[name] = []
-    for seed in config.get("seeds", [0]):
-      with open(os.path.join(out_dir, name, f"seed{seed}.json")) as f:
-        saved = json.load(f)
+    for seed in seeds:
+      saved = load_saved(config, out_dir, name, seed)
       histories[name].append(
           history_lib.History(saved["rows"], [], saved["config"]))
-  jsonio.dump_json({"name": config.get("name"),
-                    "algorithms": experiment.summarize(
-                        histories, config.get("target_accuracy"))},
+  summary = experiment.summarize(histories, config.get("target_accuracy"))
+  jsonio.dump_json({"name": config.get("name"), "algorithms": summary},
                    os.path.join(out_dir, "summary.json"))
+  if len(seeds) > 1:  # the layout's per-run summary (run_config's for plain)
+    for name in staged:
+      experiment.write_summary_csv({name: summary[name]},
+                                   os.path.join(out_dir, name, "summary.csv"))
   plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
                             title=config.get("name", ""))
   columns = load_columns(config, out_dir, done)

@@ -9,12 +9,15 @@ Non-IID data with Layer-based Regularization", 2023, Figs. 1-4.
       --set train.rounds=5 --set seeds=[0]
 
 Runs every algorithm x seed of the config with ``experiment.run_config``
-(which writes ``<out>/<algorithm>/seed<k>.csv|json``, ``summary.json``,
-``curves.png`` and ``partition.png``), then adds what the paper's claims are
-about: ``early.json`` (per algorithm, test accuracy at the config's
-``report_rounds`` and its mean over rounds 1..``early_rounds``, mean ± std
-over seeds) and ``panels.png`` (one panel per straggler level, as the
-paper's Figs. 2-4). ``--full`` runs ``<name>_full.json``, the paper's scale.
+(which writes each algorithm's histories in the one layout of
+``fedjax_agg.history``: ``<out>/<algorithm>/seed<k>/history.csv|json`` and
+``<out>/<algorithm>/summary.csv``, or ``<out>/<algorithm>/history.csv|json``
+for one seed; ``summary.json``, ``curves.png`` and ``partition.png``), then
+adds what the paper's claims are about: ``early.json`` (per algorithm, test
+accuracy at the config's ``report_rounds`` and its mean over rounds
+1..``early_rounds``, mean ± std over seeds) and ``panels.png`` (one panel
+per straggler level, as the paper's Figs. 2-4). ``--full`` runs
+``<name>_full.json``, the paper's scale.
 """
 
 import json
@@ -31,17 +34,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
 from fedjax_agg import experiment
+from fedjax_agg import history as history_lib
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 
 
 def load_histories(config: dict, out_dir: str) -> dict:
   """algorithm -> list over seeds of the ``[rounds + 1]`` accuracy curve."""
   curves = {}
+  seeds = config.get("seeds", [0])
   for name in config["algorithms"]:
     runs = []
-    for seed in config.get("seeds", [0]):
-      with open(os.path.join(out_dir, name, f"seed{seed}.json")) as f:
-        rows = json.load(f)["rows"]
+    for seed in seeds:
+      rows = history_lib.load_saved(os.path.join(out_dir, name),
+                                    f"seed{seed}", len(seeds))["rows"]
       runs.append(np.array([row.get("test_accuracy", np.nan)
                             for row in rows]))
     curves[name] = runs

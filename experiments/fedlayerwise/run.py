@@ -9,17 +9,18 @@ Convergence in Federated Learning", 2024, Sec. IV.
       --full
 
 Runs every algorithm x seed of the config with ``experiment.run_config``
-(``<out>/<algorithm>/seed<k>.csv|json``, ``summary.json``, ``curves.png`` =
-validation accuracy and loss per round, the paper's Figs. 1-2, and
-``partition.png``), then writes ``rounds_to_target.csv``: per algorithm and
-seed, the first round reaching each of ``TARGETS`` (Table I: 95 % on MNIST;
-the lower ones for runs that stop short of it). ``--full`` runs
-``<name>_full.json``, the paper's scale; ``--tables-only`` rebuilds the
-table from the saved runs without training.
+(each algorithm's histories in the one layout of ``fedjax_agg.history``:
+``<out>/<algorithm>/seed<k>/history.csv|json`` and
+``<out>/<algorithm>/summary.csv``, or ``<out>/<algorithm>/history.csv|json``
+for one seed; ``summary.json``, ``curves.png`` = validation accuracy and
+loss per round, the paper's Figs. 1-2, and ``partition.png``), then writes
+``rounds_to_target.csv``: per algorithm and seed, the first round reaching
+each of ``TARGETS`` (Table I: 95 % on MNIST; the lower ones for runs that
+stop short of it). ``--full`` runs ``<name>_full.json``, the paper's scale;
+``--tables-only`` rebuilds the table from the saved runs without training.
 """
 
 import csv
-import json
 import os
 import sys
 
@@ -36,11 +37,11 @@ TARGETS = (0.95, 0.90, 0.85, 0.80, 0.75)
 def rounds_table(out_dir: str, config: dict) -> list[dict]:
   """Rounds to each of ``TARGETS`` per algorithm and seed, from the JSON."""
   rows = []
+  seeds = config.get("seeds", [0])
   for algorithm in config["algorithms"]:
-    for seed in config.get("seeds", [0]):
-      path = os.path.join(out_dir, algorithm, f"seed{seed}.json")
-      with open(path) as f:
-        saved = json.load(f)
+    for seed in seeds:
+      saved = history_lib.load_saved(os.path.join(out_dir, algorithm),
+                                     f"seed{seed}", len(seeds))
       history = history_lib.History(saved["rows"], saved["clients"],
                                    saved["config"])
       row = {"algorithm": algorithm, "seed": seed,

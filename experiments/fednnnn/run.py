@@ -9,10 +9,13 @@ for Fast and Accurate Federated Learning", 2021, Sec. 5 and appendix.
       --full
 
 Runs every algorithm x seed of the config with ``experiment.run_config``
-(``<out>/<algorithm>/seed<k>.csv|json``, ``summary.json``, ``curves.png``,
-``partition.png``), then reads the norms of the weight-divergence analysis
-(NWDA) that the FedNNNN-family aggregators report every round (whole model
-and per layer) from the saved JSON and writes
+(each algorithm's histories in the one layout of ``fedjax_agg.history``:
+``<out>/<algorithm>/seed<k>/history.csv|json`` and
+``<out>/<algorithm>/summary.csv``, or ``<out>/<algorithm>/history.csv|json``
+for one seed; ``summary.json``, ``curves.png``, ``partition.png``), then
+reads the norms of the weight-divergence analysis (NWDA) that the
+FedNNNN-family aggregators report every round (whole model and per layer)
+from the saved JSON and writes
 
 * ``nwda.csv``: algorithm, seed, round, layer ("model" or a layer name),
   N (Eq. (4), the norm of the average client update), E (Eq. (5), the
@@ -42,6 +45,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
 from fedjax_agg import experiment  # pylint: disable=wrong-import-position
+from fedjax_agg import history as history_lib
 from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import tree_math  # pylint: disable=wrong-import-position
 
@@ -64,10 +68,11 @@ def nwda_records(config: dict, out_dir: str) -> list[dict]:
   """One record per algorithm, seed, round and layer (``model`` = all)."""
   names = layer_names(config)
   records = []
+  seeds = config.get("seeds", [0])
   for algorithm in config["algorithms"]:
-    for seed in config.get("seeds", [0]):
-      with open(os.path.join(out_dir, algorithm, f"seed{seed}.json")) as f:
-        saved = json.load(f)
+    for seed in seeds:
+      saved = history_lib.load_saved(os.path.join(out_dir, algorithm),
+                                     f"seed{seed}", len(seeds))
       rows = {row["round"]: row for row in saved["rows"]}
       for client_row in saved["clients"]:
         r = client_row["round"]

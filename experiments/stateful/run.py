@@ -11,8 +11,12 @@ the clients' held-out splits, the personalised accuracy (Ditto's personal
 models, FedBN's global model with the client's BatchNorm leaves) and the
 global model fine-tuned for ``--finetune-steps`` local steps on each
 client, mean and spread across clients; the wall time of a round (median
-over rounds after the first). Writes ``<out>/<algorithm>/seed<k>.csv|json``
-(history and resolved config), ``summary.csv`` and ``summary.json``.
+over rounds after the first). Writes each algorithm's histories (and
+resolved configs) in the one layout of ``fedjax_agg.history``, a run per
+algorithm whose members are the seeds of the call:
+``<out>/<algorithm>/seed<k>/history.csv|json``, or
+``<out>/<algorithm>/history.csv|json`` for one seed; then ``summary.csv``
+and ``summary.json`` (one row per algorithm and seed).
 """
 
 import argparse
@@ -32,6 +36,7 @@ from fedjax_agg import clients  # pylint: disable=wrong-import-position
 from fedjax_agg import data as data_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import experiment  # pylint: disable=wrong-import-position
 from fedjax_agg import federated  # pylint: disable=wrong-import-position
+from fedjax_agg import history as history_lib
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import objectives  # pylint: disable=wrong-import-position
@@ -160,9 +165,8 @@ def main(argv=None):
           training=member_training, execution=execution,
           evaluation=Evaluation(personalized=personal, **evaluation_base),
           local_update=update, seed=seed, config=config)
-      directory = os.path.join(args.out, name)
-      os.makedirs(directory, exist_ok=True)
-      result.history.save(directory, f"seed{seed}")
+      result.history.save(history_lib.member_folder(
+          os.path.join(args.out, name), f"seed{seed}", len(args.seeds)))
       rows = result.history.rows
       last = rows[-1]
       times = [row["time_s"] for row in rows[2:]]

@@ -44,6 +44,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
 from fedjax_agg import experiment  # pylint: disable=wrong-import-position
+from fedjax_agg import history as history_lib
 
 CONFIGS = os.path.join(HERE, "configs")
 RESULTS = os.path.join(HERE, "results")
@@ -167,20 +168,35 @@ def run_part(part: str) -> None:
     experiment.run_config(config, out_dir, progress=False)
     for png in glob.glob(os.path.join(out_dir, "*.png")):
       os.remove(png)
-    for csv in glob.glob(os.path.join(out_dir, "*", "*.csv")):
-      os.remove(csv)
+    seeds = experiment.seeds_of(config)
+    for algorithm in config["algorithms"]:  # the histories' CSV copies
+      for seed in seeds:
+        os.remove(os.path.join(history_lib.member_folder(
+            os.path.join(out_dir, algorithm), f"seed{seed}", len(seeds)),
+            "history.csv"))
     print(f"{name}: finished", flush=True)
 
 
 def load_runs(name: str) -> list:
-  """[(algorithm, seed, rows)] of a finished config, [] if not run."""
+  """[(algorithm, seed, rows)] of a config's saved histories (in the one
+  layout of ``fedjax_agg.history``, seeds from the run's ``config.json``),
+  [] if not run."""
   out_dir = os.path.join(RUNS, name)
+  path = os.path.join(out_dir, "config.json")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    config = json.load(f)
+  seeds = experiment.seeds_of(config)
   runs = []
-  for path in sorted(glob.glob(os.path.join(out_dir, "*", "seed*.json"))):
-    with open(path) as f:
-      rows = json.load(f)["rows"]
-    seed = int(os.path.basename(path)[4:-5])
-    runs.append((os.path.basename(os.path.dirname(path)), seed, rows))
+  for algorithm in sorted(config["algorithms"]):
+    run_dir = os.path.join(out_dir, algorithm)
+    for seed in sorted(seeds):
+      member = f"seed{seed}"
+      folder = history_lib.member_folder(run_dir, member, len(seeds))
+      if os.path.exists(os.path.join(folder, "history.json")):
+        rows = history_lib.load_saved(run_dir, member, len(seeds))["rows"]
+        runs.append((algorithm, seed, rows))
   return runs
 
 

@@ -73,7 +73,7 @@ from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedmedian import masked_median
 from fedjax_agg.aggregators._krum import krum_scores
 from fedjax_agg.aggregators._krum import pairwise_squared_distances
-from fedjax_agg.types import Aggregator, Params, StackedParams
+from fedjax_agg.types import Aggregator, empty_init, Params, StackedParams
 
 __all__ = ["BulyanState", "bulyan", "check_cohort_bound", "krum_committee",
            "mean_around_median"]
@@ -187,9 +187,7 @@ def bulyan(num_byzantine: int = 0, *,
     checks.check_int("num_participants", num_participants, 1)
     check_cohort_bound(num_byzantine, num_participants, "num_participants")
 
-  def init(global_params):
-    del global_params
-    return BulyanState()
+  init = empty_init(BulyanState)
 
   def aggregate(global_params, client_params, info, state):
     num_rows = checks.check_cohort(global_params, client_params, info,

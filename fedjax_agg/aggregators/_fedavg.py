@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.types import Aggregator, ClientInfo, StreamingForm
+from fedjax_agg.types import Aggregator, ClientInfo, empty_init, StreamingForm
 
 WEIGHTINGS = ("num_examples", "uniform")
 
@@ -59,9 +59,7 @@ def fedavg(weighting: str = "num_examples") -> Aggregator:
   """
   checks.check_choice("weighting", weighting, WEIGHTINGS)
 
-  def init(global_params):
-    del global_params
-    return FedAvgState()
+  init = empty_init(FedAvgState)
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,

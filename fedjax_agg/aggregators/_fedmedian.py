@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.types import Aggregator, Params, StackedParams
+from fedjax_agg.types import Aggregator, empty_init, Params, StackedParams
 
 
 class FedMedianState(NamedTuple):
@@ -62,9 +62,7 @@ def fedmedian() -> Aggregator:
     An ``Aggregator``; metrics hold "num_real" [], the real clients counted.
   """
 
-  def init(global_params):
-    del global_params
-    return FedMedianState()
+  init = empty_init(FedMedianState)
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._clipped_sums import summed_client_stats
-from fedjax_agg.types import Aggregator, ClientInfo, StreamingForm
+from fedjax_agg.types import Aggregator, ClientInfo, empty_init, StreamingForm
 
 __all__ = ["FedNovaState", "fednova", "normalizer"]
 
@@ -129,9 +129,7 @@ def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
         lambda g, d, u, s: g + (u if s else tau_eff.astype(d.dtype) * d),
         global_params, mean_normalized, mean_update, statistics)
 
-  def init(global_params):
-    del global_params
-    return FedNovaState()
+  init = empty_init(FedNovaState)
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,

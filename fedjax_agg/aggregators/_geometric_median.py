@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.types import Aggregator, Params, StackedParams
+from fedjax_agg.types import Aggregator, empty_init, Params, StackedParams
 
 __all__ = ["GeometricMedianState", "geometric_median", "weiszfeld"]
 
@@ -123,9 +123,7 @@ def geometric_median(max_iterations: int = 10, tolerance: float = 1e-6,
   checks.check_range("tolerance", tolerance, 0)
   checks.check_range("smoothing", smoothing, 0, low_open=True)
 
-  def init(global_params):
-    del global_params
-    return GeometricMedianState()
+  init = empty_init(GeometricMedianState)
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info)

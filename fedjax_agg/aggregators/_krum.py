@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedmedian import masked_median
-from fedjax_agg.types import Aggregator, StackedParams
+from fedjax_agg.types import Aggregator, empty_init, StackedParams
 
 __all__ = ["KrumState", "krum", "krum_scores", "pairwise_squared_distances"]
 
@@ -155,9 +155,7 @@ def krum(num_byzantine: int = 0, num_selected: int = 1,
   checks.check_int("num_selected", num_selected, 1)
   checks.check_bool("flower_compatible", flower_compatible)
 
-  def init(global_params):
-    del global_params
-    return KrumState()
+  init = empty_init(KrumState)
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,

@@ -32,7 +32,7 @@ from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._clipped_sums import clipped_update_stats
 from fedjax_agg.aggregators._clipped_sums import summed_client_stats
-from fedjax_agg.types import Aggregator, StreamingForm
+from fedjax_agg.types import Aggregator, empty_init, StreamingForm
 
 __all__ = ["NormBoundingState", "norm_bounding"]
 
@@ -56,9 +56,7 @@ def norm_bounding(max_norm: float = 1.0) -> Aggregator:
   client_stats = functools.partial(clipped_update_stats, max_norm=max_norm,
                                    weighted=True)
 
-  def init(global_params):
-    del global_params
-    return NormBoundingState()
+  init = empty_init(NormBoundingState)
 
   def finalize(global_params, stats, info, state):
     new_global = tree_math.keep_if_no_clients(

@@ -56,7 +56,7 @@ import numpy as np
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.types import Aggregator, ClientInfo
+from fedjax_agg.types import Aggregator, ClientInfo, empty_init
 
 __all__ = ["LOSS_FLOOR", "QFFLState", "qffl", "qffl_weights"]
 
@@ -132,9 +132,7 @@ def qffl(q: float = 1.0, lipschitz: Optional[float] = None, *,
     checks.check_range("lipschitz", lipschitz, 0, low_open=True)
   lipschitz_value = 1.0 / learning_rate if lipschitz is None else lipschitz
 
-  def init(global_params):
-    del global_params
-    return QFFLState()
+  init = empty_init(QFFLState)
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,

@@ -22,7 +22,7 @@ import numpy as np
 from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedmedian import sorted_real_first
-from fedjax_agg.types import Aggregator, Params, StackedParams
+from fedjax_agg.types import Aggregator, empty_init, Params, StackedParams
 
 
 class TrimmedMeanState(NamedTuple):
@@ -63,9 +63,7 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
   """
   checks.check_range("beta", beta, 0, 0.5, high_open=True)
 
-  def init(global_params):
-    del global_params
-    return TrimmedMeanState()
+  init = empty_init(TrimmedMeanState)
 
   def aggregate(global_params, client_params, info, state):
     checks.check_cohort(global_params, client_params, info,

@@ -29,8 +29,10 @@ before anything runs.
 ``--seeds 0,1,2`` and ``--sweep alpha=1,5,10`` (repeatable; ``lr`` is the
 client learning rate) run every seed x grid point as ONE vmapped
 computation (``fedjax_agg.sweep``) and write ``<out>/<member>/history.*``,
-e.g. ``<out>/alpha5_seed1/history.csv``; so does a config with several
-seeds.
+e.g. ``<out>/alpha5_seed1/history.csv``, and ``<out>/summary.csv``; so
+does a config with several seeds. This is the one output layout of every
+entry point (``fedjax_agg.history``): one folder per run, a member
+subfolder each when the run has several.
 
 Mistakes in what is asked for -- a bad flag or value, a bad config, an
 unknown name, missing data, an output folder that cannot take the results,
@@ -331,7 +333,7 @@ def single_main(args, config: dict, algorithm: str, prepared) -> int:
         callback.close()
   if not _is_writer(args):
     return 0  # Every process holds the same history; process 0 writes it.
-  paths = result.history.save(args.out)
+  paths = history.save_run(args.out, {"run": result.history})["run"]
   plot_path = os.path.join(args.out, "accuracy.png")
   plotting.plot_history({algorithm: result.history}, plot_path,
                         title=_title(config, algorithm))
@@ -347,8 +349,11 @@ def single_main(args, config: dict, algorithm: str, prepared) -> int:
 def sweep_main(args, config: dict, algorithm: str, prepared: list,
                grid: dict) -> int:
   """``--seeds`` / ``--sweep``: every member in one vmapped computation;
-  writes ``<out>/<member>/history.csv|json`` and ``accuracy.png``."""
+  writes the run in the one layout (``history.save_run``:
+  ``<out>/<member>/history.csv|json`` for several members),
+  ``summary.csv`` and ``accuracy.png``."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
   from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
   from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
   try:
@@ -357,14 +362,14 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
         progress=not args.no_progress)
   except sweep.UntraceableGridError as error:
     raise UsageError(f"--sweep: {error}") from None
-  histories, rows = {}, []
-  for member in members:
-    name = sweep.member_name(member.hparams, member.seed)
-    paths = member.history.save(os.path.join(args.out, name))
-    histories[name] = member.history
-    rows.append({"member": name, "hparams": member.hparams,
-                 "seed": member.seed, "final_test_accuracy":
-                 member.history.rows[-1].get("test_accuracy"), **paths})
+  histories = {sweep.member_name(member.hparams, member.seed):
+               member.history for member in members}
+  saved = history.save_run(args.out, histories)
+  rows = [{"member": name, "hparams": member.hparams, "seed": member.seed,
+           "final_test_accuracy": member.history.rows[-1].get(
+               "test_accuracy"), **saved[name]}
+          for (name, _), member in zip(histories.items(), members,
+                                       strict=True)]
   # One band per grid point: mean +- std over its seeds, and a summary CSV.
   by_point = {}
   for member in members:

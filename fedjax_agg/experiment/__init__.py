@@ -24,9 +24,12 @@ A config is a JSON-able dict::
   }
 
 Any "train" key can be overridden per algorithm (e.g. a different learning
-rate). ``run_config`` writes ``<out>/<algorithm>/seed<k>.csv|json``,
-``<out>/summary.json`` (per algorithm: final and best accuracy, rounds to
-target, mean ± std over seeds), ``<out>/curves.png`` and
+rate). ``run_config`` writes each algorithm as one run folder in the one
+layout of ``fedjax_agg.history`` (``<out>/<algorithm>/history.csv|json``
+for one seed, else ``<out>/<algorithm>/seed<k>/history.csv|json`` and
+``<out>/<algorithm>/summary.csv``), ``<out>/summary.json`` (per
+algorithm: final and best accuracy, rounds to target, mean ± std over
+seeds), ``<out>/curves.png`` and
 ``<out>/config.json`` (``run_record``: the config with every default
 written out, plus a "provenance" entry with the data source and sizes,
 every rule's full arguments, versions, devices and the command line; it
@@ -52,9 +55,10 @@ list (every public name is re-exported here):
 - ``_data``: reading a config (``load_config``, ``override``) and its
   data (``load_dataset``, ``partition_indices``, ``prepare_data``,
   ``plot_partition``).
-- ``_build``: one algorithm built (``seeds_of``, ``objective_of``,
-  ``rule_arguments``, ``build_rule``, ``run_privacy``, ``attack_update``,
-  ``run_arguments``).
+- ``_build``: one algorithm built (``build`` -> ``Built``: model, data,
+  rule and ``RunOptions``; ``seeds_of``, ``objective_of``,
+  ``rule_arguments``, ``build_rule``, ``run_privacy``,
+  ``attack_update``).
 - ``_checks_setting``: a config's errors (``ConfigError``,
   ``ConfigTypeError``), the checks of its setting (dataset, partition,
   model, train, seeds; ``TRAIN_CHECKS``) and the arguments of the
@@ -75,10 +79,11 @@ list (every public name is re-exported here):
   ``script_config``).
 """
 
+from fedjax_agg.experiment._build import build
 from fedjax_agg.experiment._build import build_rule
+from fedjax_agg.experiment._build import Built
 from fedjax_agg.experiment._build import objective_of
 from fedjax_agg.experiment._build import rule_arguments
-from fedjax_agg.experiment._build import run_arguments
 from fedjax_agg.experiment._build import seeds_of
 from fedjax_agg.experiment._build import TRAIN_DEFAULTS
 from fedjax_agg.experiment._checks import ALGORITHM_KEYS
@@ -138,17 +143,18 @@ from fedjax_agg.experiment._data import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from fedjax_agg.experiment._data import SUBSET_SOURCES as SUBSET_SOURCES
 from fedjax_agg.experiment._record import shown_path as shown_path
 
-__all__ = ["FEDDRL_MIN_AGENT_STEPS", "warn_short_feddrl", "ALGORITHM_KEYS",
-    "ConfigError", "ConfigTypeError", "check_algorithm_name", "objective_of",
-    "seeds_of",
-    "DATASET_DEFAULTS", "MODEL_KEYS", "PARTITION_KEYS",
-    "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "TOP_KEYS", "TRAIN_CHECKS",
-    "TRAIN_DEFAULTS", "build_rule", "check_config", "check_output_dir",
-    "config_path", "describe_data", "describe_parameters", "environment",
-    "load_config", "load_dataset", "model_parameters", "model_takes_options",
-    "output_names", "override", "parse_sets", "partition_indices",
-    "partition_parameters", "plot_partition", "prepare_data", "resolve_config",
-    "rule_arguments", "run_algorithm", "run_arguments", "run_config",
-    "run_record", "script_config", "script_parser", "setting_title",
-    "summarize", "sweep_algorithm", "takes_any_keyword", "write_run_config",
-    "write_summary_csv"]
+__all__ = ["ALGORITHM_KEYS", "build", "build_rule", "Built",
+           "check_algorithm_name", "check_config", "check_output_dir",
+           "config_path", "ConfigError", "ConfigTypeError", "DATASET_DEFAULTS",
+           "describe_data", "describe_parameters", "environment",
+           "FEDDRL_MIN_AGENT_STEPS", "load_config", "load_dataset",
+           "MODEL_KEYS", "model_parameters", "model_takes_options",
+           "objective_of", "output_names", "override", "parse_sets",
+           "partition_indices", "PARTITION_KEYS", "partition_parameters",
+           "plot_partition", "prepare_data", "resolve_config",
+           "rule_arguments", "run_algorithm", "run_config", "run_record",
+           "SCRIPT_ALGORITHM_KEYS", "script_config", "SCRIPT_KEYS",
+           "script_parser", "seeds_of", "setting_title", "summarize",
+           "sweep_algorithm", "takes_any_keyword", "TOP_KEYS", "TRAIN_CHECKS",
+           "TRAIN_DEFAULTS", "warn_short_feddrl", "write_run_config",
+           "write_summary_csv"]

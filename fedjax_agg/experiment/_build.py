@@ -1,13 +1,17 @@
-"""One algorithm of an experiment config, built: its rules' full arguments,
-its aggregator and local objective, its privacy accounting, its attacked
-local update and the rest of ``simulation.run``'s arguments.
+"""One algorithm of an experiment config, built (``build`` -> ``Built``):
+its model, data, aggregator and ``RunOptions`` (training with its local
+objective, its client side or attacked local update, its privacy
+accounting, evaluation, systems, the recorded config), and the rules'
+full arguments. Every entry point that runs a config goes through
+``build``: the command line, ``run_config`` and the ``experiments/``
+scripts.
 
 Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 """
 
 import dataclasses
 import inspect
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
@@ -23,6 +27,9 @@ from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.config import Privacy
 from fedjax_agg.config import Systems
+from fedjax_agg.federated import FederatedData
+from fedjax_agg.options import RunOptions
+from fedjax_agg.types import Aggregator, Model
 
 
 # The train keys and defaults come from the typed spec (one name and one
@@ -181,10 +188,45 @@ def build_rule(config: dict, algorithm: str, num_clients: int,
   return aggregator, objectives.get(objective_name, **objective_args)
 
 
-def run_arguments(config: dict, algorithm: str, prepared) -> dict:
-  """``simulation.run``'s arguments for one algorithm of ``config`` on
-  ``prepare_data``'s result, all but the aggregator, objective, seed,
-  progress and checkpoints (also ``sweep.run_sweep``'s)."""
+class Built(NamedTuple):
+  """One algorithm of a config, built for a run of one seed::
+
+    built = experiment.build(config, "FedAvg", prepare_data(config, seed))
+    simulation.run(*built, seed=seed)
+
+  Attributes:
+    model: the network (the config's "model", the algorithm's
+      "model_args").
+    data: the prepared ``FederatedData`` (``prepare_data``; its provenance
+      is ``describe_data``'s).
+    test_data: (x, y).
+    aggregator: the server rule at the config's arguments.
+    options: everything else (``options.RunOptions``): rounds,
+      participation, training with the algorithm's objective, execution,
+      evaluation (with an attack's scored sets), the client side or the
+      attacked local update, privacy, systems and the recorded config.
+  """
+  model: Model
+  data: FederatedData
+  test_data: tuple[Any, Any]
+  aggregator: Aggregator
+  options: RunOptions
+
+
+def build(config: dict, algorithm: str, prepared, *, aggregator=None,
+          progress: bool = False, devices: Any = "config") -> Built:
+  """Builds one algorithm of ``config`` on ``prepare_data``'s result.
+
+  Args:
+    config: a checked experiment config.
+    algorithm: a key of ``config["algorithms"]``.
+    prepared: ``prepare_data(config, seed)``.
+    aggregator: a ready rule instead of the one the algorithm names (e.g.
+      built from a pre-trained state); everything else from ``config``.
+    progress: show a progress bar.
+    devices: ``Execution.devices``; "config": the config's
+      "train.devices".
+  """
   train = _train_config(config, algorithm)
   data, test, num_classes, input_shape, _, _ = prepared
   mcfg = config["model"]
@@ -193,30 +235,44 @@ def run_arguments(config: dict, algorithm: str, prepared) -> dict:
                          **mcfg.get("args", {}),
                          **config["algorithms"][algorithm].get("model_args",
                                                                {})})
-  local_steps_fn = None
-  if train["stragglers"]:
-    from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
-    local_steps_fn = stragglers.stragglers(train["stragglers"],
-                                           train["local_epochs"])
-  optimizer = client_optimizer(train["optimizer"], train["momentum"],
-                               train["weight_decay"])
-  training = LocalTraining(
-      epochs=train["local_epochs"], batch_size=train["batch_size"],
-      learning_rate=train["learning_rate"], optimizer=optimizer,
-      compute_losses=train["compute_losses"], steps_fn=local_steps_fn)
-  return dict(
-      model=model, data=data, test_data=test, num_rounds=train["rounds"],
-      participation=train["participation"], training=training,
-      execution=Execution(clients_per_step=train["clients_per_step"] or None),
+  rule, objective = build_rule(config, algorithm, data.num_clients,
+                               aggregator=aggregator)
+  execution = Execution(
+      clients_per_step=train["clients_per_step"] or None, progress=progress,
+      devices=train["devices"] if devices == "config" else devices)
+  training = _training(train, objective)
+  options = RunOptions(
+      num_rounds=train["rounds"], participation=train["participation"],
+      training=training, execution=execution,
       evaluation=Evaluation(every=train["eval_every"],
                             clients=train["eval_clients"],
                             personalized=train["personalized"],
                             finetune_steps=train["finetune_steps"],
                             extra=attack_eval_sets(config, test)),
+      local_update=local_update(config, algorithm, model, training,
+                                execution, data.num_clients),
+      privacy=run_privacy(config, algorithm),
       systems=(None if config.get("systems") is None
                else Systems(**config["systems"])),
       config={"experiment": config.get("name"), "algorithm": algorithm,
               **{f"train.{k}": v for k, v in train.items()}})
+  return Built(model, data, test, rule, options)
+
+
+def _training(train: dict, objective) -> LocalTraining:
+  """The clients' training of a resolved "train" block."""
+  steps_fn = None
+  if train["stragglers"]:
+    from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
+    steps_fn = stragglers.stragglers(train["stragglers"],
+                                     train["local_epochs"])
+  return LocalTraining(
+      epochs=train["local_epochs"], batch_size=train["batch_size"],
+      learning_rate=train["learning_rate"],
+      optimizer=client_optimizer(train["optimizer"], train["momentum"],
+                                 train["weight_decay"]),
+      compute_losses=train["compute_losses"], steps_fn=steps_fn,
+      objective=objective)
 
 
 def attack_eval_sets(config: dict, test) -> tuple:

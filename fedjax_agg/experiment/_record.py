@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from fedjax_agg import attacks
 from fedjax_agg import data as data_lib
+from fedjax_agg import history as history_lib
 from fedjax_agg import jsonio
 from fedjax_agg import spec as spec_lib
 from fedjax_agg.experiment._build import _defaults
@@ -208,7 +209,7 @@ def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
   Args:
     path: the output folder.
     names: the files that will be written there, relative to ``path``
-      (e.g. "history.csv", "FedAvg/seed0.json").
+      (e.g. "history.csv", "FedAvg/seed0/history.json").
 
   Returns:
     ``path``.
@@ -249,9 +250,14 @@ def output_names(config: dict, algorithms: Optional[Sequence[str]] = None
                  ) -> list[str]:
   """The files ``run_config`` writes into its output folder."""
   names = ["config.json", "summary.json", "curves.png", "partition.png"]
+  seeds = seeds_of(config)
   for algorithm in algorithms or list(config["algorithms"]):
-    for seed in seeds_of(config):
-      names += [f"{algorithm}/seed{seed}.csv", f"{algorithm}/seed{seed}.json"]
+    if len(seeds) > 1:
+      names.append(f"{algorithm}/summary.csv")
+    for seed in seeds:
+      folder = history_lib.member_folder(algorithm, f"seed{seed}",
+                                         len(seeds))
+      names += [f"{folder}/history.csv", f"{folder}/history.json"]
   return names
 
 

@@ -26,11 +26,9 @@ from fedjax_agg import sweep
 from fedjax_agg.config import Checkpointing
 from fedjax_agg.experiment._build import _parameters
 from fedjax_agg.experiment._build import _train_config
+from fedjax_agg.experiment._build import build
 from fedjax_agg.experiment._build import build_rule
-from fedjax_agg.experiment._build import local_update
 from fedjax_agg.experiment._build import objective_of
-from fedjax_agg.experiment._build import run_arguments
-from fedjax_agg.experiment._build import run_privacy
 from fedjax_agg.experiment._build import seeds_of
 from fedjax_agg.experiment._checks import check_config
 from fedjax_agg.experiment._checks import ConfigError
@@ -53,20 +51,12 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
 
   ``aggregator``, when given, replaces the one the algorithm's spec names
   (e.g. a rule built from a pre-trained state); everything else still
-  comes from ``config``. ``checkpoint_dir``, ``checkpoint_every`` and
-  ``resume``: ``config.Checkpointing``; ``callbacks``: see
-  ``simulation.run``.
+  comes from ``config`` (``build``). ``checkpoint_dir``,
+  ``checkpoint_every`` and ``resume``: ``config.Checkpointing``;
+  ``callbacks``: see ``simulation.run``.
   """
-  arguments = run_arguments(config, algorithm,
-                            prepared or prepare_data(config, seed))
-  built, objective = build_rule(config, algorithm,
-                                arguments["data"].num_clients,
-                                aggregator=aggregator)
-  arguments["training"] = dataclasses.replace(arguments["training"],
-                                              objective=objective)
-  arguments["execution"] = dataclasses.replace(
-      arguments["execution"], progress=progress,
-      devices=_train_config(config, algorithm)["devices"])
+  built = build(config, algorithm, prepared or prepare_data(config, seed),
+                aggregator=aggregator, progress=progress)
   checkpointing = None
   if checkpoint_dir is not None:
     checkpointing = Checkpointing(checkpoint_dir, checkpoint_every, resume)
@@ -74,13 +64,9 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
     raise ValueError("checkpoint_every / resume need checkpoint_dir (where "
                      "the checkpoints are)")
   warn_short_feddrl(config, algorithm)
-  arguments["local_update"] = local_update(
-      config, algorithm, arguments["model"], arguments["training"],
-      arguments["execution"], arguments["data"].num_clients)
-  return simulation.run(aggregator=built, seed=seed,
-                        checkpointing=checkpointing,
-                        callbacks=list(callbacks) + stopping_callbacks(config),
-                        privacy=run_privacy(config, algorithm), **arguments)
+  return simulation.run(
+      *built[:4], built.options.replace(checkpointing=checkpointing),
+      seed=seed, callbacks=list(callbacks) + stopping_callbacks(config))
 
 
 def stopping_callbacks(config: dict) -> list:
@@ -139,17 +125,12 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
   if len(prepared) != len(seeds):
     raise ValueError(f"prepared must hold one prepare_data result per seed "
                      f"({len(seeds)}), got {len(prepared)}")
-  arguments = run_arguments(config, algorithm, prepared[0])
-  num_clients = arguments["data"].num_clients
-  arguments["data"] = [p[0] for p in prepared]
   # Members are sharded over devices: "train.devices" when set (it must
   # divide the member count), else the most devices that divide it.
   members = len(seeds) * len(sweep.grid_points(grid))
   devices = _train_config(config, algorithm)["devices"]
   if devices is None:
     devices = math.gcd(members, len(jax.devices()))
-  arguments["execution"] = dataclasses.replace(
-      arguments["execution"], progress=progress, devices=devices)
   if config.get("attack") is not None:
     # One attacked local update for every member: its objective is the
     # algorithm's own, so a grid may not change the objective.
@@ -160,20 +141,20 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
       raise ConfigError("attack", f"attack: a sweep over objective "
                         f"arguments {sorted(swept)} cannot share one "
                         "attacked local update; run them one at a time")
-  if config.get("attack") is not None or config["algorithms"][algorithm].get(
-      "client") is not None:
-    _, objective = build_rule(config, algorithm, num_clients)
-    arguments["local_update"] = local_update(
-        config, algorithm, arguments["model"], dataclasses.replace(
-            arguments["training"], objective=objective),
-        dataclasses.replace(arguments["execution"], devices=1), num_clients)
-  privacy = run_privacy(config, algorithm)
-  if privacy is not None:  # each member's from its rule (a grid may set z)
-    privacy = dataclasses.replace(privacy, noise_multiplier=None)
+  # The members' shared local update is built on one device.
+  built = build(config, algorithm, prepared[0], progress=progress,
+                devices=1)
+  options = built.options.replace(execution=dataclasses.replace(
+      built.options.execution, devices=devices))
+  if options.privacy is not None:  # each member's from its rule
+    options = options.replace(privacy=dataclasses.replace(
+        options.privacy, noise_multiplier=None))
+  num_clients = built.data.num_clients
   return sweep.run_sweep(
       lambda hparams: build_rule(config, algorithm, num_clients, hparams),
-      grid, seeds=seeds, privacy=privacy,
-      callbacks=lambda member: stopping_callbacks(config), **arguments)
+      grid, seeds=seeds, model=built.model, data=[p[0] for p in prepared],
+      test_data=built.test_data, options=options,
+      callbacks=lambda member: stopping_callbacks(config))
 
 
 def write_summary_csv(summary: dict, path: str) -> str:
@@ -233,6 +214,10 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
 
   The config and the output folder are checked before the data is read;
   ``config.json`` (``write_run_config``) is written before the first round.
+  Each algorithm is a run of one member per seed, in the one layout
+  (``history``): ``<out_dir>/<algorithm>/history.csv|json`` for one seed,
+  else ``<out_dir>/<algorithm>/seed<k>/history.csv|json`` and
+  ``<out_dir>/<algorithm>/summary.csv``.
 
   ``checkpoint_every`` > 0 checkpoints each run every this many rounds in
   ``<out_dir>/checkpoints/<algorithm>/seed<k>``; ``resume`` continues the
@@ -258,15 +243,47 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
     raise ValueError(f"algorithms {unknown} are not in the config's "
                      f"{sorted(config['algorithms'])}")
   check_output_dir(out_dir, output_names(config, names))
-  seeds = list(seeds_of(config))
   dataset = load_dataset(config)
   write_run_config(out_dir, config, dataset=dataset, algorithms=names,
                    execution={"out_dir": shown_path(out_dir),
                               "vmap_seeds": vmap_seeds,
                               "checkpoint_every": checkpoint_every,
                               "resume": resume})
+  histories = (_vmapped_seeds if vmap_seeds else _seeds_in_turn)(
+      config, names, out_dir, dataset, progress,
+      (checkpoint_every, resume))
+  summary = summarize(histories, config.get("target_accuracy"))
+  jsonio.dump_json({"name": config.get("name"), "algorithms": summary},
+                   os.path.join(out_dir, "summary.json"))
+  if len(seeds_of(config)) > 1:
+    for name in names:
+      write_summary_csv({name: summary[name]},
+                        os.path.join(out_dir, name, "summary.csv"))
+  title = setting_title(config)
+  if config.get("name"):
+    title = f"{config['name']}: {title}"
+  plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
+                            title=title)
+  return summary
+
+
+def _saved(config, out_dir, name, seed, history, progress, how=""):
+  """Writes one seed's history of algorithm ``name`` (the one layout)."""
+  seeds = seeds_of(config)
+  history.save(history_lib.member_folder(os.path.join(out_dir, name),
+                                         f"seed{seed}", len(seeds)))
+  if progress:
+    print(f"{config.get('name')} {name} seed {seed}{how}: final acc "
+          f"{history.rows[-1].get('test_accuracy')}", flush=True)
+  return history
+
+
+def _seeds_in_turn(config, names, out_dir, dataset, progress, checkpoints):
+  """Every seed, then every algorithm, one run at a time."""
+  checkpoint_every, resume = checkpoints
   histories = {name: [] for name in names}
-  for seed in [] if vmap_seeds else seeds:
+  seeds = seeds_of(config)
+  for seed in seeds:
     prepared = prepare_data(config, seed, dataset)
     if seed == seeds[0]:
       plot_partition(prepared, os.path.join(out_dir, "partition.png"))
@@ -279,30 +296,20 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
                              checkpoint_dir=checkpoint_dir,
                              checkpoint_every=checkpoint_every,
                              resume=resume)
-      result.history.save(os.path.join(out_dir, name), f"seed{seed}")
-      histories[name].append(result.history)
-      if progress:
-        print(f"{config.get('name')} {name} seed {seed}: final acc "
-              f"{result.history.rows[-1].get('test_accuracy')}", flush=True)
-  if vmap_seeds:
-    prepared = [prepare_data(config, seed, dataset) for seed in seeds]
-    plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
-    for name in names:
-      for member in sweep_algorithm(config, name, seeds, prepared,
-                                    progress=progress):
-        member.history.save(os.path.join(out_dir, name),
-                            f"seed{member.seed}")
-        histories[name].append(member.history)
-        if progress:
-          print(f"{config.get('name')} {name} seed {member.seed} (vmapped): "
-                f"final acc {member.history.rows[-1].get('test_accuracy')}",
-                flush=True)
-  summary = summarize(histories, config.get("target_accuracy"))
-  jsonio.dump_json({"name": config.get("name"), "algorithms": summary},
-                   os.path.join(out_dir, "summary.json"))
-  title = setting_title(config)
-  if config.get("name"):
-    title = f"{config['name']}: {title}"
-  plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
-                            title=title)
-  return summary
+      histories[name].append(_saved(config, out_dir, name, seed,
+                                    result.history, progress))
+  return histories
+
+
+def _vmapped_seeds(config, names, out_dir, dataset, progress, checkpoints):
+  """Every algorithm's seeds as one vmapped sweep."""
+  del checkpoints  # refused with vmap_seeds
+  prepared = [prepare_data(config, seed, dataset)
+              for seed in seeds_of(config)]
+  plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
+  return {name: [_saved(config, out_dir, name, member.seed, member.history,
+                        progress, " (vmapped)")
+                 for member in sweep_algorithm(config, name,
+                                               seeds_of(config), prepared,
+                                               progress=progress)]
+          for name in names}

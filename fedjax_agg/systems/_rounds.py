@@ -49,6 +49,23 @@ def _clock_columns(plan, r: int) -> dict:
           "dropped": int(plan.dropped[r])}
 
 
+def _zeroed_columns(num_rounds: int, width: int, row_dtypes: tuple,
+                    round_dtypes: tuple) -> list:
+  """A plan's arrays before its rounds fill them in.
+
+  Args:
+    num_rounds: R.
+    width: M, the cohort rows of a round.
+    row_dtypes: the dtype of each [R, M] array, in order.
+    round_dtypes: the dtype of each [R] array, in order.
+
+  Returns:
+    Zeroed arrays: the [R, M] ones, then the [R] ones.
+  """
+  return ([np.zeros((num_rounds, width), dtype) for dtype in row_dtypes]
+          + [np.zeros(num_rounds, dtype) for dtype in round_dtypes])
+
+
 def plan_rounds(system: _sync.System, order: Callable[[int], np.ndarray],
                 num_rounds: int, cohort_size: int, *,
                 over_selection: float = 0.0,
@@ -68,12 +85,9 @@ def plan_rounds(system: _sync.System, order: Callable[[int], np.ndarray],
     The ``RoundPlan``; M = ceil(m (1 + over_selection)).
   """
   width = _sync.num_selected(cohort_size, over_selection)
-  ids = np.zeros((num_rounds, width), np.int32)
-  mask = np.zeros((num_rounds, width), np.float32)
-  end = np.zeros(num_rounds)
-  dropped = np.zeros(num_rounds, np.int64)
-  up = np.zeros(num_rounds, np.int64)
-  down = np.zeros(num_rounds, np.int64)
+  ids, mask, end, dropped, up, down = _zeroed_columns(
+      num_rounds, width, row_dtypes=(np.int32, np.float32),
+      round_dtypes=(np.float64, np.int64, np.int64, np.int64))
   up_bytes = np.asarray(system.workload.up_bytes, np.int64)
   down_bytes = np.asarray(system.workload.down_bytes, np.int64)
   t = 0.0
@@ -152,14 +166,9 @@ def plan_async(system: _sync.System, num_steps: int, concurrency: int,
   if up_bytes.ndim or down_bytes.ndim:
     raise ValueError("system.workload: plan_async needs one up_bytes and "
                      "one down_bytes for every client (scalars)")
-  ids = np.zeros((num_steps, buffer_size), np.int32)
-  versions = np.zeros((num_steps, buffer_size), np.int32)
-  staleness = np.zeros((num_steps, buffer_size), np.int32)
-  times = np.zeros(num_steps)
-  dropped = np.zeros(num_steps, np.int64)
-  stale = np.zeros(num_steps, np.int64)
-  arrived = np.zeros(num_steps, np.int64)
-  started = np.zeros(num_steps, np.int64)
+  ids, versions, staleness, times, dropped, stale, arrived, started = (
+      _zeroed_columns(num_steps, buffer_size, row_dtypes=(np.int32,) * 3,
+                      round_dtypes=(np.float64,) + (np.int64,) * 4))
   for r in range(num_steps):
     step = schedule.next_step()
     ids[r], versions[r] = step.client_ids, step.start_versions

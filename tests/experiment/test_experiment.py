@@ -44,8 +44,11 @@ def test_run_config_summary_matches_saved_histories(has_fashion, tmp_path):
   summary = experiment.run_config(CONFIG, str(tmp_path), progress=False)
   assert set(summary) == {"FedAvg", "FedProx", "FedAdp"}
   for name, entry in summary.items():
-    finals = [pd.read_csv(tmp_path / name / f"seed{s}.csv")[
+    finals = [pd.read_csv(tmp_path / name / f"seed{s}" / "history.csv")[
         "test_accuracy"].iloc[-1] for s in (0, 1)]
+    # The one layout: a member folder per seed, the run's summary.csv.
+    assert pd.read_csv(tmp_path / name / "summary.csv")[
+        "final_test_accuracy_mean"].iloc[0] == pytest.approx(np.mean(finals))
     np.testing.assert_allclose(entry["final_test_accuracy"], finals)
     np.testing.assert_allclose(entry["final_test_accuracy_mean"],
                                np.mean(finals))
@@ -170,7 +173,7 @@ def test_run_config_checks_the_output_folder_before_the_data(tmp_path,
     raise AssertionError("the data must not be read")
   # run_config looks the name up in its own submodule.
   monkeypatch.setattr(_runs, "load_dataset", never)
-  (tmp_path / "FedAdp").write_text("")  # where seed0.csv must go
+  (tmp_path / "FedAdp").write_text("")  # the FedAdp run's folder
   with pytest.raises(ValueError, match="FedAdp is a file"):
     experiment.run_config(MNIST_5K, str(tmp_path), progress=False)
   with pytest.raises(ValueError, match="algorithms \\['Nope'\\]"):
