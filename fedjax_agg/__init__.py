@@ -1,15 +1,36 @@
 """fedjax_agg: federated learning simulation and aggregation rules in JAX.
 
-Packages by layer (each imports only from the layers below it):
+Modules by layer (each imports only from the layers below it):
 
-* contracts and shared math: ``types``, ``config``, ``checks``,
-  ``tree_math``, ``registry``;
-* rules: ``aggregators``, ``objectives``, ``clients`` (every client-side
-  algorithm, ADCT's tuning included), ``attacks``;
-* data: ``data``, ``partitions``, ``federated``, ``validation``;
-* local training: ``engine``; one round: ``rounds``;
-* drivers: ``simulation`` (the round loop), ``sweep``, ``drivers`` (ADCT,
-  FedDRL's two-stage training), ``experiment`` and the CLI.
+* contracts and shared math: ``fedjax_agg.types``, ``fedjax_agg.config``,
+  ``fedjax_agg.checks``, ``fedjax_agg.tree_math``,
+  ``fedjax_agg.update_stats``, ``fedjax_agg.registry``,
+  ``fedjax_agg.jsonio``;
+* rules: ``fedjax_agg.aggregators``, ``fedjax_agg.objectives``,
+  ``fedjax_agg.clients`` (every client-side algorithm, ADCT's tuning
+  included), ``fedjax_agg.attacks``, ``fedjax_agg.privacy``, and
+  ``fedjax_agg.testing`` (the conformance checks of a rule);
+* models: ``fedjax_agg.models`` (``fedjax_agg.models.networks``,
+  ``fedjax_agg.models.layers``);
+* data: ``fedjax_agg.data``, ``fedjax_agg.partitions``,
+  ``fedjax_agg.federated``, ``fedjax_agg.validation``;
+* local training and rounds: ``fedjax_agg.engine``, ``fedjax_agg.rounds``,
+  ``fedjax_agg.evaluation``, ``fedjax_agg.history``,
+  ``fedjax_agg.sampling``, ``fedjax_agg.stragglers``,
+  ``fedjax_agg.distributed``;
+* systems: ``fedjax_agg.systems``, ``fedjax_agg.compression``,
+  ``fedjax_agg.clock``, ``fedjax_agg.fedbuff``, ``fedjax_agg.secagg``;
+* drivers: ``fedjax_agg.options``, ``fedjax_agg.loop`` (the one round
+  loop), ``fedjax_agg.runner``, ``fedjax_agg.round_forms``,
+  ``fedjax_agg.simulation`` (``run``), ``fedjax_agg.sweep``,
+  ``fedjax_agg.drivers`` (``fedjax_agg.drivers.adct``,
+  ``fedjax_agg.drivers.feddrl_two_stage``), ``fedjax_agg.spec``,
+  ``fedjax_agg.experiment``, ``fedjax_agg.checkpoint``,
+  ``fedjax_agg.fingerprint``, ``fedjax_agg.locks``,
+  ``fedjax_agg.plotting`` and the command line, ``fedjax_agg.cli``.
+
+.. include:: ../README.md
+   :end-before: ## Performance
 """
 
 from fedjax_agg.config import Checkpointing

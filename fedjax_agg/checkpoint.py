@@ -90,8 +90,13 @@ __all__ = ["CheckpointError", "CheckpointMismatchError",
     "data_fingerprint", "describe", "open_run", "spec_differences"]
 
 FORMAT_VERSION = 1
+"""The version of the checkpoint layout written to ``meta``; a checkpoint
+of another version is refused on restore."""
 MAX_TO_KEEP = 2
+"""How many saved rounds a run's checkpoint directory keeps by default (the
+oldest are deleted)."""
 ITEMS = ("state", "history", "meta")
+"""The names of the orbax items written together for each saved round."""
 
 _log = logging.getLogger(__name__)
 
@@ -366,9 +371,12 @@ class RunCheckpointer:
     return self._manager.latest_step()
 
   def all_rounds(self) -> list[int]:
+    """The rounds of the checkpoints in the directory, in ascending order."""
     return sorted(self._manager.all_steps())
 
   def should_save(self, round_num: int, num_rounds: int) -> bool:
+    """Whether to save after round ``round_num`` of ``num_rounds``: every
+    ``every`` rounds and after the last one (never when ``every`` is 0)."""
     return self.every > 0 and (round_num % self.every == 0
                                or round_num == num_rounds)
 

@@ -63,9 +63,9 @@ __all__ = ["CODECS", "CODEC_STREAM", "Codec", "CompressionState",
            "rotate", "sign", "top_k", "uniform", "unrotate",
            "walsh_hadamard", "with_codec"]
 
-# fold_in data of the codec's key stream in the round: neither a client id
-# (< N) nor the attacks' stream (2^31 - 1), so training keys are unchanged.
 CODEC_STREAM = 2**31 - 2
+"""The ``fold_in`` data of the codecs' key stream in the round: neither a client
+id (< N) nor the attacks' stream (2^31 - 1), so training keys are unchanged."""
 
 
 class Codec(NamedTuple):
@@ -377,6 +377,8 @@ CODECS = Registry("codec", {
     "sign": sign,
     "hadamard": hadamard,
 })
+"""The update codecs by name: name -> factory of a ``Codec`` (``get`` builds
+one)."""
 
 
 def get(name: str, **kwargs) -> Codec:

@@ -39,7 +39,11 @@ __all__ = ["ACCOUNTANTS", "Checkpointing", "EvalSet", "Evaluation",
            "OPTIMIZERS", "Privacy", "SAMPLINGS", "Systems", "client_optimizer"]
 
 OptimizerFactory = Callable[..., optax.GradientTransformation]
+"""A client optimizer factory: ``f(learning_rate) ->
+optax.GradientTransformation`` (e.g. ``optax.sgd`` or what ``client_optimizer``
+returns)."""
 OPTIMIZERS = ("sgd", "adam")
+"""The client optimizer names ``client_optimizer`` takes."""
 
 
 def client_optimizer(name: str = "sgd", momentum: float = 0.0,
@@ -71,9 +75,9 @@ def client_optimizer(name: str = "sgd", momentum: float = 0.0,
     return optax.chain(optax.add_decayed_weights(weight_decay, mask=decays),
                        base)
   return make
-# (key, full_steps [K]) -> num_steps [K]: per-round local step budgets
-# (stragglers, unstable participation).
 LocalStepsFn = Callable[[PRNGKey, jax.Array], jax.Array]
+"""``(key, full_steps [K]) -> num_steps [K]``: per-round local step budgets
+(stragglers, unstable participation)."""
 # "auto": per-client losses only where the aggregator reads them.
 ComputeLosses = Union[bool, str]
 
@@ -356,7 +360,10 @@ class NonFinite:
 
 
 SAMPLINGS = ("without_replacement", "poisson")
+"""The cohort samplings ``Privacy.sampling`` may name: fixed-size cohorts drawn
+without replacement, or Poisson cohorts."""
 ACCOUNTANTS = ("rdp", "pld")
+"""The privacy accountants ``Privacy.accountant`` may name: RDP or PLD."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,8 +44,12 @@ __all__ = ["CLIENT_AXIS", "Devices", "available_cores", "client_mesh",
     "to_numpy", "use_all_cores", "use_cpu_devices"]
 
 CLIENT_AXIS = "clients"
+"""The default name of the mesh axis that carries a round's clients."""
 
 Devices = Union[None, int, Sequence[jax.Device], jax.sharding.Mesh]
+"""The devices a round runs on: None (all devices of the job), an int count (the
+first ones), a sequence of ``jax.Device`` or a ``jax.sharding.Mesh`` with a
+client axis (see ``client_mesh``)."""
 
 
 _HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"

@@ -47,10 +47,13 @@ class History:
   config: dict
 
   def to_dataframe(self):
+    """The rows as a pandas DataFrame: one row per round (needs pandas)."""
     import pandas as pd  # pylint: disable=g-import-not-at-top
     return pd.DataFrame(self.rows)
 
   def column(self, name: str) -> np.ndarray:
+    """Column ``name`` over the rows: ``[R + 1]`` float64, NaN for a row
+    without it (or with None)."""
     return np.array([np.nan if row.get(name) is None else row[name]
                      for row in self.rows], np.float64)
 
@@ -119,7 +122,9 @@ class HistoryWriter:
   Args:
     directory: where to write (created).
     config: the run's resolved config, written into ``history.json``.
-    every: rewrite every this many rounds (and at the end, via ``close``).
+    every: rewrite every this many rounds; ``close`` (which the round
+      loop calls when the run ends, also on an error) writes the rows of
+      the rounds since the last rewrite.
   """
 
   def __init__(self, directory: str, config: Optional[dict] = None,
@@ -128,6 +133,7 @@ class HistoryWriter:
     self.config = dict(config or {})
     self.every = every
     self.rows, self.client_rows = [], []
+    self._written = 0
 
   def __call__(self, row: dict, client: Optional[dict]) -> None:
     self.rows.append(row)
@@ -137,7 +143,15 @@ class HistoryWriter:
       self.flush()
 
   def flush(self) -> None:
+    """Rewrites ``history.csv|json`` in ``directory`` from the rows so
+    far."""
     History(self.rows, self.client_rows, self.config).save(self.directory)
+    self._written = len(self.rows)
+
+  def close(self) -> None:
+    """Writes the rows not written yet (none: nothing to do)."""
+    if self.rows and self._written != len(self.rows):
+      self.flush()
 
 
 class TensorBoardWriter:
@@ -167,6 +181,7 @@ class TensorBoardWriter:
       self._writer.add_scalar(name, float(value), step)
 
   def close(self) -> None:
+    """Flushes and closes the event file (the loop calls it at the end)."""
     self._writer.flush()
     self._writer.close()
 

@@ -21,8 +21,8 @@ from typing import Optional
 
 __all__ = ["FileLock", "LockedError", "LOCK_NAME"]
 
-# The lock file of a locked folder.
 LOCK_NAME = ".fedjax_agg.lock"
+"""The name of the lock file inside a locked folder."""
 
 
 class LockedError(RuntimeError):
@@ -65,6 +65,12 @@ class FileLock:
     return self._fd is not None
 
   def acquire(self) -> "FileLock":
+    """Takes the lock without waiting and returns self (a no-op when held).
+
+    Raises:
+      LockedError: another process holds it (the message names its owner
+        when ``record_owner``).
+    """
     if self._fd is not None:
       return self
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -87,6 +93,8 @@ class FileLock:
     return self
 
   def release(self) -> None:
+    """Releases the lock and closes the lock file (a no-op when not
+    held)."""
     if self._fd is None:
       return
     fd, self._fd = self._fd, None

@@ -62,15 +62,19 @@ __all__ = ["Callback", "Driver", "EarlyStopping", "MAX_SEED",
            "open_checkpoints", "seed_keys"]
 
 Callback = Callable[[dict, Optional[dict]], None]
+"""A round callback: ``callback(row, client_row)`` with the round's history
+row and its per-client arrays (None for round 0); see the module
+docstring for its optional methods."""
 
 
 class NonFiniteError(FloatingPointError):
   """A run met a non-finite value its ``config.NonFinite`` policy refuses."""
 
 
-# Seeds are 32-bit: ``jax.random.key`` keeps only the low 32 bits of a
-# larger one (2**32 + 5 would silently be seed 5) and overflows at 2**63.
 MAX_SEED = 2**32 - 1
+"""The largest seed a run takes. Seeds are 32-bit: ``jax.random.key`` keeps
+only the low 32 bits of a larger one (2**32 + 5 would silently be seed 5)
+and overflows at 2**63."""
 
 
 def seed_keys(seed: int) -> tuple[jax.Array, jax.Array]:
@@ -152,6 +156,8 @@ class Checkpoints:
     del row, client  # It saves whole rounds (after_round).
 
   def after_round(self, round_num: int, state, stopping: bool) -> None:
+    """Saves the run after round ``round_num`` when it is due, or when the
+    run ends there because callbacks asked (``stopping``)."""
     checkpointer = self.checkpointer
     if checkpointer.should_save(round_num, self.num_rounds) or (
         stopping and checkpointer.every > 0):
@@ -159,6 +165,7 @@ class Checkpoints:
                         *self.pack(self.rows, self.client_rows))
 
   def close(self) -> None:
+    """Releases the checkpointer (waits for its pending writes)."""
     self.checkpointer.close()
 
 
@@ -185,6 +192,7 @@ class PrivacyAccounting:
 
 
 def check_rounds(num_rounds) -> None:
+  """Refuses ``num_rounds`` unless it is an int >= 0 (ValueError)."""
   if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or (
       num_rounds < 0):
     raise ValueError(f"num_rounds must be an int >= 0, got {num_rounds!r}")
@@ -227,6 +235,9 @@ class Driver:
   stopped_at: Optional[int] = None
 
   def initial_rows(self, state, num_rounds: int) -> list[dict]:
+    """The round-0 rows, one per member: the initial models' test metrics
+    (and client losses if due), checked for non-finite values and handed
+    to the callbacks."""
     if self.progress:
       # The bar appears after the first evaluation; say what runs first.
       print("fedjax_agg: evaluating the initial model, then compiling the "
@@ -367,8 +378,9 @@ class Driver:
 
 
 
-# Whether a higher ("max") or lower ("min") metric is better.
 STOPPING_MODES = ("max", "min")
+"""The modes of ``EarlyStopping``: whether a higher ("max") or lower
+("min") metric is better."""
 
 
 class EarlyStopping:

@@ -37,13 +37,18 @@ __all__ = ["MEMBER_AXIS", "Round", "UntraceableGridError", "member",
            "vmapped"]
 
 MEMBER_AXIS = "members"
+"""The mesh axis name over which a sweep's stacked members are sharded."""
 
 
 def member(tree, index: int):
+  """Member ``index`` of a tree stacked over members: every leaf's
+  ``[index]`` entry along its leading axis."""
   return jax.tree.map(lambda leaf: leaf[index], tree)
 
 
 def stack(trees):
+  """The trees (same structure) stacked leaf by leaf along a new leading
+  member axis: leaves ``[S, ...]``."""
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
 

@@ -54,8 +54,8 @@ __all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "Member", "Plan",
            "UntraceableGridError", "execute", "parts", "resolve_privacy",
            "stack_data"]
 
-# The grid name that also sets the members' client learning rate.
 CLIENT_LEARNING_RATE = "learning_rate"
+"""The grid name that also sets the members' client learning rate."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)

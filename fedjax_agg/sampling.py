@@ -32,7 +32,12 @@ __all__ = ["AUTO_THRESHOLD", "METHODS", "poisson_capacity", "poisson_cohort",
     "resolve_method", "sample_without_replacement"]
 
 METHODS = ("auto", "permutation", "rejection")
+"""The cohort samplers ``sample_without_replacement`` takes (see the module
+docstring)."""
 AUTO_THRESHOLD = 2 ** 16
+"""With ``method="auto"``, populations of at most this many clients (or
+cohorts of more than half the population) use the permutation sampler,
+larger ones rejection."""
 
 
 def _check(num_clients, cohort_size, method):

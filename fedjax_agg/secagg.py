@@ -103,14 +103,14 @@ from fedjax_agg.types import (Aggregator, ClientInfo, INFO_AXES, PRNGKey,
 __all__ = ["MAX_SUMMANDS", "SECAGG_STREAM", "SecAggStats", "decode",
            "encode", "levels", "modular_sum", "secure_aggregation"]
 
-# fold_in data of the rounding keys in the round's aggregation key: neither
-# a client id (< N), nor the streams of the attacks (2^31 - 1) and codecs
-# (2^31 - 2).
 SECAGG_STREAM = 2**31 - 3
+"""The ``fold_in`` data of the rounding keys in the round's aggregation key:
+neither a client id (< N), nor the streams of the attacks (2^31 - 1) and codecs
+(2^31 - 2)."""
 
-# The most rows ``modular_sum`` sums exactly: K sums of 16-bit halves
-# (at most 65535 each) stay below 2^31.
 MAX_SUMMANDS = 2**15
+"""The most rows ``modular_sum`` sums exactly: K sums of 16-bit halves (at most
+65535 each) stay below 2^31."""
 
 
 

@@ -33,6 +33,14 @@ __all__ = ["Callback", "Driver", "MAX_SEED", "NonFiniteError", "RunResult",
 
 
 class RunResult(NamedTuple):
+  """What ``run`` returns.
+
+  Attributes:
+    history: the run's ``History`` (one row per round, row 0 the initial
+      model, plus the per-round client arrays).
+    state: the final ``rounds.ServerState`` (global params, aggregator and
+      client state, round counter, key).
+  """
   history: History
   state: rounds.ServerState
 

@@ -31,13 +31,16 @@ __all__ = ["ADVERSARY_MODES", "AlgorithmSpec", "AttackSpec", "DataSpec",
            "SCRIPT_KEYS", "SECTIONS", "SystemsSpec", "TrainSpec", "defaults",
            "flags", "keys"]
 
-# Who is malicious in an attacked run (``fedjax_agg.attacks``).
 ADVERSARY_MODES = ("per_round", "fixed")
-# Keys that scripts of experiments/ read and the runner passes over: the
-# FedLap script's "report_rounds" and "early_rounds", the FedDRL script's
-# "reference" (top level) and "two_stage" (per algorithm).
+"""Who is malicious in an attacked run (``fedjax_agg.attacks``): a new draw from
+each round's cohort ("per_round") or a set fixed once ("fixed")."""
 SCRIPT_KEYS = ("report_rounds", "early_rounds", "reference")
+"""Top-level keys that scripts of experiments/ read and the runner passes over:
+the FedLap script's "report_rounds" and "early_rounds", the FedDRL script's
+"reference"."""
 SCRIPT_ALGORITHM_KEYS = ("two_stage",)
+"""Per-algorithm keys that scripts of experiments/ read and the runner passes
+over: the FedDRL script's "two_stage"."""
 
 
 class Flag(NamedTuple):
@@ -461,6 +464,7 @@ SECTIONS = {"dataset": DataSpec, "partition": PartitionSpec,
             "algorithms": AlgorithmSpec, "attack": AttackSpec,
             "privacy": PrivacySpec, "systems": SystemsSpec,
             "early_stopping": EarlyStoppingSpec}
+"""A config's sections by key: key -> the spec class of that block."""
 
 
 def _build(cls, path: str, mapping: Mapping):

@@ -28,6 +28,8 @@ __all__ = ["UNITS", "num_stragglers", "straggler_mask", "straggler_steps",
     "stragglers"]
 
 UNITS = ("epochs", "steps")
+"""The units in which a straggler's work is drawn: whole "epochs" or
+minibatch "steps"."""
 
 
 def _check(fraction, num_epochs, unit):
@@ -89,8 +91,8 @@ def stragglers(fraction: float, num_epochs: int, unit: str = "epochs"
                ) -> Callable[[PRNGKey, jax.Array], jax.Array]:
   """``straggler_steps`` as a ``(key, full_steps) -> num_steps`` hook.
 
-  Pass it as ``local_steps_fn`` to ``simulation.make_round_fn`` / ``run``
-  (with the same ``num_epochs`` as their ``local_epochs``).
+  Pass it as ``LocalTraining.steps_fn`` (``fedjax_agg.config``), with the
+  same ``num_epochs`` as its ``epochs``.
   """
   _check(fraction, num_epochs, unit)
 

@@ -5,7 +5,7 @@ hyperparameters (FedAdp's alpha, FedNNNN's beta and gamma, FedProx's mu,
 FedLap's q, a server optimizer's learning rate, the client learning rate,
 ...). Their server states are stacked along a leading member axis [S, ...]
 and every round is ONE jitted call: ``jax.vmap`` over the members of the
-round that ``simulation.make_round_fn`` builds, with the members'
+round that ``rounds.make_round_fn`` builds, with the members'
 hyperparameters as traced scalars. Evaluation of the S global models is
 vmapped too.
 
@@ -64,9 +64,10 @@ __all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "SweepMember",
 
 HParams = dict[str, Any]
 Build = Callable[[HParams], Any]  # -> (Aggregator, LocalObjective | None)
-# One member's result: hparams (its grid point), seed, history (the
-# History ``simulation.run`` gives) and state (its final ServerState).
 SweepMember = runner.Member
+"""One member's result (``runner.Member``): ``hparams`` (its grid point),
+``seed``, ``history`` (the ``History`` that ``simulation.run`` gives) and
+``state`` (its final ``ServerState``)."""
 
 
 def grid_points(grid: Optional[Mapping[str, Sequence[float]]]

@@ -38,9 +38,10 @@ from fedjax_agg.types import Aggregator, ClientInfo, INFO_AXES, Params
 __all__ = ["DEFAULT_SHAPES", "check_aggregator", "client_info", "cohorts",
            "make_info", "make_params", "stacked_params"]
 
-# Two layers (kernel + bias each), a conv and a dense one.
 DEFAULT_SHAPES = {"conv": {"kernel": (3, 3, 1, 2), "bias": (2,)},
                   "dense": {"kernel": (5, 3), "bias": (3,)}}
+"""The default params shapes of the test helpers: two layers, a conv and a dense
+one, each a kernel and a bias."""
 
 
 def make_params(rng: np.random.Generator, shapes=None) -> Params:

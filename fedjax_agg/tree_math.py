@@ -45,10 +45,13 @@ __all__ = ["LayerStructure", "MaskedSums", "SAFE_PLAIN_SUM", "SumOfSquares",
 
 
 def tree_sub(a: Params, b: Params) -> Params:
+  """a - b, leaf by leaf (``optax.tree.sub``)."""
   return optax.tree.sub(a, b)
 
 
 def tree_scale(scalar, tree: Params) -> Params:
+  """scalar * tree, every leaf multiplied by ``scalar``
+  (``optax.tree.scale``)."""
   return optax.tree.scale(scalar, tree)
 
 
@@ -295,10 +298,10 @@ def sum_of_squares(x: jax.Array, axis=-1) -> SumOfSquares:
   return SumOfSquares(jnp.squeeze(scale, axis), scaled)
 
 
-# A plain sum of squares at or above this lost nothing to underflow that
-# matters (each square below float32's smallest normal, 1.2e-38, is at
-# most 1e-20 of it per million entries).
 SAFE_PLAIN_SUM = 2.0**-60
+"""The least plain sum of squares taken as exact: one at or above it lost
+nothing to underflow that matters (each square below float32's smallest
+normal, 1.2e-38, is at most 1e-20 of it per million entries)."""
 
 
 def from_plain_sum(total: jax.Array) -> SumOfSquares:

@@ -15,12 +15,22 @@ __all__ = ["AggregateFn", "Aggregator", "AggregatorState", "Batch",
     "PRNGKey", "Params", "StackedParams", "StreamingForm", "empty_init",
     "softmax_cross_entropy"]
 
-Params = Any  # A pytree of arrays (flax variables dict, possibly with stats).
-StackedParams = Any  # Same tree as Params, every leaf with a leading [K] axis.
+Params = Any
+"""A model's parameters: a pytree of arrays (a flax variables dict, possibly
+with batch statistics)."""
+StackedParams = Any
+"""The same tree as ``Params`` with a leading client axis: every leaf
+``[K, ...]``."""
 PRNGKey = jax.Array
+"""A JAX PRNG key (``jax.random.key`` or a legacy ``uint32[2]`` key)."""
 Metrics = Mapping[str, jax.Array]
-Batch = Mapping[str, jax.Array]  # {'x': [B, ...], 'y': [B], 'mask': [B]}
-AggregatorState = Any  # A NamedTuple (or pytree) of arrays of fixed shape.
+"""Named metrics of a step or a round: name to an array (mostly scalars)."""
+Batch = Mapping[str, jax.Array]
+"""One batch of examples: ``{'x': [B, ...], 'y': [B], 'mask': [B]}``, mask 1
+for a real example and 0 for padding."""
+AggregatorState = Any
+"""An aggregator's state: a NamedTuple (or pytree) of arrays of fixed shape,
+carried from round to round."""
 
 
 class ClientInfo(NamedTuple):
@@ -62,12 +72,19 @@ class ClientInfo(NamedTuple):
         loss_after=take(self.loss_after), num_steps=take(self.num_steps))
 
 
-# ``jax.vmap`` axes of a ClientInfo over its clients: the per-client fields
-# mapped, the round's ``round`` and ``key`` shared.
 INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None, 0)
+"""The ``jax.vmap`` axes of a ``ClientInfo`` over its clients: the per-client
+fields mapped over axis 0, the round's ``round`` and ``key`` shared."""
 
 
 class AggregateFn(Protocol):
+  """The signature of ``Aggregator.aggregate``.
+
+  ``aggregate(global_params, client_params, info, state)`` takes the global
+  model (``Params``), the K clients' models (``StackedParams``, ``[K, ...]``),
+  their ``ClientInfo`` and the rule's state, and returns ``(new_global,
+  new_state, metrics)``.
+  """
 
   def __call__(
       self, global_params: Params, client_params: StackedParams,

@@ -40,6 +40,8 @@ __all__ = ["CPU_CLIENT_CHUNK", "UpdateMoments", "update_cosines",
     "update_moments"]
 
 CPU_CLIENT_CHUNK = 4
+"""Clients per loop step on CPU when ``chunk`` is None (on accelerators the
+whole cohort is one step)."""
 
 
 def _chunk_width(chunk, num_clients: int) -> int:

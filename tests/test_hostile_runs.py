@@ -122,6 +122,24 @@ def test_an_unreachable_target_epsilon_is_refused_with_the_config():
                                            one_round * 2}))
 
 
+def test_a_dp_ftrl_target_is_checked_against_one_tree_node():
+  # DP-FTRL's first round is one node of its tree, each client once, with
+  # no amplification: the Gaussian mechanism's epsilon at z, which is far
+  # above DP-FedAvg's sampled first round at the same z.
+  node = privacy.tree_epsilons(1.0, np.arange(5)[None], delta=1e-5)[0]
+  sampled = privacy.epsilon(1.0, 1, num_clients=10, cohort_size=5,
+                            delta=1e-5)
+  assert sampled < node
+  ftrl = {"DP": {"aggregator": "dp_ftrl",
+                 "aggregator_args": {"noise_multiplier": 1.0}}}
+  target = (sampled + node) / 2  # the DP-FedAvg estimate would pass it
+  with pytest.raises(experiment.ConfigError, match="single round"):
+    experiment.check_config(_config(algorithms=ftrl,
+                                    privacy={"target_epsilon": target}))
+  experiment.check_config(_config(algorithms=ftrl,
+                                  privacy={"target_epsilon": node * 1.01}))
+
+
 # --------------------------------------------------------- names and paths
 
 

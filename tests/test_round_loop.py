@@ -175,6 +175,18 @@ def test_callbacks_write_the_history_as_the_run_goes(tmp_path):
   assert events and b"test_accuracy" in events[0].read_bytes()
 
 
+def test_the_loop_closes_callbacks_so_a_sparse_writer_keeps_every_row(
+    tmp_path):
+  data, x, y, _ = tiny_data()
+  writer = history_lib.HistoryWriter(str(tmp_path / "run"), every=3)
+  simulation.run(tiny_model(), data, (x, y), aggregators.fedavg(),
+                 num_rounds=4, training=TRAINING, execution=QUIET,
+                 callbacks=[writer])
+  # Rewrites at rounds 0 and 3; round 4 is written when the loop closes.
+  frame = pd.read_csv(tmp_path / "run" / "history.csv")
+  assert list(frame["round"]) == [0, 1, 2, 3, 4]
+
+
 def test_use_all_cores_gives_one_device_per_core_in_a_fresh_process(
     monkeypatch):
   code = ("from fedjax_agg import distributed\n"

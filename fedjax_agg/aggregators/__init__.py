@@ -24,7 +24,7 @@ Momentum, every
 server optimizer over one of them (FedOpt, FedAvgM, FedAdam, FedYogi,
 FedAdagrad), norm bounding, DP-FedAvg with a fixed clip norm and DP-FTRL
 (clipping is per client; both draw their noise once the sum is complete).
-``simulation.make_round_fn`` then aggregates on the fly and a round holds
+``rounds.make_round_fn`` then aggregates on the fly and a round holds
 ``clients_per_step`` client models, whatever K. The other rules need all K
 trained models at once, so their round holds the stacked [K, ...] client
 params (K x the model size, plus the rule's own temporaries of the same
@@ -124,10 +124,6 @@ __all__ = [
     "takes_num_clients", "trimmed_mean", "with_server_optimizer",
 ]
 
-# Every aggregator factory, by the name the CLI and the conformance suite use.
-# Factories are called with keyword arguments only; each has defaults for
-# every argument except the context ones: ``num_clients`` (rules with
-# per-client state) and FedACS's ``model``, ``x_eval``, ``y_eval``.
 REGISTRY = Registry("aggregator", {
     "fedavg": fedavg,
     "fedadp": fedadp,
@@ -155,6 +151,11 @@ REGISTRY = Registry("aggregator", {
     "fednova": fednova,
     "feddyn": feddyn,
 }, context=("num_clients", "model", "x_eval", "y_eval"))
+"""Every aggregator factory by the name the CLI and the conformance suite use:
+name -> factory of an ``Aggregator``. Factories are called with keyword
+arguments only; each has defaults for every argument except the context ones,
+which ``build`` passes only to the factories that declare them: ``num_clients``
+(rules with per-client state) and FedACS's ``model``, ``x_eval``, ``y_eval``."""
 
 
 def takes_num_clients(factory) -> bool:

@@ -69,7 +69,6 @@ __all__ = [
     "sign_flip", "with_attack",
 ]
 
-# Every attack factory, by the name the CLI uses (``--attack NAME``).
 REGISTRY = Registry("attack", {
     "label_flip": label_flip,
     "sign_flip": sign_flip,
@@ -81,6 +80,8 @@ REGISTRY = Registry("attack", {
     "inner_product": inner_product,
     "backdoor": backdoor,
 })
+"""Every attack factory by the name the CLI uses (``--attack NAME``): name ->
+factory of an ``Attack``."""
 
 
 def build(name: str, **kwargs) -> Attack:

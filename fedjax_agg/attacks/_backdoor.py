@@ -50,8 +50,10 @@ from fedjax_agg.federated import FederatedData
 __all__ = ["ATTACK_SUCCESS", "backdoor", "backdoor_eval_set", "stamp",
            "trigger_mask"]
 
-# The history column of a backdoor's attack success.
 ATTACK_SUCCESS = "attack_success"
+"""The history column of a backdoor's attack success (the ``EvalSet`` name of
+``backdoor_eval_set``): the fraction of triggered test examples of other
+labels that the global model classifies as the target."""
 
 
 def trigger_mask(example_shape, size: int) -> np.ndarray:

@@ -30,18 +30,21 @@ _DESCRIPTION = "Command line: run one configurable federated experiment."
 
 LISTS = ("aggregators", "objectives", "partitions", "models", "datasets",
          "attacks", "codecs", "profiles", "availability", "staleness")
+"""What ``--list WHAT`` can print: the families of registered names
+(aggregators, objectives, partitions, models, datasets, attacks, codecs, client
+profiles, availability models, staleness functions)."""
 
 
 def _dest(flag: str) -> str:
   return flag[2:].replace("-", "_")
 
 
-# The config flags, derived from the spec (``fedjax_agg.spec``): argparse
-# dest -> the config key its flag sets ("{algorithm}": the algorithm run),
-# in the order they apply (a name before its arguments, --seeds after
-# --seed).
 SPEC_FLAGS = spec_lib.flags()
+"""The config flags, derived from the spec (``spec.flags``): ``(config key,
+Flag)`` pairs, in the order they apply (a name before its arguments, --seed
+before --seeds); "{algorithm}" in a key stands for the algorithm run."""
 CONFIG_KEYS = {_dest(flag.name): key for key, flag in SPEC_FLAGS}
+"""argparse dest -> the config key its flag sets (from ``SPEC_FLAGS``)."""
 _KINDS = {_dest(flag.name): flag.kind for key, flag in SPEC_FLAGS}
 # The config's sections that are absent unless set (default None).
 _OPTIONAL_SECTIONS = tuple(
@@ -50,13 +53,14 @@ _OPTIONAL_SECTIONS = tuple(
     and f.default is None)
 # Flags whose name=value pairs are merged into the config's mapping.
 _PAIRS = tuple(dest for dest, kind in _KINDS.items() if kind == "pairs")
-# The flags of how a run is executed and written (not experiment settings:
-# config.json records them under provenance.execution).
 RUN_FLAGS = ("--config", "--algorithm", "--list", "--partition-plot",
              "--cpu-devices", "--distributed", "--coordinator-address",
              "--num-processes", "--process-id", "--sweep", "--out",
              "--no-progress", "--tensorboard", "--checkpoint-dir",
              "--checkpoint-every", "--resume")
+"""The flags of how a run is executed and written, the command line's own (not
+experiment settings: ``config.json`` records them under
+``provenance.execution``)."""
 
 
 def _arguments_of(dest: str) -> Optional[str]:

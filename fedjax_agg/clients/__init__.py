@@ -81,9 +81,6 @@ __all__ = [
     "select_configs", "summarize", "train_only", "uses_host_table",
 ]
 
-# The stateful client sides a config may name (``AlgorithmSpec.client``);
-# each is called with the run's model and training, and the config's
-# ``client_args``.
 REGISTRY = Registry("client", {
     "scaffold": scaffold,
     "fedbn": fedbn,
@@ -93,3 +90,6 @@ REGISTRY = Registry("client", {
     "fedrep": fedrep,
     "apfl": apfl,
 }, context=("model", "training"))
+"""The stateful client sides a config may name (``AlgorithmSpec.client``):
+name -> factory, called with the run's model and training (the context
+arguments) and the config's ``client_args``."""

@@ -59,8 +59,10 @@ from fedjax_agg import tree_math
 from fedjax_agg.validation import client_accuracies
 from fedjax_agg.types import LocalObjective, Model
 
-# Table 1, epochs-major: (learning rate, local epochs).
 DEFAULT_GRID = tuple((lr, e) for e in (1, 2) for lr in (1e-5, 1e-4, 1e-3))
+"""ADCT's default candidate configurations, the paper's Table 1: ``(learning
+rate, local epochs)`` pairs, epochs-major (learning rates 1e-5, 1e-4, 1e-3 with
+1 epoch, then with 2)."""
 THRESHOLD_MODES = ("mean", "absolute", "relative")
 ROUND_ONE = ("best", "first")
 TRIGGER_ACCURACIES = ("last", "global")

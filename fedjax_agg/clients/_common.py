@@ -36,6 +36,10 @@ class ClientOptions(NamedTuple):
             "chunk_loop": self.chunk_loop}
 
   def init_table(self, num_clients: int, shapes: Any) -> _table.Table:
+    """A per-client table of ``num_clients`` zero rows shaped like
+    ``shapes`` (one row per client id, none seen yet), kept where
+    ``placement`` and ``path`` say: in the server state or in host
+    memory."""
     return _table.init_table(num_clients, shapes, self.placement, self.path)
 
 

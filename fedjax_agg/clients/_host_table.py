@@ -111,10 +111,14 @@ class HostRows:
     self.store = store
 
   def tree_flatten(self):
+    """Pytree flattening: ``version`` is the child, the store the static
+    auxiliary data."""
     return (self.version,), self.store
 
   @classmethod
   def tree_unflatten(cls, store, children):
+    """Pytree unflattening: rebuilds the rows from ``store`` and
+    ``children = (version,)``."""
     return cls(children[0], store)
 
   @property

@@ -16,7 +16,11 @@ from fedjax_agg.data import _readers
 from fedjax_agg.registry import Registry
 
 ENV_VAR = "FEDJAX_AGG_DATA_DIR"
+"""The environment variable naming a directory searched for datasets (before the
+default ones)."""
 SOURCES = ("auto", "files", "tfds", "mnist_5k")
+"""The sources ``load`` takes: "auto" (try the others in order), "files", "tfds"
+and "mnist_5k"."""
 # Where Debian's dataset-* packages install their files.
 _SYSTEM_DATA_DIR = pathlib.Path("/usr/share/datasets")
 
@@ -87,7 +91,9 @@ REGISTRY = Registry("dataset name", {spec.name: spec for spec in (
     DatasetSpec("cifar10", 10, (32, 32, 3), "cifar10", "cifar10"),
     DatasetSpec("cifar100", 100, (32, 32, 3), "cifar100", "cifar100"),
 )})
+"""The known datasets by name: name -> ``DatasetSpec``; calling one loads it."""
 NAMES = REGISTRY.names
+"""The names of the registered datasets."""
 
 
 class _Unavailable(Exception):

@@ -26,6 +26,7 @@ from fedjax_agg.types import Aggregator, Model
 __all__ = ["ADCTMeasure", "ADCTRunResult", "MEASURE_ON", "run_adct"]
 
 MEASURE_ON = ("validation", "train", "server")
+"""The places ``ADCTMeasure.on`` may name for measuring client accuracy."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -68,12 +69,23 @@ class ADCTMeasure:
     return data
 
   def record(self) -> dict:
+    """The measurement settings (``measure_on``, ``validation_fraction``,
+    ``split_seed``) that ``run_adct`` adds to the run's config."""
     return {"measure_on": self.on,
             "validation_fraction": self.validation_fraction,
             "split_seed": self.split_seed}
 
 
 class ADCTRunResult(NamedTuple):
+  """What ``run_adct`` returns.
+
+  Attributes:
+    history: the run's ``History`` (the ``simulation.run`` columns plus the
+      per-client ADCT choices).
+    state: the final ``ServerState``.
+    adct_state: the ADCT clients' per-client state after the last round
+      (``state.client_state``).
+  """
   history: History
   state: ServerState
   adct_state: ADCTState

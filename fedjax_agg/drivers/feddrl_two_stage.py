@@ -44,7 +44,7 @@ class TwoStageResult(NamedTuple):
   Attributes:
     agent: the main agent's ``AgentState`` after the offline stage.
     buffer: the merged ``ReplayBuffer`` it was trained on.
-    workers: the workers' final ``simulation.ServerState``, stacked [m].
+    workers: the workers' final ``rounds.ServerState``, stacked [m].
     online_rewards: [R, m] each worker's reward per round (0 at round 1).
     online_train_loss: [R, m] each worker's mean local training loss.
     offline_critic_loss: [offline_calls] the main agent's mean TD loss per

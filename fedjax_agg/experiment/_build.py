@@ -32,9 +32,9 @@ from fedjax_agg.options import RunOptions
 from fedjax_agg.types import Aggregator, Model
 
 
-# The train keys and defaults come from the typed spec (one name and one
-# default per concept, ``fedjax_agg.spec``).
 TRAIN_DEFAULTS = spec_lib.defaults(spec_lib.TrainSpec)
+"""The defaults of a config's "train" block, from the typed spec (one name and
+one default per concept, ``fedjax_agg.spec``)."""
 # The defaults of a config's "attack" block (see ``_checks.ATTACK_KEYS``).
 # Client sides that set their own local objective (F_k plus their terms).
 OWN_OBJECTIVE_CLIENTS = ("scaffold", "feddyn")

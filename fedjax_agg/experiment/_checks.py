@@ -9,6 +9,8 @@ Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 import inspect
 import re
 
+import numpy as np
+
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
 from fedjax_agg import clients
@@ -53,9 +55,9 @@ from fedjax_agg.experiment._checks_setting import (
     partition_parameters as partition_parameters)
 
 
-# The keys of each part of a config (see ``fedjax_agg.experiment``);
-# "provenance" is what ``run_record`` adds to the configs it writes.
 TOP_KEYS = spec_lib.keys(spec_lib.Experiment)
+"""The top-level keys of a config (see ``fedjax_agg.experiment``); "provenance"
+is what ``run_record`` adds to the configs it writes."""
 # "attack": simulated malicious clients (``fedjax_agg.attacks``) in every
 # algorithm's runs: the attack's registered name and arguments, the
 # fraction of malicious clients, and whether they are a fixed set (drawn
@@ -68,6 +70,7 @@ ADVERSARY_MODES = spec_lib.ADVERSARY_MODES
 # epsilon, with these defaults when the block is absent.
 PRIVACY_KEYS = spec_lib.keys(spec_lib.PrivacySpec)
 ALGORITHM_KEYS = spec_lib.keys(spec_lib.AlgorithmSpec)
+"""The keys of one algorithm's entry in a config's "algorithms"."""
 SCRIPT_KEYS = spec_lib.SCRIPT_KEYS
 SCRIPT_ALGORITHM_KEYS = spec_lib.SCRIPT_ALGORITHM_KEYS
 
@@ -340,11 +343,20 @@ def _check_privacy_target(config: dict) -> None:
       continue
     train = _train_config(config, name)
     num_clients = config["partition"]["num_clients"]
-    first = privacy_lib.epsilon(
-        privacy.noise_multiplier, 1, num_clients=num_clients,
-        cohort_size=rounds.num_sampled(num_clients, train["participation"]),
-        delta=privacy.delta, sampling=privacy.sampling,
-        accountant=privacy.accountant)
+    cohort = rounds.num_sampled(num_clients, train["participation"])
+    if config["algorithms"][name]["aggregator"] == "dp_ftrl":
+      # Tree aggregation: round 1 is one node, each client in it once,
+      # whatever cohort is drawn (no amplification by sampling).
+      first = privacy_lib.tree_epsilons(
+          privacy.noise_multiplier, np.arange(cohort)[None],
+          delta=privacy.delta,
+          restart_every=rule_arguments(config, name)[0].get(
+              "restart_every"))[0]
+    else:
+      first = privacy_lib.epsilon(
+          privacy.noise_multiplier, 1, num_clients=num_clients,
+          cohort_size=cohort, delta=privacy.delta,
+          sampling=privacy.sampling, accountant=privacy.accountant)
     if first > target:
       raise ConfigError(
           "privacy.target_epsilon",

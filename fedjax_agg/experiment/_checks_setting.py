@@ -45,10 +45,10 @@ class ConfigTypeError(ConfigError, TypeError):
   """A config entry of the wrong type (a ``TypeError`` too)."""
 
 
-# The keys of the partition and model parts of a config (see
-# ``fedjax_agg.experiment``).
 PARTITION_KEYS = spec_lib.keys(spec_lib.PartitionSpec)
+"""The keys of a config's "partition" block (see ``fedjax_agg.experiment``)."""
 MODEL_KEYS = spec_lib.keys(spec_lib.ModelSpec)
+"""The keys of a config's "model" block (see ``fedjax_agg.experiment``)."""
 # Partition arguments the runner gives: the labels, N and the seed.
 _PARTITION_GIVEN = ("labels", "num_clients", "seed")
 # Model arguments the runner gives (from the dataset).
@@ -114,7 +114,6 @@ def _check_bool(path: str, value) -> None:
   _checked(path, checks.check_bool, value)
 
 
-# train key -> check(path, value).
 TRAIN_CHECKS = {
     "rounds": functools.partial(_check_int, low=0),
     "participation": functools.partial(_check_number, low=0, high=1,
@@ -135,6 +134,8 @@ TRAIN_CHECKS = {
     "personalized": lambda path, value: _check_bool(path, value),
     "finetune_steps": functools.partial(_check_int, low=0),
 }
+"""Train key -> ``check(path, value)``, the check of that key of a config's
+"train" block (raises naming ``path``)."""
 
 
 def _check_mapping(path: str, value) -> dict:

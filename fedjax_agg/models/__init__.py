@@ -75,6 +75,7 @@ _BUILDERS: dict[str, tuple[Callable[..., nn.Module], tuple[int, ...]]] = {
 # Options a caller may set through ``get(**kwargs)``.
 _OPTIONS = {"mlp2": ("hidden", "batch_norm"), "vgg11": ("batch_norm",)}
 NAMES = tuple(_BUILDERS)
+"""The names of the registered networks."""
 
 
 def module(name: str, num_classes: int, conv_impl: str = "auto",
@@ -172,9 +173,10 @@ def _factory(name: str) -> Callable[..., Model]:
   return factory
 
 
-# Every network, by name; ``REGISTRY.build(name, num_classes=C, ...)``.
 REGISTRY = Registry("model", {name: _factory(name) for name in _BUILDERS},
                     context=("num_classes", "input_shape"))
+"""Every network by name: name -> factory, ``get(name, ...)`` with the network's
+options in its signature; ``REGISTRY.build(name, num_classes=C, ...)``."""
 
 
 def count_params(variables, collection: str = "params") -> int:

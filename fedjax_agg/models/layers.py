@@ -57,8 +57,11 @@ __all__ = ["CONV_IMPLS", "Conv", "Padding", "conv2d", "explicit_padding",
     "max_pool", "resolve_impl"]
 
 CONV_IMPLS = ("xla", "im2col", "conv", "auto")
+"""The convolution lowerings ``impl`` may name (see the module docstring)."""
 
 Padding = Union[str, Sequence[tuple[int, int]]]
+"""A convolution's padding: "SAME", "VALID" or explicit ``((lo, hi), (lo, hi))``
+pads of height and width."""
 _DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
 
 

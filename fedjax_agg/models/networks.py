@@ -124,6 +124,8 @@ class FedNNNNCifarCNN(nn.Module):
 
 VGG11_CONFIG = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512,
                 "M")
+"""VGG-11's feature layers (configuration A): an int is a 3x3 SAME conv with
+that many output channels, "M" a 2x2 stride-2 max pool."""
 
 
 class VGG11(nn.Module):
@@ -132,8 +134,9 @@ class VGG11(nn.Module):
   Eight 3x3 SAME convs with ReLU and five max pools leave a 1x1x512 map;
   the classifier is fc 512 -> ReLU -> fc 512 -> ReLU -> fc C, the CIFAR
   variant used by the FedNova/FedDRL line of work. Dropout of that
-  classifier is left out (the model contract's ``apply`` takes no random
-  key). ``batch_norm=True`` adds BatchNorm after every conv (VGG-11-BN).
+  classifier is left out (the model contract's
+  ``fedjax_agg.types.Model.apply`` takes no random key).
+  ``batch_norm=True`` adds BatchNorm after every conv (VGG-11-BN).
   """
   num_classes: int
   batch_norm: bool = False

@@ -22,12 +22,13 @@ __all__ = [
     "trainable",
 ]
 
-# name -> factory, used by the CLI and the configs.
 REGISTRY = Registry("objective", {
     "cross_entropy": cross_entropy,
     "fedlap": fedlap,
     "fedprox": fedprox,
 })
+"""The local objectives by name (used by the CLI and the configs): name ->
+factory of a ``LocalObjective``."""
 
 
 def get(name: str, **kwargs):

@@ -67,7 +67,6 @@ class _PartitionRegistry(Registry):
     return parts
 
 
-# The partition recipes (labels -> per-client indices), by name.
 REGISTRY = _PartitionRegistry("partition", {
     "iid": iid,
     "shards": shards,
@@ -81,4 +80,8 @@ REGISTRY = _PartitionRegistry("partition", {
     "clustered_equal": clustered_equal,
     "clustered_non_equal": clustered_non_equal,
 })
+"""The partition recipes by name: name -> ``recipe(labels, num_clients, seed,
+...) -> ClientIndices``; ``build`` refuses a partition that leaves a client
+without examples."""
 NAMES = REGISTRY.names
+"""The names of the registered partition recipes."""

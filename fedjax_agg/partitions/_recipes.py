@@ -7,6 +7,8 @@ import numpy as np
 from fedjax_agg.checks import check_range
 
 ClientIndices = list[np.ndarray]
+"""A partition: per client, the indices of its examples (one int array per
+client)."""
 
 
 # ----------------------------------------------------------------- helpers

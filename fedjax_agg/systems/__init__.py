@@ -78,11 +78,12 @@ __all__ = [
     "sync_round", "sync_round_from_order", "task_time",
 ]
 
-# Availability models by name; ``AVAILABILITY.build(name, num_clients=N,
-# seed=s, **kwargs)`` passes N and the seed to the models that take them.
 AVAILABILITY = Registry("availability", {
     "always": always,
     "markov": markov,
     "diurnal": diurnal,
     "intervals": read_intervals,
 }, context=("num_clients", "seed"))
+"""Availability models by name: name -> factory of an ``Availability``;
+``AVAILABILITY.build(name, num_clients=N, seed=s, **kwargs)`` passes N and the
+seed to the models that take them."""

@@ -39,6 +39,8 @@ __all__ = ["INTERVAL_COLUMNS", "Availability", "always", "diurnal",
     "from_intervals", "read_intervals"]
 
 INTERVAL_COLUMNS = ("client_id", "start_s", "end_s")
+"""The header of an availability CSV file (``read_intervals``): client id, start
+and end of an online interval in seconds."""
 
 
 class Availability:

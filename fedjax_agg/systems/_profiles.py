@@ -31,6 +31,8 @@ __all__ = ["ClientProfiles", "PROFILES", "PROFILE_COLUMNS",
     "read_profiles", "task_time"]
 
 PROFILE_COLUMNS = ("client_id", "speed", "uplink", "downlink")
+"""The header of a client profiles CSV file (``read_profiles``): client id,
+speed (examples per second), uplink and downlink (bytes per second)."""
 
 
 class ClientProfiles(NamedTuple):
@@ -194,3 +196,5 @@ PROFILES = Registry("client profiles", {
     "lognormal": lognormal_profiles,
     "constant": constant_profiles,
 }, context=("num_clients", "seed"))
+"""Client profile models by name: name -> factory of ``ClientProfiles``
+(``num_clients`` and ``seed`` passed to the factories that take them)."""

@@ -26,6 +26,8 @@ __all__ = ["STALENESS", "StalenessFn", "constant_staleness",
     "hinge_staleness", "polynomial_staleness"]
 
 StalenessFn = Callable[[jax.Array], jax.Array]
+"""A staleness weighting: ``w(staleness) -> weight``, elementwise on an array of
+staleness values (float32 weights)."""
 
 
 def _as_float(staleness) -> jax.Array:
@@ -75,3 +77,4 @@ STALENESS = Registry("staleness function", {
     "polynomial": polynomial_staleness,
     "hinge": hinge_staleness,
 })
+"""Staleness functions by name: name -> factory of a ``StalenessFn``."""

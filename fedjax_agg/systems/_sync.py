@@ -45,8 +45,20 @@ __all__ = ["ACCEPTED", "LATE", "OFFLINE", "STATUS_NAMES", "SURPLUS",
     "SyncRound", "System", "Workload", "check_system", "num_selected",
     "sync_round", "sync_round_from_order"]
 
-ACCEPTED, SURPLUS, OFFLINE, LATE = 0, 1, 2, 3
+ACCEPTED = 0
+"""Status code of a selected client whose report the round uses: it
+reported in time, among the first ``cohort_size`` to finish."""
+SURPLUS = 1
+"""Status code of a selected client that reported in time but was not
+needed (over-selection: ``cohort_size`` others finished first)."""
+OFFLINE = 2
+"""Status code of a selected client that went offline before it
+finished."""
+LATE = 3
+"""Status code of a selected client that finished after the deadline."""
 STATUS_NAMES = ("accepted", "surplus", "offline", "late")
+"""The names of the status codes, indexed by code: ``STATUS_NAMES[ACCEPTED]`` is
+"accepted"."""
 
 
 class Workload(NamedTuple):
