@@ -28,6 +28,12 @@ three differences, since ADCT and FedACS are not plain registry rules:
   ADCT measures its accuracies, and FedACS its selection, on the held-out
   parts.
 
+Every run is built by ``experiment.build`` from ``spec_config(config)``,
+the config in experiment's format (ADCT's own keys kept by this script);
+``config.json`` in the output folder is the config as run, with that
+experiment config (every default written out, and its provenance) under
+"experiment_config".
+
 Writes each algorithm's histories in the one layout of
 ``fedjax_agg.history``: ``<out>/<algorithm>/seed<k>/history.csv|json`` and
 ``<out>/<algorithm>/summary.csv`` (that algorithm's ``summary.json`` entry),
@@ -41,6 +47,7 @@ reuses an algorithm × seed whose saved run has the same settings.
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -55,15 +62,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 # pylint: disable=wrong-import-position
 from fedjax_agg import aggregators
 from fedjax_agg import clients
+from fedjax_agg import config as config_lib
 from fedjax_agg import experiment
 from fedjax_agg import jsonio
-from fedjax_agg import models
 from fedjax_agg import plotting
 from fedjax_agg import simulation
 from fedjax_agg import validation
-from fedjax_agg.config import Evaluation
-from fedjax_agg.config import Execution
-from fedjax_agg.config import LocalTraining
 from fedjax_agg import history as history_lib
 from fedjax_agg import drivers
 # pylint: enable=wrong-import-position
@@ -74,7 +78,11 @@ TRAIN_DEFAULTS = {"rounds": 50, "participation": 1.0, "local_epochs": 1,
                   "split_seed": 0, "clients_per_step": 20, "eval_every": 1,
                   "measure_on": "validation", "server_per_class": 20}
 MEASURE_ON = ("validation", "server")
-OPTIMIZERS = {"adam": optax.adam, "sgd": optax.sgd}
+OPTIMIZERS = config_lib.OPTIMIZERS
+# The train keys of ADCT's own (the experiment format has no such concept);
+# client_optimizer is the format's "optimizer".
+SCRIPT_TRAIN_KEYS = ("validation_fraction", "split_seed", "measure_on",
+                     "server_per_class")
 METRICS = ("test_accuracy", "test_macro_f1")
 TAIL = 5  # rounds averaged for the last-rounds metrics
 
@@ -101,68 +109,109 @@ def check(config: dict) -> None:
                        f", got {opt!r}")
 
 
-def run_one(config: dict, name: str, seed: int, prepared, model):
-  """One algorithm × seed. -> History."""
+def _spec_train(train: dict) -> dict:
+  """ADCT's train keys as the experiment format's."""
+  return {("optimizer" if key == "client_optimizer" else key): value
+          for key, value in train.items() if key not in SCRIPT_TRAIN_KEYS}
+
+
+def spec_config(config: dict) -> dict:
+  """``config`` (ADCT's format) as an experiment config, which every run
+  is built from (``experiment.build``): ADCT's own keys left out (the
+  ``adct`` blocks and ``SCRIPT_TRAIN_KEYS``; also what else a record
+  holds, e.g. "environment"), ``client_optimizer`` as "optimizer",
+  ADCT's train defaults written out. The global model's loss on every
+  client's data is computed for the ADCT runs only, before the first and
+  after the last round (as the committed runs were)."""
+  spec = {key: value for key, value in config.items()
+          if key in experiment.TOP_KEYS
+          and key not in ("train", "algorithms", "provenance")}
+  spec["train"] = {**_spec_train({**TRAIN_DEFAULTS,
+                                  **config.get("train", {})}),
+                   "eval_clients": False}
+  spec["algorithms"] = {}
+  for name, entry in config["algorithms"].items():
+    algorithm = {key: value for key, value in entry.items()
+                 if key not in ("adct", "train")}
+    algorithm.setdefault("aggregator", "fedavg")
+    train = _spec_train(entry.get("train", {}))
+    if "adct" in entry:
+      train["eval_clients"] = "auto"
+    if train:
+      algorithm["train"] = train
+    spec["algorithms"][name] = algorithm
+  return spec
+
+
+def _held_out(val_data) -> np.ndarray:
+  """The pooled data's indices of every client's held-out examples."""
+  return np.concatenate([
+      np.asarray(val_data.client_indices[i, :n])
+      for i, n in enumerate(np.asarray(val_data.num_examples))])
+
+
+def run_one(config: dict, name: str, seed: int, prepared):
+  """One algorithm × seed. -> ``RunResult`` (``ADCTRunResult`` for ADCT)."""
   spec = config["algorithms"][name]
   train = {**TRAIN_DEFAULTS, **config.get("train", {}),
            **spec.get("train", {})}
-  data, test, num_classes, _, _, _ = prepared
+  data = prepared[0]
   train_data, val_data = validation.holdout_split(
       data, train["validation_fraction"], train["split_seed"])
-  optimizer = OPTIMIZERS[train["client_optimizer"]]
   record = {"experiment": config.get("name"), "algorithm": name,
             "spec": spec, **{f"train.{k}": v for k, v in train.items()}}
   agg_name = spec.get("aggregator", "fedavg")
-  agg_args = dict(spec.get("aggregator_args", {}))
+  adct = "adct" in spec
+  # Every algorithm trains on the clients' training parts only; ADCT
+  # measuring on "validation" splits them itself (drivers.ADCTMeasure,
+  # the same fraction and seed).
+  run_data = data if adct and train["measure_on"] == "validation" else (
+      train_data)
+  # FedACS's rule needs the run's network: it is built once build has it.
+  built = experiment.build(
+      spec_config(config), name, (run_data,) + tuple(prepared[1:]),
+      aggregator=aggregators.fedavg() if agg_name == "fedacs" else None)
   if agg_name == "fedacs":
-    pooled = np.concatenate([
-        np.asarray(val_data.client_indices[i, :n])
-        for i, n in enumerate(np.asarray(val_data.num_examples))])
-    aggregator = aggregators.fedacs(
-        model, np.asarray(data.x)[pooled], np.asarray(data.y)[pooled],
-        **agg_args)
-  else:
-    aggregator = aggregators.get(agg_name, num_clients=data.num_clients,
-                                 **agg_args)
-  if "adct" in spec:
-    tuner = clients.adct(
-        model, batch_size=train["batch_size"], client_optimizer=optimizer,
-        clients_per_step=train["clients_per_step"], **spec["adct"])
-    if train["measure_on"] == "server":
-      # A class-balanced set drawn from the clients' held-out parts (which
-      # nobody trains on), held by the server; ADCT trains on the same
-      # training parts as the other algorithms.
-      held = np.concatenate([
-          np.asarray(val_data.client_indices[i, :n])
-          for i, n in enumerate(np.asarray(val_data.num_examples))])
-      y_all = np.asarray(data.y)
-      picked = held[validation.balanced_indices(
-          y_all[held], train["server_per_class"], seed=train["split_seed"])]
-      return drivers.run_adct(
-          model, train_data, test, aggregator, tuner,
-          num_rounds=train["rounds"], participation=train["participation"],
-          measure=drivers.ADCTMeasure("server", server_validation=(
-              np.asarray(data.x)[picked], y_all[picked])),
-          seed=seed, config=record, execution=Execution(progress=False),
-          evaluation=Evaluation(every=train["eval_every"])).history
-    # rounds.run does the same holdout split (same fraction and seed).
-    return drivers.run_adct(model, data, test, aggregator, tuner,
-        num_rounds=train["rounds"], participation=train["participation"],
-        measure=drivers.ADCTMeasure(
-            validation_fraction=train["validation_fraction"],
-            split_seed=train["split_seed"]), seed=seed, config=record,
-        execution=Execution(progress=False),
-        evaluation=Evaluation(every=train["eval_every"])).history
-  return simulation.run(model, train_data, test, aggregator,
-      num_rounds=train["rounds"], participation=train["participation"],
-      seed=seed, config=record,
-      training=LocalTraining(epochs=train["local_epochs"],
-                             batch_size=train["batch_size"],
-                             learning_rate=train["learning_rate"],
-                             optimizer=optimizer),
-      execution=Execution(clients_per_step=train["clients_per_step"],
-                          progress=False),
-      evaluation=Evaluation(every=train["eval_every"], clients=False)).history
+    pooled = _held_out(val_data)
+    built = built._replace(aggregator=aggregators.fedacs(
+        built.model, np.asarray(data.x)[pooled], np.asarray(data.y)[pooled],
+        **spec.get("aggregator_args", {})))
+  training = built.options.training
+  if train["client_optimizer"] == "adam":
+    # optax.adam itself, as the committed runs: the engine injects every
+    # numeric argument of the factory (optax.inject_hyperparams), so
+    # optax.adam carries b1, b2 and eps as float32 state where the
+    # format's client_optimizer("adam") keeps them Python constants, which
+    # rounds differently (about 1e-6 relative after one round). (SGD's
+    # factories inject the learning rate alone: bit for bit the same.)
+    training = dataclasses.replace(training, optimizer=optax.adam)
+  # The history records ADCT's own settings too (``--resume`` compares
+  # them).
+  options = built.options.replace(training=training, config={
+      **built.options.config, **record})
+  if not adct:
+    return simulation.run(*built[:4], options, seed=seed)
+  # ADCT's client side trains with the run's batch size, optimizer and
+  # objective (its grid sets learning rate and epochs).
+  tuner = clients.adct(
+      built.model, batch_size=training.batch_size,
+      client_optimizer=training.optimizer, objective=training.objective,
+      clients_per_step=options.execution.clients_per_step, **spec["adct"])
+  measure = drivers.ADCTMeasure(
+      validation_fraction=train["validation_fraction"],
+      split_seed=train["split_seed"])
+  if train["measure_on"] == "server":
+    # A class-balanced set drawn from the clients' held-out parts (which
+    # nobody trains on), held by the server; ADCT trains on the same
+    # training parts as the other algorithms.
+    held = _held_out(val_data)
+    y_all = np.asarray(data.y)
+    picked = held[validation.balanced_indices(
+        y_all[held], train["server_per_class"], seed=train["split_seed"])]
+    measure = drivers.ADCTMeasure("server", server_validation=(
+        np.asarray(data.x)[picked], y_all[picked]))
+  return drivers.run_adct(*built[:4], tuner, options, measure=measure,
+                          seed=seed)
 
 
 def load_saved(path: str, config: dict, name: str, seed: int):
@@ -230,27 +279,32 @@ def run_config(config: dict, out_dir: str, resume: bool = False,
   # The config as run: only the algorithms asked for.
   config = {**config, "algorithms": {n: config["algorithms"][n]
                                      for n in names}}
+  setting = spec_config(config)
+  experiment.check_config(setting)
   os.makedirs(out_dir, exist_ok=True)
-  jsonio.dump_json({**config, "environment": experiment.environment()},
+  dataset = experiment.load_dataset(setting)
+  # The config as run (ADCT's format, runnable again), with the
+  # experiment config every run is built from, every default written out,
+  # and its provenance (data, rule arguments, versions, command).
+  jsonio.dump_json({**config, "experiment_config": experiment.run_record(
+      setting, dataset=dataset,
+      execution={"out": experiment.shown_path(out_dir)},
+      command=[experiment.shown_path(sys.argv[0])] + sys.argv[1:])},
                    os.path.join(out_dir, "config.json"))
   histories = {name: [] for name in names}
   seeds = config.get("seeds", [0])
   for seed in seeds:
-    prepared = experiment.prepare_data(config, seed)
+    prepared = experiment.prepare_data(config, seed, dataset)
     if seed == seeds[0]:
       experiment.plot_partition(prepared,
                                 os.path.join(out_dir, "partition.png"))
-    _, _, num_classes, input_shape, _, _ = prepared
-    mcfg = config["model"]
-    model = models.get(mcfg["name"], num_classes=num_classes,
-                       input_shape=input_shape, **mcfg.get("args", {}))
     for name in names:
       folder = history_lib.member_folder(os.path.join(out_dir, name),
                                          f"seed{seed}", len(seeds))
       path = os.path.join(folder, "history.json")
       history = load_saved(path, config, name, seed) if resume else None
       if history is None:
-        history = run_one(config, name, seed, prepared, model)
+        history = run_one(config, name, seed, prepared).history
         history.save(folder)
       histories[name].append(history)
       print(f"{config.get('name')} {name} seed {seed}: final acc "

@@ -41,11 +41,9 @@ import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
 from fedjax_agg import experiment
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
-from fedjax_agg import models  # pylint: disable=wrong-import-position
 from fedjax_agg import plotting  # pylint: disable=wrong-import-position
 from fedjax_agg.aggregators._feddrl import agent as agent_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import drivers as two_stage  # pylint: disable=wrong-import-position
-from fedjax_agg.config import LocalTraining  # pylint: disable=wrong-import-position
 from fedjax_agg import rounds as rounds_lib
 from fedjax_agg import history as history_lib
 
@@ -161,30 +159,30 @@ def two_stage_aggregator(config: dict, name: str, seed: int, prepared):
   """Trains FedDRL's main agent in two stages (§3.4.2) on the run's data;
   returns the aggregator it drives (no exploration, no further learning).
 
-  The algorithm's ``two_stage`` entry gives ``offline_calls``,
-  ``num_workers`` (default 2, the paper's) and ``online_rounds`` (default:
-  the run's rounds); ``aggregator_args`` are ``AgentConfig`` fields.
+  The workers train as the algorithm's runs do: the model, data, client
+  training and execution of ``experiment.build``. The algorithm's
+  ``two_stage`` entry gives ``offline_calls``, ``num_workers`` (default 2,
+  the paper's) and ``online_rounds`` (default: the run's rounds);
+  ``aggregator_args`` are ``AgentConfig`` fields.
   """
   spec = config["algorithms"][name]
   stages = spec["two_stage"]
-  train = {**experiment.TRAIN_DEFAULTS, **config.get("train", {}),
-           **spec.get("train", {})}
-  data, _, num_classes, input_shape, _, _ = prepared
-  mcfg = config["model"]
-  model = models.get(mcfg["name"], num_classes=num_classes,
-                     input_shape=input_shape, **mcfg.get("args", {}))
-  cohort = rounds_lib.num_sampled(data.num_clients, train["participation"])
+  built = experiment.build(config, name, prepared)
+  options = built.options
+  if options.local_update is not None:
+    raise ValueError(f"{name}: two-stage FedDRL's workers train with the "
+                     "engine's local training; a client side or an attack "
+                     "would be left out of its online stage")
+  cohort = rounds_lib.num_sampled(built.data.num_clients,
+                                  options.participation)
   agent_config = agent_lib.AgentConfig()._replace(
       **spec.get("aggregator_args", {}))
   result = two_stage.two_stage(
-      model, data, num_participants=cohort,
-      online_rounds=stages.get("online_rounds", train["rounds"]),
+      built.model, built.data, num_participants=cohort,
+      online_rounds=stages.get("online_rounds", options.num_rounds),
       offline_calls=stages["offline_calls"],
       num_workers=stages.get("num_workers", 2), config=agent_config,
-      seed=seed,
-      training=LocalTraining(batch_size=train["batch_size"],
-                             epochs=train["local_epochs"],
-                             learning_rate=train["learning_rate"]))
+      seed=seed, training=options.training, execution=options.execution)
   return two_stage.decider(result, cohort, config=agent_config, seed=seed)
 
 

@@ -1,7 +1,7 @@
 """Robust aggregation under attack, and DP-FedAvg's accuracy against epsilon.
 
   python experiments/robustness/run.py                    # the committed run
-  python experiments/robustness/run.py --rounds 3 --out /tmp/r --quick
+  python experiments/robustness/run.py --rounds 3 --seeds 0 --out /tmp/r
 
 Fashion-MNIST (the full 60k/10k), 100 clients (IID), 10 of them per
 round, mlp2, one local epoch of SGD (batch 32, lr 0.05). Every attack of
@@ -16,17 +16,26 @@ Writes ``<out>/attacks.csv`` (one row per rule, attack, fraction, seed:
 final test accuracy), ``<out>/attacks_table.md`` (mean ± sd over seeds),
 ``<out>/round_cost.csv`` (median seconds per round of each rule, clean,
 both seeds together), ``<out>/dp.csv``, ``<out>/config_attacks.json`` and
-``<out>/config_dp.json`` (every setting, the data source and the command
-of the part that wrote them) and ``<out>/attacks.png``, ``<out>/dp.png``.
+``<out>/config_dp.json`` (the experiment config the part's runs are built
+from, every default written out, with its provenance: data source, every
+rule's arguments, versions and command; plus the part's own grid) and
+``<out>/attacks.png``, ``<out>/dp.png``.
+
+Every run is described by an experiment config (``study_config``) and
+built by ``experiment.build``; the partition is drawn once
+(``PARTITION_SEED``) and shared by the seeds, and the clean runs of the
+backdoor study are also scored on its triggered test set.
 """
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import sys
+from typing import Optional
 
 import numpy as np
-import optax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
@@ -34,26 +43,30 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from fedjax_agg import distributed  # pylint: disable=wrong-import-position
 distributed.use_all_cores()  # before JAX starts: one device per core
 
+import jax  # pylint: disable=wrong-import-position
+
 import matplotlib  # pylint: disable=wrong-import-position
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
-from fedjax_agg import aggregators  # pylint: disable=wrong-import-position
 from fedjax_agg import attacks  # pylint: disable=wrong-import-position
-from fedjax_agg import data as data_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import experiment  # pylint: disable=wrong-import-position
-from fedjax_agg import federated  # pylint: disable=wrong-import-position
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 from fedjax_agg import loop  # pylint: disable=wrong-import-position
-from fedjax_agg import models  # pylint: disable=wrong-import-position
-from fedjax_agg import partitions  # pylint: disable=wrong-import-position
 from fedjax_agg import privacy as privacy_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import simulation  # pylint: disable=wrong-import-position
 from fedjax_agg import sweep  # pylint: disable=wrong-import-position
-from fedjax_agg.config import (Evaluation, Execution,  # pylint: disable=wrong-import-position
-                               LocalTraining, Privacy)
 
 NUM_CLIENTS = 100
+PARTICIPATION = 0.1  # 10 clients per round
+# Every seed trains on the same clients: the partition is drawn once, with
+# this seed (a run's own seed draws its init, cohorts and shuffles).
+PARTITION_SEED = 0
+DELTA = 1e-5
+# One local epoch of SGD; no per-client losses (none of the rules reads
+# them).
+TRAIN = {"local_epochs": 1, "batch_size": 32, "learning_rate": 0.05,
+         "optimizer": "sgd", "compute_losses": False}
 # name -> (factory name, arguments); f = 3 = 30 % of a cohort of 10.
 RULES = {
     "fedavg": ("fedavg", {}),
@@ -93,9 +106,83 @@ ATTACKS = {
 DEFAULT_ATTACKS = ("label_flip", "sign_flip", "little_is_enough",
                    "inner_product")
 FRACTIONS = (0.1, 0.2, 0.3)
+# Malicious share of each cohort in the backdoor study.
+BACKDOOR_FRACTION = 0.1
 
 
-def main(argv=None):
+def study_config(rounds: int, seeds, rules: dict, partition: str = "iid",
+                 attack: Optional[dict] = None) -> dict:
+  """Runs of ``rules`` (name -> (factory, arguments)) as one experiment
+  config (``fedjax_agg.experiment``): Fashion-MNIST over ``NUM_CLIENTS``
+  clients (``partition``: a key of ``PARTITIONS``), mlp2, ``TRAIN``, the
+  test set scored after the last round only; ``attack``: the config's
+  "attack" block (None: clean runs)."""
+  config = {
+      "name": "robustness",
+      "dataset": {"name": "fashion_mnist"},
+      "partition": {"name": partition.split("_")[0],
+                    "num_clients": NUM_CLIENTS,
+                    "args": dict(PARTITIONS[partition])},
+      "model": {"name": "mlp2"},
+      "train": {"rounds": rounds, "participation": PARTICIPATION, **TRAIN,
+                "eval_every": rounds, "eval_clients": False},
+      "algorithms": {name: {"aggregator": factory,
+                            "aggregator_args": dict(arguments)}
+                     for name, (factory, arguments) in rules.items()},
+      "seeds": list(seeds),
+  }
+  if any(factory in experiment.PRIVATE_AGGREGATORS
+         for factory, _ in rules.values()):
+    config["privacy"] = {"delta": DELTA}
+  if attack is not None:
+    config["attack"] = attack
+  return config
+
+
+def attack_block(name: str, arguments: dict, fraction: float) -> dict:
+  """A config's "attack": ``fraction`` of each round's cohort malicious."""
+  return {"name": name, "args": dict(arguments), "fraction": fraction,
+          "adversaries": "per_round"}
+
+
+def prepare(config: dict, dataset):
+  """``experiment.prepare_data`` of ``config`` with the one partition
+  every seed shares (``PARTITION_SEED``)."""
+  return experiment.prepare_data(config, PARTITION_SEED, dataset)
+
+
+def run_members(config: dict, name: str, prepared, extra=()) -> list:
+  """Algorithm ``name`` of ``config``, its seeds side by side as one
+  vmapped sweep on ``prepared``'s clients. ``extra``: ``EvalSet``s scored
+  besides the test set. -> ``sweep.SweepMember``s."""
+  # As experiment.sweep_algorithm: the members' shared (attacked) local
+  # update is built on one device; the sweep shards the members over the
+  # devices of "train.devices" (null: the most devices of the job that
+  # divide the member count, e.g. one seed per core).
+  built = experiment.build(config, name, prepared, devices=1)
+  devices = config["train"].get("devices")
+  if devices is None:
+    devices = math.gcd(len(config["seeds"]), len(jax.devices()))
+  options = built.options.replace(execution=dataclasses.replace(
+      built.options.execution, devices=devices))
+  if extra:
+    # A clean run scored on a backdoor's triggered set: the format adds
+    # that set only to the runs the backdoor attacks.
+    options = options.replace(evaluation=dataclasses.replace(
+        options.evaluation, extra=tuple(extra)))
+  return sweep.run_sweep(lambda hparams: built.aggregator,
+                         seeds=config["seeds"], model=built.model,
+                         data=built.data, test_data=built.test_data,
+                         options=options)
+
+
+def run_one(config: dict, name: str, prepared, seed: int):
+  """Algorithm ``name`` of ``config`` for one seed. -> ``RunResult``."""
+  return simulation.run(*experiment.build(config, name, prepared),
+                        seed=seed)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rounds", type=int, default=20)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -115,61 +202,63 @@ def main(argv=None):
                       "--noise runs (only)")
   parser.add_argument("--skip-attacks", action="store_true")
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
-  args = parser.parse_args(argv)
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
   # Recorded relative to the repository when inside it (no machine paths).
   shown_out = experiment.shown_path(args.out)
   os.makedirs(args.out, exist_ok=True)
+  command = [experiment.shown_path(sys.argv[0])] + sys.argv[1:]
+  dataset = experiment.load_dataset(study_config(args.rounds, args.seeds,
+                                                 RULES))
 
-  dataset = data_lib.load("fashion_mnist")
-  parts = partitions.REGISTRY.build("iid", labels=dataset.train_y,
-                                    num_clients=NUM_CLIENTS, seed=0)
-  data = federated.from_partition(dataset.train_x, dataset.train_y, parts)
-  test = (dataset.test_x, dataset.test_y)
-  model = models.get("mlp2")
-  training = LocalTraining(epochs=1, batch_size=32, learning_rate=0.05,
-                           optimizer=optax.sgd, compute_losses=False)
-  participation = 0.1
-  execution = Execution(progress=False)
-  evaluation = Evaluation(every=args.rounds, clients=False)
-  record = {
-      "dataset": "fashion_mnist", "data_source": dataset.source,
-      "train_examples": int(dataset.train_x.shape[0]),
-      "test_examples": int(dataset.test_x.shape[0]),
-      "partition": "iid", "num_clients": NUM_CLIENTS,
-      "participation": participation, "model": "mlp2",
-      "training": {"epochs": 1, "batch_size": 32, "learning_rate": 0.05,
-                   "optimizer": "sgd"},
-      "rules": {name: RULES[name] for name in args.rules},
-      "attacks": {name: ATTACKS[name] for name in args.attacks},
-      "adversaries": "per_round",
-      "command": [experiment.shown_path(sys.argv[0])] + sys.argv[1:],
-      "args": {**vars(args), "out": shown_out}}
+  def record(config: dict, **extras) -> dict:
+    """What a part writes down: the config its runs are built from, every
+    default written out, with its provenance, and the part's own
+    settings."""
+    experiment.check_config(config)
+    indices = experiment.partition_indices(config, PARTITION_SEED,
+                                           dataset.train_y)
+    return {**experiment.run_record(
+        config, dataset=dataset,
+        indices={seed: indices for seed in config["seeds"]},
+        execution={"out": shown_out, "partition_seed": PARTITION_SEED},
+        command=command), **extras, "args": {**vars(args), "out": shown_out}}
+
   if args.dp_ftrl:
-    jsonio.dump_json(record, os.path.join(args.out, "config_dp_ftrl.json"))
-    run_dp_ftrl(args, model, data, test, training, participation,
-                execution, evaluation)
+    run_dp_ftrl(args, dataset, record)
     return
   if args.backdoor:
-    jsonio.dump_json({**record, "backdoor": BACKDOOR, "boosts": BOOSTS,
-                      "backdoor_rules": BACKDOOR_RULES,
-                      "partitions": PARTITIONS, "partition_seed": 0},
-                     os.path.join(args.out, "config_backdoor.json"))
-    run_backdoor(args, dataset, model, training, participation, execution)
+    jsonio.dump_json(record(
+        study_config(args.rounds, args.seeds, BACKDOOR_RULES),
+        backdoor=BACKDOOR, backdoor_fraction=BACKDOOR_FRACTION,
+        boosts=BOOSTS, partitions=PARTITIONS),
+        os.path.join(args.out, "config_backdoor.json"))
+    run_backdoor(args, dataset)
     return
   if not args.skip_attacks:
-    jsonio.dump_json(_merged_record(record, os.path.join(
-        args.out, "config_attacks.json")), os.path.join(
-            args.out, "config_attacks.json"))
-    run_attacks(args, model, data, test, training, participation,
-                execution, evaluation)
+    path = os.path.join(args.out, "config_attacks.json")
+    clean = study_config(args.rounds, args.seeds,
+                         {name: RULES[name] for name in args.rules})
+    for attack in args.attacks:  # refused before anything runs
+      for fraction in args.fractions:
+        experiment.check_config({**clean, "attack": attack_block(
+            attack, ATTACKS[attack], fraction)})
+    jsonio.dump_json(_merged_record(record(
+        clean, attacks={name: ATTACKS[name] for name in args.attacks},
+        fractions=list(args.fractions), adversaries="per_round"), path),
+        path)
+    run_attacks(args, dataset)
   if not args.skip_dp:
-    jsonio.dump_json(record, os.path.join(args.out, "config_dp.json"))
-    run_dp(args, model, data, test, training, participation, execution,
-           evaluation)
+    config = dp_config(args)
+    jsonio.dump_json(record(config),
+                     os.path.join(args.out, "config_dp.json"))
+    run_dp(args, config, dataset)
 
 
-def run_attacks(args, model, data, test, training, participation,
-                execution, evaluation):
+def run_attacks(args, dataset):
   conditions = [("none", 0.0)] + [(a, f) for a in args.attacks
                                    for f in args.fractions]
   # Rows of rules not run now stay (a run with --rules adds its rows).
@@ -177,22 +266,14 @@ def run_attacks(args, model, data, test, training, participation,
                      "rule,attack,fraction,seed,test_accuracy")
   costs = _kept_rows(os.path.join(args.out, "round_cost.csv"), args.rules,
                      "rule,median_round_s")
+  prepared = prepare(study_config(args.rounds, args.seeds, RULES), dataset)
   for rule_name in args.rules:
-    factory, kwargs = RULES[rule_name]
-    rule = aggregators.get(factory, num_clients=NUM_CLIENTS, **kwargs)
     for attack_name, fraction in conditions:
-      update = None
-      if attack_name != "none":
-        update = attacks.local_update(
-            model, training, attacks.build(attack_name,
-                                           **ATTACKS[attack_name]),
-            attacks.per_round(fraction), execution=execution)
-      members = sweep.run_sweep(
-          lambda hparams, rule=rule: rule, seeds=args.seeds, model=model,
-          data=data, test_data=test, num_rounds=args.rounds,
-          participation=participation, training=training,
-          execution=execution, evaluation=evaluation,
-          local_update=update)
+      attack = None if attack_name == "none" else attack_block(
+          attack_name, ATTACKS[attack_name], fraction)
+      config = study_config(args.rounds, args.seeds,
+                            {rule_name: RULES[rule_name]}, attack=attack)
+      members = run_members(config, rule_name, prepared)
       for member in members:
         accuracy = member.history.rows[-1]["test_accuracy"]
         lines.append(f"{rule_name},{attack_name},{fraction},{member.seed},"
@@ -211,16 +292,27 @@ def run_attacks(args, model, data, test, training, participation,
 
 
 def _merged_record(record, path):
-  """``record`` with the rules and commands of an earlier record at
-  ``path`` kept (a run with --rules adds to the committed table)."""
+  """``record`` with the algorithms and commands of an earlier record at
+  ``path`` kept (a run with --rules adds to the committed table); an
+  earlier record of the hand-built runs names its rules as (factory,
+  arguments)."""
   if not os.path.exists(path):
     return record
   with open(path) as f:
     previous = json.load(f)
-  earlier = previous.get("commands", [previous.get("command")])
-  return {**record, "rules": {**previous.get("rules", {}),
-                              **record["rules"]},
-          "commands": earlier + [record["command"]]}
+  command = record["provenance"]["command"]
+  if "provenance" in previous:
+    earlier = previous.get("commands",
+                           [previous["provenance"]["command"]])
+    algorithms = previous.get("algorithms", {})
+  else:
+    earlier = previous.get("commands", [previous.get("command")])
+    algorithms = {name: {"aggregator": factory,
+                         "aggregator_args": arguments}
+                  for name, (factory, arguments) in previous.get(
+                      "rules", {}).items()}
+  return {**record, "algorithms": {**algorithms, **record["algorithms"]},
+          "commands": earlier + [command]}
 
 
 def _kept_rows(path, rules, header):
@@ -233,30 +325,34 @@ def _kept_rows(path, rules, header):
   return [header] + [r for r in rows[1:] if r.split(",")[0] not in rules]
 
 
-def run_backdoor(args, dataset, model, training, participation, execution):
+def backdoor_attack(boost: float) -> dict:
+  """The config's "attack" of the backdoor study at ``boost``."""
+  return attack_block("backdoor", {**BACKDOOR, "boost": boost},
+                      BACKDOOR_FRACTION)
+
+
+def run_backdoor_members(clean: dict, name: str, prepared,
+                         boost: float) -> list:
+  """Algorithm ``name`` of the backdoor study's ``clean`` config under
+  the backdoor at ``boost`` (0: the clean run, scored on the triggered
+  test set too), its seeds as one sweep (``run_members``)."""
+  if boost == 0:
+    return run_members(clean, name, prepared, (
+        attacks.backdoor_eval_set(*prepared[1], **BACKDOOR),))
+  return run_members({**clean, "attack": backdoor_attack(boost)}, name,
+                     prepared)
+
+
+def run_backdoor(args, dataset):
   """Attack success and clean accuracy of the backdoor against each
   defence, on IID and Dirichlet(0.3) label-skewed clients."""
-  test = (dataset.test_x, dataset.test_y)
-  eval_set = attacks.backdoor_eval_set(*test, **BACKDOOR)
-  evaluation = Evaluation(every=args.rounds, clients=False,
-                          extra=(eval_set,))
   lines = ["partition,rule,boost,seed,test_accuracy,attack_success"]
-  for partition, partition_args in PARTITIONS.items():
-    parts = partitions.REGISTRY.build(
-        partition.split("_")[0], labels=dataset.train_y,
-        num_clients=NUM_CLIENTS, seed=0, **partition_args)
-    data = federated.from_partition(dataset.train_x, dataset.train_y, parts)
-    for rule_name, (factory, kwargs) in BACKDOOR_RULES.items():
-      rule = aggregators.get(factory, num_clients=NUM_CLIENTS, **kwargs)
+  for partition in PARTITIONS:
+    clean = study_config(args.rounds, args.seeds, BACKDOOR_RULES, partition)
+    prepared = prepare(clean, dataset)
+    for rule_name in BACKDOOR_RULES:
       for boost in (0.0,) + BOOSTS:  # 0: the clean run
-        update = None if boost == 0 else attacks.local_update(
-            model, training, attacks.backdoor(**BACKDOOR, boost=boost),
-            attacks.per_round(0.1), execution=execution)
-        members = sweep.run_sweep(
-            lambda hparams, rule=rule: rule, seeds=args.seeds, model=model,
-            data=data, test_data=test, num_rounds=args.rounds,
-            participation=participation, training=training,
-            execution=execution, evaluation=evaluation, local_update=update)
+        members = run_backdoor_members(clean, rule_name, prepared, boost)
         for member in members:
           last = member.history.rows[-1]
           lines.append(f"{partition},{rule_name},{boost},{member.seed},"
@@ -345,51 +441,80 @@ def matched_tree_noise(epsilon, cohorts, delta):
   return high
 
 
-def run_dp_ftrl(args, model, data, test, training, participation,
-                execution, evaluation):
-  """DP-FTRL (tree noise, no amplification by sampling) at the final
-  epsilon of each DP-FedAvg noise level of ``--noise``, per seed: z is
-  chosen so that the seed's own cohorts spend that epsilon."""
-  cohort_size = max(int(participation * NUM_CLIENTS), 1)
-  lines = ["fedavg_noise_multiplier,seed,noise_multiplier,epsilon,"
-           "max_participations,test_accuracy"]
+def dp_ftrl_plan(args) -> list[tuple[float, int, float]]:
+  """(DP-FedAvg's z, seed, DP-FTRL's z) for every nonzero noise level of
+  ``--noise`` and seed: the DP-FTRL z whose epsilon over the seed's own
+  cohorts equals DP-FedAvg's final epsilon at that z."""
+  cohort_size = max(int(PARTICIPATION * NUM_CLIENTS), 1)
+  plan = []
   for fedavg_noise in args.noise:
     if fedavg_noise == 0:
       continue
     target = privacy_lib.epsilons(fedavg_noise, args.rounds,
                                   num_clients=NUM_CLIENTS,
-                                  cohort_size=cohort_size, delta=1e-5)[-1]
+                                  cohort_size=cohort_size, delta=DELTA)[-1]
     for seed in args.seeds:
       cohorts = loop.drawn_cohorts(loop.seed_keys(seed)[1], args.rounds,
                                    NUM_CLIENTS, cohort_size)
-      noise = matched_tree_noise(target, cohorts, 1e-5)
-      result = simulation.run(
-          model, data, test,
-          aggregators.dp_ftrl(clip_norm=1.0, noise_multiplier=noise,
-                              num_participants=cohort_size),
-          num_rounds=args.rounds, participation=participation,
-          training=training, execution=execution, evaluation=evaluation,
-          privacy=Privacy(delta=1e-5), seed=seed)
-      last = result.history.rows[-1]
-      peak = result.history.config["privacy"]["max_participations"]
-      lines.append(f"{fedavg_noise},{seed},{noise},{last['epsilon']},"
-                   f"{peak},{last['test_accuracy']}")
-      print(lines[-1], flush=True)
-      jsonio.write_text(os.path.join(args.out, "dp_ftrl.csv"),
-                        "\n".join(lines) + "\n")
+      plan.append((fedavg_noise, seed,
+                   matched_tree_noise(target, cohorts, DELTA)))
+  return plan
 
 
-def run_dp(args, model, data, test, training, participation, execution,
-           evaluation):
+def dp_ftrl_name(fedavg_noise: float, seed: int) -> str:
+  return f"dp_ftrl_z{fedavg_noise:g}_seed{seed}"
+
+
+def dp_ftrl_config(args, plan) -> dict:
+  """The DP-FTRL runs of ``plan`` (``dp_ftrl_plan``), one algorithm per
+  noise level and seed (each runs its own seed only)."""
+  return study_config(args.rounds, args.seeds, {
+      dp_ftrl_name(fedavg_noise, seed): (
+          "dp_ftrl", {"clip_norm": 1.0, "noise_multiplier": noise})
+      for fedavg_noise, seed, noise in plan})
+
+
+def run_dp_ftrl(args, dataset, record):
+  """DP-FTRL (tree noise, no amplification by sampling) at the final
+  epsilon of each DP-FedAvg noise level of ``--noise``, per seed: z is
+  chosen so that the seed's own cohorts spend that epsilon."""
+  plan = dp_ftrl_plan(args)
+  config = dp_ftrl_config(args, plan)
+  jsonio.dump_json(record(config),
+                   os.path.join(args.out, "config_dp_ftrl.json"))
+  prepared = prepare(config, dataset)
+  lines = ["fedavg_noise_multiplier,seed,noise_multiplier,epsilon,"
+           "max_participations,test_accuracy"]
+  for fedavg_noise, seed, noise in plan:
+    result = run_one(config, dp_ftrl_name(fedavg_noise, seed), prepared,
+                     seed)
+    last = result.history.rows[-1]
+    peak = result.history.config["privacy"]["max_participations"]
+    lines.append(f"{fedavg_noise},{seed},{noise},{last['epsilon']},"
+                 f"{peak},{last['test_accuracy']}")
+    print(lines[-1], flush=True)
+    jsonio.write_text(os.path.join(args.out, "dp_ftrl.csv"),
+                      "\n".join(lines) + "\n")
+
+
+def dp_name(noise: float) -> str:
+  return f"dp_fedavg_z{noise:g}"
+
+
+def dp_config(args) -> dict:
+  """DP-FedAvg (clip 1) at every noise multiplier of ``--noise``."""
+  return study_config(args.rounds, args.seeds, {
+      dp_name(noise): ("dp_fedavg", {"clip_norm": 1.0,
+                                     "noise_multiplier": noise})
+      for noise in args.noise})
+
+
+def run_dp(args, config, dataset):
+  prepared = prepare(config, dataset)
   lines = ["noise_multiplier,seed,epsilon,test_accuracy"]
   for noise in args.noise:
     for seed in args.seeds:
-      result = simulation.run(
-          model, data, test,
-          aggregators.dp_fedavg(clip_norm=1.0, noise_multiplier=noise),
-          num_rounds=args.rounds, participation=participation,
-          training=training, execution=execution, evaluation=evaluation,
-          privacy=Privacy(noise, delta=1e-5), seed=seed)
+      result = run_one(config, dp_name(noise), prepared, seed)
       last = result.history.rows[-1]
       lines.append(f"{noise},{seed},{last['epsilon']},"
                    f"{last['test_accuracy']}")

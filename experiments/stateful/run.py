@@ -11,12 +11,17 @@ the clients' held-out splits, the personalised accuracy (Ditto's personal
 models, FedBN's global model with the client's BatchNorm leaves) and the
 global model fine-tuned for ``--finetune-steps`` local steps on each
 client, mean and spread across clients; the wall time of a round (median
-over rounds after the first). Writes each algorithm's histories (and
-resolved configs) in the one layout of ``fedjax_agg.history``, a run per
-algorithm whose members are the seeds of the call:
-``<out>/<algorithm>/seed<k>/history.csv|json``, or
-``<out>/<algorithm>/history.csv|json`` for one seed; then ``summary.csv``
-and ``summary.json`` (one row per algorithm and seed).
+over rounds after the first). Writes each algorithm's histories in the
+one layout of ``fedjax_agg.history``, a run per algorithm whose members
+are the seeds of the call: ``<out>/<algorithm>/seed<k>/history.csv|json``,
+or ``<out>/<algorithm>/history.csv|json`` for one seed, beside
+``<out>/<algorithm>/config.json`` (the algorithm's experiment config,
+every default written out, and its provenance); then ``summary.csv`` and
+``summary.json`` (one row per algorithm and seed).
+
+Every run is described by one experiment config (``study_config``) and
+built by ``experiment.build``; ``build_run`` adds what the format cannot
+say (SCAFFOLD's server rule, stragglers counted in local steps).
 """
 
 import argparse
@@ -26,84 +31,117 @@ import os
 import sys
 
 import numpy as np
-import optax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from fedjax_agg import aggregators  # pylint: disable=wrong-import-position
 from fedjax_agg import clients  # pylint: disable=wrong-import-position
-from fedjax_agg import data as data_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import experiment  # pylint: disable=wrong-import-position
-from fedjax_agg import federated  # pylint: disable=wrong-import-position
-from fedjax_agg import history as history_lib
+from fedjax_agg import history as history_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
-from fedjax_agg import models  # pylint: disable=wrong-import-position
-from fedjax_agg import objectives  # pylint: disable=wrong-import-position
-from fedjax_agg import partitions  # pylint: disable=wrong-import-position
 from fedjax_agg import simulation  # pylint: disable=wrong-import-position
 from fedjax_agg import stragglers  # pylint: disable=wrong-import-position
-from fedjax_agg import validation  # pylint: disable=wrong-import-position
-from fedjax_agg.config import (Evaluation, Execution,  # pylint: disable=wrong-import-position
-                               LocalTraining)
 
 ALGORITHMS = ("fedavg", "fedprox", "scaffold", "fedavg_bn", "fedbn",
               "ditto", "feddyn", "fednova", "fedavg_stragglers",
               "fednova_stragglers", "fedper", "fedrep", "apfl")
+# Every client's held-out share (seeded by the run's seed).
+HOLDOUT_FRACTION = 0.2
+# The runs with stragglers: this share of each cohort stops after
+# U{1..E s} of its E s local steps.
+STRAGGLER_FRACTION = 0.5
+# SCAFFOLD's server step (Eq. (c): x + eta_g (uniform mean of y_i - x)).
+SCAFFOLD_SERVER_LR = 1.0
 
 
-def build(name: str, training: LocalTraining, args):
-  """-> (model, aggregator, local_update or None, training, personalized)."""
-  plain = models.get("mlp2")
-  with_bn = models.get("mlp2", batch_norm=True)
-  if name == "fedavg":
-    return plain, aggregators.fedavg(), None, training, False
-  if name == "fedprox":
-    return (plain, aggregators.fedavg(), None,
-            dataclasses.replace(training,
-                                objective=objectives.fedprox(args.mu)),
-            False)
-  if name == "scaffold":
-    return (plain, clients.scaffold_aggregator(1.0),
-            clients.scaffold(plain, training), training, False)
-  if name == "fedavg_bn":
-    return with_bn, aggregators.fedavg(), None, training, False
-  if name == "fedbn":
-    return (with_bn, aggregators.fedavg(), clients.fedbn(with_bn, training),
-            training, True)
-  if name == "ditto":
-    return (plain, aggregators.fedavg(),
-            clients.ditto(plain, training, lam=args.lam), training, True)
-  if name == "feddyn":
-    return (plain, aggregators.feddyn(args.feddyn_alpha,
-                                      num_clients=args.num_clients),
-            clients.feddyn(plain, training, alpha=args.feddyn_alpha),
-            training, False)
-  if name.startswith("fednova") or name == "fedavg_stragglers":
-    if name.endswith("_stragglers"):
-      # Half of each cohort stops after U{1..E s} of its E s steps.
-      training = dataclasses.replace(
-          training, epochs=args.straggler_epochs,
-          steps_fn=stragglers.stragglers(0.5, args.straggler_epochs,
-                                         unit="steps"))
-    rule = (aggregators.fedavg() if name.startswith("fedavg") else
-            aggregators.fednova(learning_rate=training.learning_rate))
-    return plain, rule, None, training, False
-  if name == "fedper":
-    return (plain, aggregators.fedavg(), clients.fedper(plain, training),
-            training, True)
-  if name == "fedrep":
-    return (plain, aggregators.fedavg(),
-            clients.fedrep(plain, training, head_epochs=args.head_epochs),
-            training, True)
-  if name == "apfl":
-    return (plain, aggregators.fedavg(),
-            clients.apfl(plain, training, alpha=args.apfl_alpha), training,
-            True)
-  raise ValueError(f"unknown algorithm {name!r}; one of {ALGORITHMS}")
+def algorithm_specs(args) -> dict:
+  """``ALGORITHMS`` as entries of an experiment config's "algorithms"."""
+  personal = {"train": {"personalized": True}}
+  stragglers_train = {"train": {"local_epochs": args.straggler_epochs,
+                                "stragglers": STRAGGLER_FRACTION}}
+  return {
+      "fedavg": {"aggregator": "fedavg"},
+      "fedprox": {"aggregator": "fedavg", "objective": "fedprox",
+                  "objective_args": {"mu": args.mu}},
+      # The server rule is given ready (``build_run``): uniform FedAvg
+      # then a server SGD step, which the format cannot compose.
+      "scaffold": {"aggregator": "fedavg",
+                   "aggregator_args": {"weighting": "uniform"},
+                   "client": "scaffold"},
+      "fedavg_bn": {"aggregator": "fedavg",
+                    "model_args": {"batch_norm": True}},
+      "fedbn": {"aggregator": "fedavg", "client": "fedbn",
+                "model_args": {"batch_norm": True}, **personal},
+      "ditto": {"aggregator": "fedavg", "client": "ditto",
+                "client_args": {"lam": args.lam}, **personal},
+      "feddyn": {"aggregator": "feddyn",
+                 "aggregator_args": {"alpha": args.feddyn_alpha},
+                 "client": "feddyn",
+                 "client_args": {"alpha": args.feddyn_alpha}},
+      "fednova": {"aggregator": "fednova"},
+      "fedavg_stragglers": {"aggregator": "fedavg", **stragglers_train},
+      "fednova_stragglers": {"aggregator": "fednova", **stragglers_train},
+      "fedper": {"aggregator": "fedavg", "client": "fedper", **personal},
+      "fedrep": {"aggregator": "fedavg", "client": "fedrep",
+                 "client_args": {"head_epochs": args.head_epochs},
+                 **personal},
+      "apfl": {"aggregator": "fedavg", "client": "apfl",
+               "client_args": {"alpha": args.apfl_alpha}, **personal},
+  }
 
 
-def main(argv=None):
+def study_config(args) -> dict:
+  """The study as one experiment config (``fedjax_agg.experiment``): the
+  algorithms of ``args.algorithms`` on Fashion-MNIST, Dirichlet(alpha)
+  over ``args.num_clients`` clients, each holding out
+  ``HOLDOUT_FRACTION``; mlp2, plain SGD."""
+  specs = algorithm_specs(args)
+  return {
+      "name": "stateful",
+      "dataset": {"name": "fashion_mnist"},
+      "partition": {"name": "dirichlet", "num_clients": args.num_clients,
+                    "args": {"alpha": args.alpha},
+                    "holdout_fraction": HOLDOUT_FRACTION},
+      "model": {"name": "mlp2"},
+      "train": {"rounds": args.rounds, "participation": args.participation,
+                "local_epochs": args.epochs, "batch_size": args.batch_size,
+                "learning_rate": args.learning_rate, "optimizer": "sgd",
+                "eval_every": args.eval_every,
+                "finetune_steps": args.finetune_steps},
+      "algorithms": {name: specs[name] for name in args.algorithms},
+      "seeds": list(args.seeds),
+  }
+
+
+def build_run(config: dict, name: str, prepared) -> experiment.Built:
+  """Algorithm ``name`` of ``config`` built for one seed's data
+  (``experiment.build``), with what the config format cannot say:
+  SCAFFOLD's server rule and the stragglers' budgets in steps.
+  -> ``Built`` (its options record the changes)."""
+  spec = config["algorithms"][name]
+  notes = {}
+  aggregator = None
+  if spec.get("client") == "scaffold":
+    # Uniform FedAvg followed by a server SGD step of SCAFFOLD_SERVER_LR:
+    # a rule wrapped in a server optimizer, which a config cannot name.
+    aggregator = clients.scaffold_aggregator(SCAFFOLD_SERVER_LR)
+    notes["server_rule"] = (
+        f"clients.scaffold_aggregator({SCAFFOLD_SERVER_LR})")
+  built = experiment.build(config, name, prepared, aggregator=aggregator)
+  training = built.options.training
+  if training.steps_fn is not None:
+    # The stragglers' budgets count local steps (U{1..E s}), a unit the
+    # format's "stragglers" (whole epochs) does not have.
+    fraction = {**experiment.TRAIN_DEFAULTS, **config.get("train", {}),
+                **spec.get("train", {})}["stragglers"]
+    training = dataclasses.replace(training, steps_fn=stragglers.stragglers(
+        fraction, training.epochs, unit="steps"))
+    notes["stragglers_unit"] = "steps"
+  return built._replace(options=built.options.replace(
+      training=training, config={**built.options.config, **notes}))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rounds", type=int, default=100)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -127,44 +165,33 @@ def main(argv=None):
   parser.add_argument("--finetune-steps", type=int, default=5)
   parser.add_argument("--eval-every", type=int, default=10)
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
-  args = parser.parse_args(argv)
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
   # Recorded relative to the repository when inside it (no machine paths).
   shown_out = experiment.shown_path(args.out)
-
-  dataset = data_lib.load("fashion_mnist")
-  training = LocalTraining(epochs=args.epochs, batch_size=args.batch_size,
-                           learning_rate=args.learning_rate,
-                           optimizer=optax.sgd)
-  execution = Execution(progress=False)
-  evaluation_base = dict(every=args.eval_every,
-                         finetune_steps=args.finetune_steps)
+  command = [experiment.shown_path(sys.argv[0])] + sys.argv[1:]
+  config = study_config(args)
+  experiment.check_config(config)
+  dataset = experiment.load_dataset(config)
+  for name in args.algorithms:
+    # Each algorithm's config and provenance beside its histories (a call
+    # with --algorithms leaves the others' as they are).
+    os.makedirs(os.path.join(args.out, name), exist_ok=True)
+    experiment.write_run_config(
+        os.path.join(args.out, name),
+        {**config, "algorithms": {name: config["algorithms"][name]}},
+        dataset=dataset, execution={"out": shown_out}, command=command)
   summary = []
   for seed in args.seeds:
-    parts = partitions.REGISTRY.build(
-        "dirichlet", labels=dataset.train_y, num_clients=args.num_clients,
-        seed=seed, alpha=args.alpha)
-    full = federated.from_partition(dataset.train_x, dataset.train_y, parts)
-    train, held = validation.holdout_split(full, 0.2, seed=seed)
-    fed = train.with_validation(held)
+    prepared = experiment.prepare_data(config, seed, dataset)
     for name in args.algorithms:
-      model, rule, update, member_training, personal = build(
-          name, training, args)
-      config = {"algorithm": name, "dataset": "fashion_mnist",
-                "data_source": dataset.source,
-                "train_examples": int(dataset.train_x.shape[0]),
-                "test_examples": int(dataset.test_x.shape[0]),
-                "partition": {"name": "dirichlet", "alpha": args.alpha,
-                              "num_clients": args.num_clients,
-                              "seed": seed},
-                "holdout_fraction": 0.2, "model": "mlp2" + (
-                    "+bn" if name in ("fedavg_bn", "fedbn") else ""),
-                "args": {**vars(args), "out": shown_out}}
-      result = simulation.run(
-          model, fed, (dataset.test_x, dataset.test_y), rule,
-          num_rounds=args.rounds, participation=args.participation,
-          training=member_training, execution=execution,
-          evaluation=Evaluation(personalized=personal, **evaluation_base),
-          local_update=update, seed=seed, config=config)
+      built = build_run(config, name, prepared)
+      result = simulation.run(*built[:4], built.options.replace(config={
+          **built.options.config, "data_source": dataset.source,
+          "args": {**vars(args), "out": shown_out}}), seed=seed)
       result.history.save(history_lib.member_folder(
           os.path.join(args.out, name), f"seed{seed}", len(args.seeds)))
       rows = result.history.rows

@@ -37,7 +37,7 @@ TRAIN_DEFAULTS = spec_lib.defaults(spec_lib.TrainSpec)
 one default per concept, ``fedjax_agg.spec``)."""
 # The defaults of a config's "attack" block (see ``_checks.ATTACK_KEYS``).
 # Client sides that set their own local objective (F_k plus their terms).
-OWN_OBJECTIVE_CLIENTS = ("scaffold", "feddyn")
+OWN_OBJECTIVE_CLIENTS = ("scaffold", "feddyn", "apfl")
 # Client side -> (the server rule it needs, the argument both must share).
 PAIRED_RULES = {"feddyn": ("feddyn", "alpha")}
 ATTACK_DEFAULTS = spec_lib.defaults(spec_lib.AttackSpec)
