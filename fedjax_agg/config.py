@@ -23,13 +23,14 @@ learning rate may be a traced value (sweeps build ``LocalTraining`` inside
 import dataclasses
 import math
 import os
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import jax
-import numpy as np
 import optax
 
 from fedjax_agg import checks
+from fedjax_agg.evaluation import check_eval_sets as _check_eval_sets
+from fedjax_agg.evaluation import EvalSet
 from fedjax_agg import tree_math
 from fedjax_agg.types import LocalObjective, PRNGKey
 
@@ -39,9 +40,7 @@ __all__ = ["ACCOUNTANTS", "Checkpointing", "EvalSet", "Evaluation",
            "OPTIMIZERS", "Privacy", "SAMPLINGS", "Systems", "client_optimizer"]
 
 OptimizerFactory = Callable[..., optax.GradientTransformation]
-"""A client optimizer factory: ``f(learning_rate) ->
-optax.GradientTransformation`` (e.g. ``optax.sgd`` or what ``client_optimizer``
-returns)."""
+"""``f(learning_rate) -> optax.GradientTransformation``, e.g. ``optax.sgd``."""
 OPTIMIZERS = ("sgd", "adam")
 """The client optimizer names ``client_optimizer`` takes."""
 
@@ -76,8 +75,7 @@ def client_optimizer(name: str = "sgd", momentum: float = 0.0,
                        base)
   return make
 LocalStepsFn = Callable[[PRNGKey, jax.Array], jax.Array]
-"""``(key, full_steps [K]) -> num_steps [K]``: per-round local step budgets
-(stragglers, unstable participation)."""
+"""``(key, full_steps [K]) -> num_steps [K]``: per-round step budgets."""
 # "auto": per-client losses only where the aggregator reads them.
 ComputeLosses = Union[bool, str]
 
@@ -182,62 +180,6 @@ class Execution:
     if self.stream is not None:
       checks.check_bool("stream", self.stream)
     checks.check_bool("progress", self.progress)
-
-
-class EvalSet(NamedTuple):
-  """A labelled set the global model is scored on besides the test set.
-
-  At every test evaluation the run records, in column ``name``, the
-  fraction of ``x`` the global model classifies as ``y`` (a backdoor's
-  attack success: the triggered test images labelled with the target,
-  ``attacks.backdoor``).
-
-  Attributes:
-    name: the history column (an identifier, not a column the run writes
-      itself).
-    x: [M, ...] inputs shaped like the test inputs.
-    y: [M] int labels.
-  """
-  name: str
-  x: Any
-  y: Any
-
-
-# Columns of a history row an EvalSet may not take.
-_RESERVED_PREFIXES = ("test_", "client_", "cohort_", "personal_",
-                      "finetuned_", "global_")
-
-
-def _check_eval_sets(extra) -> None:
-  if not isinstance(extra, tuple):
-    raise TypeError(f"extra must be a tuple of EvalSet, got "
-                    f"{type(extra).__name__}")
-  names = set()
-  for i, item in enumerate(extra):
-    if not isinstance(item, EvalSet):
-      raise TypeError(f"extra[{i}] must be an EvalSet, got "
-                      f"{type(item).__name__}")
-    if not (isinstance(item.name, str) and item.name.isidentifier()):
-      raise ValueError(f"extra[{i}].name must be an identifier, got "
-                       f"{item.name!r}")
-    if item.name.startswith(_RESERVED_PREFIXES) or item.name in (
-        "round", "time_s", "epsilon") or item.name in names:
-      raise ValueError(f"extra[{i}].name {item.name!r} is taken (by the "
-                       "run's own columns or another EvalSet)")
-    names.add(item.name)
-    x_shape, y_shape = getattr(item.x, "shape", None), getattr(
-        item.y, "shape", None)
-    if x_shape is None or y_shape is None or len(y_shape) != 1 or (
-        not x_shape or x_shape[0] != y_shape[0] or y_shape[0] == 0):
-      raise ValueError(f"extra[{i}] ({item.name}): x must be [M, ...] and "
-                       f"y [M] arrays with M >= 1, got shapes {x_shape} "
-                       f"and {y_shape}")
-    if not np.issubdtype(np.asarray(item.y).dtype, np.integer):
-      raise TypeError(f"extra[{i}] ({item.name}): y must hold int labels, "
-                      f"got dtype {np.asarray(item.y).dtype}")
-    if not np.all(np.isfinite(np.asarray(item.x))):
-      raise ValueError(f"extra[{i}] ({item.name}): x holds non-finite "
-                       "values")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -360,8 +302,7 @@ class NonFinite:
 
 
 SAMPLINGS = ("without_replacement", "poisson")
-"""The cohort samplings ``Privacy.sampling`` may name: fixed-size cohorts drawn
-without replacement, or Poisson cohorts."""
+"""``Privacy.sampling``'s names: fixed-size cohorts or Poisson cohorts."""
 ACCOUNTANTS = ("rdp", "pld")
 """The privacy accountants ``Privacy.accountant`` may name: RDP or PLD."""
 

@@ -7,10 +7,12 @@ padded) so each function compiles once per model and batch size.
 * ``evaluate``: test loss, accuracy and macro-F1 of one model;
 * ``client_losses``: one model's mean loss on every client's training data;
 * ``per_example_fn`` / ``map_batches``: the batched pieces, also vmapped
-  over the members of a sweep (``stacked_per_example_fn``).
+  over the members of a sweep (``stacked_per_example_fn``);
+* ``EvalSet``: a labelled set scored besides the test set
+  (``config.Evaluation.extra``; also importable from ``config``).
 """
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +21,68 @@ import numpy as np
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Model, Params
 
-__all__ = ["classification_metrics", "client_losses", "evaluate",
-           "map_batches", "per_client_mean", "per_example_fn",
-           "per_example_losses", "stacked_per_example_fn"]
+__all__ = ["EvalSet", "check_eval_sets", "classification_metrics",
+           "client_losses", "evaluate", "map_batches", "per_client_mean",
+           "per_example_fn", "per_example_losses", "stacked_per_example_fn"]
+
+
+class EvalSet(NamedTuple):
+  """A labelled set the global model is scored on besides the test set.
+
+  At every test evaluation the run records, in column ``name``, the
+  fraction of ``x`` the global model classifies as ``y`` (a backdoor's
+  attack success: the triggered test images labelled with the target,
+  ``attacks.backdoor``).
+
+  Attributes:
+    name: the history column (an identifier, not a column the run writes
+      itself).
+    x: [M, ...] inputs shaped like the test inputs.
+    y: [M] int labels.
+  """
+  name: str
+  x: Any
+  y: Any
+
+
+# Columns of a history row an EvalSet may not take.
+_RESERVED_PREFIXES = ("test_", "client_", "cohort_", "personal_",
+                      "finetuned_", "global_")
+
+
+def check_eval_sets(extra) -> None:
+  """Refuses ``Evaluation.extra`` unless it is a tuple of ``EvalSet``s with
+  free identifier names, [M, ...] finite inputs and [M] int labels."""
+  if not isinstance(extra, tuple):
+    raise TypeError(f"extra must be a tuple of EvalSet, got "
+                    f"{type(extra).__name__}")
+  names = set()
+  for i, item in enumerate(extra):
+    if not isinstance(item, EvalSet):
+      raise TypeError(f"extra[{i}] must be an EvalSet, got "
+                      f"{type(item).__name__}")
+    if not (isinstance(item.name, str) and item.name.isidentifier()):
+      raise ValueError(f"extra[{i}].name must be an identifier, got "
+                       f"{item.name!r}")
+    if item.name.startswith(_RESERVED_PREFIXES) or item.name in (
+        "round", "time_s", "epsilon") or item.name in names:
+      raise ValueError(f"extra[{i}].name {item.name!r} is taken (by the "
+                       "run's own columns or another EvalSet)")
+    names.add(item.name)
+    x_shape, y_shape = getattr(item.x, "shape", None), getattr(
+        item.y, "shape", None)
+    if x_shape is None or y_shape is None or len(y_shape) != 1 or (
+        not x_shape or x_shape[0] != y_shape[0] or y_shape[0] == 0):
+      raise ValueError(f"extra[{i}] ({item.name}): x must be [M, ...] and "
+                       f"y [M] arrays with M >= 1, got shapes {x_shape} "
+                       f"and {y_shape}")
+    if not np.issubdtype(np.asarray(item.y).dtype, np.integer):
+      raise TypeError(f"extra[{i}] ({item.name}): y must hold int labels, "
+                      f"got dtype {np.asarray(item.y).dtype}")
+    if not np.all(np.isfinite(np.asarray(item.x))):
+      raise ValueError(f"extra[{i}] ({item.name}): x holds non-finite "
+                       "values")
+
 
 _FNS = {}  # (model, stacked) -> jitted per-batch evaluation
 

@@ -138,3 +138,12 @@ def test_entry_points_are_small(entry):
   assert len(parameters) <= 10, list(parameters)
   lines, _ = inspect.getsourcelines(entry)
   assert len(lines) <= 80, len(lines)
+
+
+def test_no_module_is_over_600_lines():
+  import pathlib  # pylint: disable=g-import-not-at-top
+  package = pathlib.Path(simulation.__file__).parent
+  sizes = {str(path.relative_to(package)): len(path.read_text().splitlines())
+           for path in package.rglob("*.py")}
+  assert len(sizes) > 50
+  assert {name: n for name, n in sizes.items() if n > 600} == {}
