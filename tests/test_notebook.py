@@ -7,6 +7,7 @@ import pytest
 from nbclient import NotebookClient
 
 from fedjax_agg import data as data_lib
+from tests import agg_testutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "experiments", "notebooks", "quickstart.ipynb")
@@ -18,6 +19,11 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
   except data_lib.DatasetNotFoundError as e:
     pytest.skip(f"Fashion-MNIST not installed: {e}")
   monkeypatch.setenv("FEDJAX_AGG_QUICKSTART_SMALL", "1")
+  # The kernel compiles fast (the test checks that every cell runs and
+  # draws, not how fast the compiled code is), on this process's devices.
+  monkeypatch.setenv("XLA_FLAGS", " ".join(
+      [os.environ.get("XLA_FLAGS", ""), *agg_testutil.fast_compile_flags()]
+  ).strip())
   monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get(
       "PYTHONPATH", ""))
   nb = nbformat.read(NOTEBOOK, as_version=4)

@@ -3,7 +3,9 @@
 Host CPU devices are fixed when jax starts, so each check runs in
 subprocesses: one with 8 host devices (every registered aggregator, whole
 rounds through ``simulation.run``), and two processes of 4 devices each
-joined by ``jax.distributed.initialize`` on localhost (multi-host).
+joined by ``jax.distributed.initialize`` on localhost (multi-host). The
+subprocesses compile fast (``agg_testutil.device_env``): each check compares
+runs compiled alike.
 """
 
 import os
@@ -13,6 +15,8 @@ import sys
 import textwrap
 
 import pytest
+
+from tests import agg_testutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -202,8 +206,7 @@ TWO_PROCESSES = textwrap.dedent("""
 
 
 def _env(devices):
-  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return agg_testutil.device_env(devices, ROOT)
 
 
 def test_rounds_of_every_aggregator_shard_over_eight_devices():

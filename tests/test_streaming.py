@@ -225,10 +225,8 @@ MESH_SCRIPT = textwrap.dedent("""
 
 def test_streaming_round_on_eight_devices_equals_one_device_stacked():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ,
-             XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=root)
   proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], cwd=root,
-                        env=env, capture_output=True, text=True, timeout=600)
+                        env=tu.device_env(8, root), capture_output=True,
+                        text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip().endswith("OK")

@@ -26,6 +26,7 @@ from fedjax_agg.config import Checkpointing
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
+from tests import agg_testutil
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
@@ -347,8 +348,7 @@ SHARDED_SWEEP = textwrap.dedent("""
 
 
 def test_sweep_members_shard_over_devices():
-  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
   proc = subprocess.run([sys.executable, "-c", SHARDED_SWEEP], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=600)
+                        env=agg_testutil.device_env(4, ROOT),
+                        capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

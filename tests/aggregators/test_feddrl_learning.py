@@ -17,6 +17,7 @@ import numpy as np
 
 from fedjax_agg.aggregators._feddrl import AgentConfig, feddrl, make_agent
 from fedjax_agg.types import ClientInfo
+from tests import agg_testutil as tu
 
 K, DIM, NUM_EXAMPLES = 4, 3, 30
 CLEAN_STD, CORRUPT_STD = 0.1, 3.0
@@ -84,7 +85,10 @@ def test_agent_down_weights_corrupted_clients():
     return train_weights[:20].mean(), eval_weights.mean()
 
   seeds = jax.random.split(jax.random.PRNGKey(0), NUM_SEEDS)
-  first_rounds, learned = jax.jit(jax.vmap(experiment))(seeds)
+  # One large program (3 x 250 rounds of the agent), run for well under a
+  # second: compiled fast (its checks are on what the agent learns).
+  first_rounds, learned = tu.compiled_fast(jax.vmap(experiment), seeds)(
+      seeds)
   first_rounds, learned = np.asarray(first_rounds), np.asarray(learned)
   fedavg_weight = 1.0 / K
   # Before learning the agent is about as fair as FedAvg ...
