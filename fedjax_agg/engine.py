@@ -39,6 +39,7 @@ import numpy as np
 import optax
 
 from fedjax_agg import objectives as objectives_lib
+from fedjax_agg.evaluation import mean_client_loss
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.config import OptimizerFactory
 from fedjax_agg.federated import FederatedData
@@ -86,26 +87,6 @@ def epoch_order(key: PRNGKey, num_examples, width: int) -> jax.Array:
   draws = jax.random.uniform(key, (width,))
   draws = jnp.where(positions < num_examples, draws, 2.0 + positions)
   return jnp.argsort(draws, stable=True).astype(jnp.int32)
-
-
-def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
-                     num_examples, batch_size: int) -> jax.Array:
-  """Mean task loss of ``params`` over one client's examples. -> []."""
-  width = indices.shape[0]
-  num_batches = -(-width // batch_size)
-  padded = jnp.pad(indices, (0, num_batches * batch_size - width))
-  positions = jnp.arange(num_batches * batch_size)
-
-  def batch_loss(total, b):
-    idx = jax.lax.dynamic_slice_in_dim(padded, b * batch_size, batch_size)
-    pos = jax.lax.dynamic_slice_in_dim(positions, b * batch_size, batch_size)
-    mask = (pos < num_examples).astype(jnp.float32)
-    logits, _ = model.apply(params, x_all[idx], False)
-    losses = model.loss(logits, y_all[idx])
-    return total + jnp.sum(losses * mask), None
-
-  total, _ = jax.lax.scan(batch_loss, jnp.zeros(()), jnp.arange(num_batches))
-  return total / jnp.maximum(num_examples, 1).astype(jnp.float32)
 
 
 class _ClientArgs(NamedTuple):

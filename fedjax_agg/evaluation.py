@@ -19,11 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg.federated import FederatedData
-from fedjax_agg.types import Model, Params
+from fedjax_agg.types import Model, PAD_TARGET, Params, target_counts
 
 __all__ = ["EvalSet", "check_eval_sets", "classification_metrics",
-           "client_losses", "evaluate", "map_batches", "per_client_mean",
-           "per_example_fn", "per_example_losses", "stacked_per_example_fn"]
+           "client_losses", "evaluate", "map_batches", "mean_client_loss",
+           "per_client_mean",
+           "mean_loss", "per_example_fn", "per_example_losses",
+           "stacked_per_example_fn"]
 
 
 class EvalSet(NamedTuple):
@@ -111,10 +113,11 @@ def map_batches(fn, params, x, y, batch_size: int, sharding=None):
   """``fn(params, x_batch, y_batch) -> (losses, preds)`` over (x, y).
 
   Runs ``fn`` on batches of ``batch_size`` (the last one padded, so ``fn``
-  compiles once) and concatenates along the last axis: [..., M] each (a
-  leading axis is kept, e.g. the members of a sweep). ``sharding``: where
-  each batch goes (e.g. split over the devices of a mesh, ``params``
-  replicated there): the forward passes then run on every device.
+  compiles once) and concatenates along the example axis: losses [..., M]
+  and predictions [..., M] ([..., M, T] for per-token targets); a leading
+  axis is kept, e.g. the members of a sweep. ``sharding``: where each
+  batch goes (e.g. split over the devices of a mesh, ``params`` replicated
+  there): the forward passes then run on every device.
   """
   if sharding is not None:
     devices = len(sharding.device_set)
@@ -127,13 +130,17 @@ def map_batches(fn, params, x, y, batch_size: int, sharding=None):
     short = batch_size - xb.shape[0]
     if short:  # pad the last batch so the function compiles once
       xb = jnp.concatenate([xb, jnp.zeros((short,) + xb.shape[1:], xb.dtype)])
-      yb = jnp.concatenate([yb, jnp.zeros((short,), yb.dtype)])
+      yb = jnp.concatenate([yb, jnp.zeros((short,) + yb.shape[1:], yb.dtype)])
     if sharding is not None:
       xb, yb = jax.device_put((xb, yb), sharding)
     loss_b, pred_b = fn(params, xb, yb)
-    losses.append(loss_b[..., :batch_size - short])
-    preds.append(pred_b[..., :batch_size - short])
-  return jnp.concatenate(losses, -1), jnp.concatenate(preds, -1)
+    axis = loss_b.ndim - 1  # the example axis, after any leading ones
+    losses.append(jax.lax.slice_in_dim(loss_b, 0, batch_size - short,
+                                       axis=axis))
+    preds.append(jax.lax.slice_in_dim(pred_b, 0, batch_size - short,
+                                      axis=axis))
+  axis = losses[0].ndim - 1
+  return jnp.concatenate(losses, axis), jnp.concatenate(preds, axis)
 
 
 def per_example_losses(model: Model, params: Params, x, y,
@@ -147,9 +154,16 @@ def per_example_losses(model: Model, params: Params, x, y,
 
 def classification_metrics(labels, predictions, num_classes: int
                            ) -> dict[str, float]:
-  """Accuracy and macro-F1 (mean over classes present in labels or preds)."""
+  """Accuracy and macro-F1 (mean over classes present in labels or preds).
+
+  Per-token targets [M, T] are scored at their positions that are not
+  ``PAD_TARGET`` (token accuracy and macro-F1 over the vocabulary).
+  """
   labels = np.asarray(labels)
   predictions = np.asarray(predictions)
+  if labels.ndim > 1:
+    scored = labels != PAD_TARGET
+    labels, predictions = labels[scored], predictions[scored]
   confusion = np.zeros((num_classes, num_classes), np.int64)
   np.add.at(confusion, (labels, predictions), 1)
   tp = np.diag(confusion).astype(np.float64)
@@ -158,8 +172,21 @@ def classification_metrics(labels, predictions, num_classes: int
   present = (tp + fp + fn) > 0
   denom = 2 * tp + fp + fn
   f1 = np.where(denom > 0, 2 * tp / np.where(denom > 0, denom, 1), 0.0)
-  return {"accuracy": float(np.mean(labels == predictions)),
+  return {"accuracy": float(np.mean(labels == predictions))
+                      if labels.size else 0.0,
           "macro_f1": float(f1[present].mean()) if present.any() else 0.0}
+
+
+def mean_loss(losses, labels) -> jax.Array:
+  """Mean of per-example losses [..., M], each weighted by its scored
+  targets (``target_counts``: 1 per class label, the real tokens of a
+  sequence). -> [...]."""
+  labels = jnp.asarray(labels)
+  if labels.ndim == 1:
+    return jnp.mean(losses, axis=-1)
+  weights = target_counts(labels)
+  return jnp.sum(losses * weights, axis=-1) / jnp.maximum(jnp.sum(weights),
+                                                          1.0)
 
 
 def evaluate(model: Model, params: Params, x, y, num_classes: int,
@@ -170,7 +197,7 @@ def evaluate(model: Model, params: Params, x, y, num_classes: int,
   losses, preds = per_example_losses(model, params, x, y, batch_size,
                                      sharding)
   out = classification_metrics(y, preds, num_classes)
-  out["loss"] = float(jnp.mean(losses))
+  out["loss"] = float(mean_loss(losses, y))
   return out
 
 
@@ -186,12 +213,47 @@ def client_losses(model: Model, params: Params, data: FederatedData,
   losses = jax.device_put(losses, data.client_indices.sharding
                           if hasattr(data.client_indices, "sharding")
                           else None)
-  return per_client_mean(losses, data.client_indices, data.num_examples)
+  return per_client_mean(losses, data.client_indices, data.num_examples,
+                         target_counts(data.y) if data.y.ndim > 1 else None)
 
 
-def per_client_mean(losses, client_indices, num_examples) -> jax.Array:
-  """[M] pooled per-example values -> [N] mean over each client's rows."""
+def per_client_mean(losses, client_indices, num_examples,
+                    weights=None) -> jax.Array:
+  """[M] pooled per-example values -> [N] mean over each client's rows.
+
+  ``weights``: [M] per-example weights (``target_counts`` of the targets,
+  so that a sequence client's mean is over its real tokens); None: every
+  row weighs 1.
+  """
   positions = jnp.arange(client_indices.shape[1])[None]
   mask = positions < num_examples[:, None]
-  per_client = jnp.sum(jnp.where(mask, losses[client_indices], 0.0), 1)
-  return per_client / num_examples
+  if weights is None:
+    per_client = jnp.sum(jnp.where(mask, losses[client_indices], 0.0), 1)
+    return per_client / num_examples
+  row_weights = jnp.where(mask, weights[client_indices], 0.0)
+  per_client = jnp.sum(row_weights * losses[client_indices], 1)
+  return per_client / jnp.maximum(jnp.sum(row_weights, 1), 1.0)
+
+
+def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
+                     num_examples, batch_size: int) -> jax.Array:
+  """Mean task loss of ``params`` over one client's examples. -> []."""
+  width = indices.shape[0]
+  num_batches = -(-width // batch_size)
+  padded = jnp.pad(indices, (0, num_batches * batch_size - width))
+  positions = jnp.arange(num_batches * batch_size)
+
+  def batch_loss(totals, b):
+    idx = jax.lax.dynamic_slice_in_dim(padded, b * batch_size, batch_size)
+    pos = jax.lax.dynamic_slice_in_dim(positions, b * batch_size, batch_size)
+    # Each example weighs its scored targets (1 for a class label).
+    weights = (pos < num_examples).astype(jnp.float32) * target_counts(
+        y_all[idx])
+    logits, _ = model.apply(params, x_all[idx], False)
+    losses = model.loss(logits, y_all[idx])
+    return (totals[0] + jnp.sum(losses * weights),
+            totals[1] + jnp.sum(weights)), None
+
+  (total, weight), _ = jax.lax.scan(
+      batch_loss, (jnp.zeros(()), jnp.zeros(())), jnp.arange(num_batches))
+  return total / jnp.maximum(weight, 1.0)

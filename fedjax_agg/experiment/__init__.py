@@ -106,7 +106,9 @@ from fedjax_agg.experiment._data import DATASET_DEFAULTS
 from fedjax_agg.experiment._data import load_config
 from fedjax_agg.experiment._data import load_dataset
 from fedjax_agg.experiment._data import override
+from fedjax_agg.experiment._data import natural_clients
 from fedjax_agg.experiment._data import partition_indices
+from fedjax_agg.experiment._data import partition_source
 from fedjax_agg.experiment._data import plot_partition
 from fedjax_agg.experiment._data import prepare_data
 from fedjax_agg.experiment._record import check_output_dir
@@ -150,7 +152,8 @@ __all__ = ["ALGORITHM_KEYS", "build", "build_rule", "Built",
            "FEDDRL_MIN_AGENT_STEPS", "load_config", "load_dataset",
            "MODEL_KEYS", "model_parameters", "model_takes_options",
            "objective_of", "output_names", "override", "parse_sets",
-           "partition_indices", "PARTITION_KEYS", "partition_parameters",
+           "natural_clients", "partition_indices", "partition_source",
+           "PARTITION_KEYS", "partition_parameters",
            "plot_partition", "prepare_data", "resolve_config",
            "rule_arguments", "run_algorithm", "run_config", "run_record",
            "SCRIPT_ALGORITHM_KEYS", "script_config", "SCRIPT_KEYS",

@@ -188,7 +188,10 @@ def _keyword_parameters(factory) -> dict[str, inspect.Parameter]:
 
 def partition_parameters(name: str) -> dict[str, inspect.Parameter]:
   """The arguments a config's ``partition.args`` may give recipe ``name``
-  (all but the labels, ``num_clients`` and the seed)."""
+  (all but the labels, ``num_clients`` and the seed; none for a natural
+  federation's own clients)."""
+  if name == partitions.NATURAL:
+    return {}
   return {arg: p for arg, p in partitions.REGISTRY.parameters(name).items()
           if arg not in _PARTITION_GIVEN}
 
@@ -244,8 +247,27 @@ def _check_depth(config) -> None:
 def _check_dataset(config: dict) -> None:
   dataset = _check_keys("dataset", config["dataset"],
                         ("name", *DATASET_DEFAULTS), required=("name",))
-  _check_name("dataset.name", dataset["name"], data_lib.NAMES)
+  _check_name("dataset.name", dataset["name"], data_lib.ALL_NAMES)
   dataset = {**DATASET_DEFAULTS, **dataset}
+  arguments = _check_mapping("dataset.args", dataset["args"])
+  if dataset["name"] in data_lib.FEDERATIONS:
+    # A natural federation brings its own clients and test rows.
+    _check_arguments("dataset.args", arguments,
+                     data_lib.federation_parameters(
+                         dataset["name"]))
+    for key in ("standardize", "max_train_examples", "max_test_examples"):
+      if dataset[key] not in (None, False):
+        raise ConfigError(f"dataset.{key}", f"dataset.{key} applies to the "
+                          "image datasets, not to the natural federation "
+                          f"{dataset['name']!r} (its clients are its own)")
+    if dataset["source"] != "auto":
+      raise ConfigError("dataset.source", f"dataset.source must be 'auto' "
+                        f"for the natural federation {dataset['name']!r}")
+  elif arguments:
+    raise ConfigError("dataset.args", f"dataset.args are a natural "
+                      f"federation's ({data_lib.FEDERATIONS}); dataset "
+                      f"{dataset['name']!r} takes none, got "
+                      f"{sorted(arguments)}")
   _check_name("dataset.source", dataset["source"], data_lib.SOURCES)
   if dataset["source"] == "mnist_5k" and dataset["name"] != "mnist":
     raise ConfigError("dataset.source", "dataset.source 'mnist_5k' holds "
@@ -267,9 +289,19 @@ def _check_dataset(config: dict) -> None:
 def _check_partition(config: dict) -> None:
   partition = _check_keys("partition", config["partition"], PARTITION_KEYS,
                           required=("name", "num_clients"))
-  _check_name("partition.name", partition["name"], partitions.NAMES)
+  _check_name("partition.name", partition["name"], partitions.ALL_NAMES)
   _check_int("partition.num_clients", partition["num_clients"], 1)
   _check_int("partition.seed_offset", partition.get("seed_offset", 0), 0)
+  natural = partition["name"] == partitions.NATURAL
+  federation = config["dataset"]["name"] in data_lib.FEDERATIONS
+  if natural != federation:
+    raise ConfigError("partition.name", (
+        f"partition.name {partitions.NATURAL!r} takes a natural federation "
+        f"{data_lib.FEDERATIONS} as dataset, not "
+        f"{config['dataset']['name']!r}") if natural else (
+            f"dataset {config['dataset']['name']!r} is a natural federation: "
+            f"partition.name must be {partitions.NATURAL!r} (its own "
+            f"clients), not {partition['name']!r}"))
   _check_arguments("partition.args", partition.get("args", {}),
                    partition_parameters(partition["name"]))
   _check_number("partition.holdout_fraction",

@@ -12,6 +12,7 @@ import numpy as np
 from fedjax_agg import data as data_lib
 from fedjax_agg import federated
 from fedjax_agg import partitions
+from fedjax_agg import plotting
 from fedjax_agg import validation
 from fedjax_agg import spec as spec_lib
 
@@ -50,10 +51,14 @@ def override(config: dict, dotted: dict[str, Any]) -> dict:
   return config
 
 
-def load_dataset(config: dict) -> data_lib.Dataset:
-  """The config's dataset, cut to its ``max_train_examples`` /
-  ``max_test_examples`` (the first ones of each split)."""
+def load_dataset(config: dict):
+  """The config's dataset: a ``data.Dataset`` cut to its
+  ``max_train_examples`` / ``max_test_examples`` (the first ones of each
+  split), or for a natural federation its ``data.NaturalFederation``."""
   dcfg = {**DATASET_DEFAULTS, **config["dataset"]}
+  if dcfg["name"] in data_lib.FEDERATIONS:
+    return data_lib.load_federation(dcfg["name"], dcfg["data_dir"],
+                                    **dcfg["args"])
   dataset = data_lib.load(dcfg["name"], source=dcfg["source"],
                           data_dir=dcfg["data_dir"],
                           standardize=dcfg["standardize"])
@@ -72,28 +77,59 @@ def load_dataset(config: dict) -> data_lib.Dataset:
   return dataset._replace(**cuts)
 
 
+def natural_clients(config: dict, seed: int,
+                    federation: data_lib.NaturalFederation) -> np.ndarray:
+  """Which of a natural federation's clients the config's run federates:
+  all of them when ``partition.num_clients`` is their number, else that
+  many drawn without replacement with the partition's seed (kept in the
+  federation's order). -> [N] client positions."""
+  pcfg = config["partition"]
+  wanted, available = pcfg["num_clients"], federation.num_clients
+  if wanted > available:
+    raise ValueError(f"partition.num_clients is {wanted} but the natural "
+                     f"federation {federation.name!r} has {available} "
+                     "clients")
+  if wanted == available:
+    return np.arange(available)
+  rng = np.random.default_rng(seed + pcfg.get("seed_offset", 0))
+  return np.sort(rng.choice(available, wanted, replace=False))
+
+
 def partition_indices(config: dict, seed: int, train_y) -> list[np.ndarray]:
-  """The config's partition of the labels ``train_y`` for ``seed``."""
+  """The config's partition of the labels ``train_y`` for ``seed``; for a
+  natural federation (``train_y`` is then the ``NaturalFederation``) the
+  training rows of its ``natural_clients``."""
+  if isinstance(train_y, data_lib.NaturalFederation):
+    return [np.asarray(train_y.train_clients[i])
+            for i in natural_clients(config, seed, train_y)]
   pcfg = config["partition"]
   return partitions.REGISTRY.build(
       pcfg["name"], labels=train_y, num_clients=pcfg["num_clients"],
       seed=seed + pcfg.get("seed_offset", 0), **pcfg.get("args", {}))
 
 
+def partition_source(dataset):
+  """What ``partition_indices`` reads of ``load_dataset``'s result: the
+  labels, or a natural federation whole."""
+  if isinstance(dataset, data_lib.NaturalFederation):
+    return dataset
+  return dataset.train_y
+
+
 def prepare_data(config: dict, seed: int,
-                 dataset: Optional[data_lib.Dataset] = None,
-                 indices: Optional[Sequence[np.ndarray]] = None):
+                 dataset=None, indices: Optional[Sequence[np.ndarray]] = None):
   """-> (FederatedData, (test_x, test_y), num_classes, input_shape, indices,
   train_y).
 
   ``dataset``: ``load_dataset(config)``, loaded once for several seeds
   (default: loaded here); ``indices``: ``partition_indices(config, seed,
-  dataset.train_y)`` where already computed.
+  partition_source(dataset))`` where already computed. For a natural
+  federation the test rows are those of the federated clients.
   """
   if dataset is None:
     dataset = load_dataset(config)
   if indices is None:
-    indices = partition_indices(config, seed, dataset.train_y)
+    indices = partition_indices(config, seed, partition_source(dataset))
   data = federated.from_partition(dataset.train_x, dataset.train_y, indices)
   holdout = config["partition"].get("holdout_fraction", 0.0)
   if holdout:
@@ -101,11 +137,23 @@ def prepare_data(config: dict, seed: int,
     train, held = validation.holdout_split(
         data, holdout, seed=seed + config["partition"].get("seed_offset", 0))
     data = train.with_validation(held)
-  return (data, (dataset.test_x, dataset.test_y), dataset.num_classes,
-          dataset.input_shape, indices, dataset.train_y)
+  test = (dataset.test_x, dataset.test_y)
+  if isinstance(dataset, data_lib.NaturalFederation):
+    rows = [np.asarray(dataset.test_clients[i], np.int64)
+            for i in natural_clients(config, seed, dataset)]
+    rows = np.concatenate(rows) if rows else np.zeros((0,), np.int64)
+    if rows.size == 0:
+      raise ValueError(f"the {len(indices)} clients drawn from "
+                       f"{dataset.name!r} have no test rows")
+    test = (dataset.test_x[rows], dataset.test_y[rows])
+  return (data, test, dataset.num_classes, tuple(dataset.input_shape),
+          indices, dataset.train_y)
 
 
 def plot_partition(prepared, path: str) -> str:
-  """Saves the label heatmap of a ``prepare_data`` result."""
+  """Saves the label heatmap of a ``prepare_data`` result (for per-token
+  targets: the distribution of rows and scored tokens over clients)."""
   _, _, _, _, indices, train_y = prepared
-  return partitions.plot_heatmap(indices, train_y, path)
+  if np.ndim(train_y) == 1:
+    return partitions.plot_heatmap(indices, train_y, path)
+  return plotting.plot_client_sizes(indices, train_y, path)

@@ -33,6 +33,7 @@ from fedjax_agg.experiment._checks import model_parameters
 from fedjax_agg.experiment._checks import partition_parameters
 from fedjax_agg.experiment._data import DATASET_DEFAULTS
 from fedjax_agg.experiment._data import partition_indices
+from fedjax_agg.experiment._data import partition_source
 from fedjax_agg.experiment._data import SUBSET_SOURCES
 
 
@@ -49,6 +50,11 @@ def resolve_config(config: dict) -> dict:
   resolved = copy.deepcopy(config)
   resolved["dataset"] = {"name": config["dataset"]["name"],
                          **DATASET_DEFAULTS, **config["dataset"]}
+  if resolved["dataset"]["name"] in data_lib.FEDERATIONS:
+    resolved["dataset"]["args"] = {
+        **_defaults(data_lib.federation_parameters(
+            resolved["dataset"]["name"])),
+        **resolved["dataset"]["args"]}
   partition = resolved["partition"]
   partition.setdefault("seed_offset", 0)
   partition["args"] = {
@@ -122,20 +128,28 @@ def describe_data(config: dict, dataset: data_lib.Dataset,
   for seed in seeds:
     parts = (indices or {}).get(seed)
     if parts is None:
-      parts = partition_indices(config, seed, dataset.train_y)
+      parts = partition_indices(config, seed, partition_source(dataset))
     sizes = [len(part) for part in parts]
     clients[str(seed)] = {"num_clients": len(sizes),
                           "examples_min": int(min(sizes)),
                           "examples_max": int(max(sizes)),
                           "examples_total": int(sum(sizes))}
   source = getattr(dataset, "source", None)
-  return {"name": dataset.name, "source": source,
-          "subset": source in SUBSET_SOURCES,
-          "train_examples": int(len(dataset.train_y)),
-          "test_examples": int(len(dataset.test_y)),
-          "num_classes": int(dataset.num_classes),
-          "input_shape": list(dataset.input_shape),
-          "clients_by_seed": clients}
+  described = {"name": dataset.name, "source": source,
+               "subset": source in SUBSET_SOURCES,
+               "train_examples": int(len(dataset.train_y)),
+               "test_examples": int(len(dataset.test_y)),
+               "num_classes": int(dataset.num_classes),
+               "input_shape": list(dataset.input_shape),
+               "clients_by_seed": clients}
+  if isinstance(dataset, data_lib.NaturalFederation):
+    # Where the federation came from and what its clients hold.
+    described["source"] = dataset.provenance.get("source", dataset.name)
+    described["federation"] = dataset.provenance
+    described["summary"] = {
+        key: value for key, value in data_lib.federation_summary(
+            dataset).items() if key != "targets"}
+  return described
 
 
 def shown_path(path: str) -> str:

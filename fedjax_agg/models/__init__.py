@@ -15,10 +15,22 @@ cnn_fednnnn_cifar six conv3x3 32-32-64-64-128-128 with BN, fc         1,146,088
 mlp2              flatten, fc 200, ReLU, fc 10 (FedLap, (F)MNIST)       159,010
 cnn_tf_cifar      TensorFlow-tutorial CIFAR-10 CNN (FedLap)             122,570
 vgg11             VGG-11, classifier 512-512-100 (FedDRL, CIFAR-100)  9,797,092
+char_lstm         embed 8, LSTM 256, LSTM 256, softmax (FedAvg/LEAF     817,872
+                  Shakespeare; 80 characters)
+word_lstm         embed 96, LSTM 670, fc 96, softmax (Reddi et al.    4,050,748
+                  2021 Stack Overflow; 10,004 words)
+transformer_lm    causal transformer: width 128, depth 2, 4 heads,      427,600
+                  80 positions (80 characters)
 ================= =================================================== =========
 
 (Counts are trainable parameters for the default input shape and 10
-classes, 100 for vgg11.)
+classes, 100 for vgg11, the vocabulary shown for the language models.)
+
+Language models (``SEQUENCE_MODELS``) read int32 tokens [B, T] and return
+logits [B, T, V]; their ``Model.loss`` is ``types.sequence_cross_entropy``
+(the mean over each example's real tokens; padded targets are
+``types.PAD_TARGET``), and ``num_classes`` is the vocabulary. See
+``fedjax_agg.models.sequence``.
 
 Contract (``fedjax_agg.types.Model``), written for one client:
 ``init(key) -> variables`` (``{'params': ...}`` plus ``'batch_stats'`` for
@@ -46,11 +58,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg.models import networks
+from fedjax_agg.models import sequence
 from fedjax_agg.registry import Registry
 from fedjax_agg.types import Model
+from fedjax_agg.types import sequence_cross_entropy
 
-__all__ = ["NAMES", "REGISTRY", "count_params", "default_input_shape", "get",
-           "module"]
+__all__ = ["NAMES", "REGISTRY", "SEQUENCE_MODELS", "count_params",
+           "default_input_shape", "get", "module"]
 
 _MNIST_SHAPE = (28, 28, 1)
 _CIFAR_SHAPE = (32, 32, 3)
@@ -71,11 +85,19 @@ _BUILDERS: dict[str, tuple[Callable[..., nn.Module], tuple[int, ...]]] = {
     "mlp2": (networks.MLP2, _MNIST_SHAPE),
     "cnn_tf_cifar": (networks.TFTutorialCNN, _CIFAR_SHAPE),
     "vgg11": (networks.VGG11, _CIFAR_SHAPE),
+    "char_lstm": (sequence.CharLSTM, (80,)),
+    "word_lstm": (sequence.WordLSTM, (20,)),
+    "transformer_lm": (sequence.TransformerLM, (80,)),
 }
 # Options a caller may set through ``get(**kwargs)``.
-_OPTIONS = {"mlp2": ("hidden", "batch_norm"), "vgg11": ("batch_norm",)}
+_OPTIONS = {"mlp2": ("hidden", "batch_norm"), "vgg11": ("batch_norm",),
+            "char_lstm": ("embed_dim", "hidden", "num_layers"),
+            "word_lstm": ("embed_dim", "hidden", "projection"),
+            "transformer_lm": ("width", "depth", "heads", "max_length")}
 NAMES = tuple(_BUILDERS)
 """The names of the registered networks."""
+SEQUENCE_MODELS = ("char_lstm", "word_lstm", "transformer_lm")
+"""The language models: int32 tokens [T] in, per-position logits out."""
 
 
 def module(name: str, num_classes: int, conv_impl: str = "auto",
@@ -114,17 +136,21 @@ def get(name: str, num_classes: int = 10,
     name: one of ``NAMES``.
     num_classes: size of the output layer.
     input_shape: shape of one example, (H, W, C) ([D] also works for
-      ``mlp2``); default ``default_input_shape(name)``.
+      ``mlp2``; (T,) tokens for ``SEQUENCE_MODELS``); default
+      ``default_input_shape(name)``.
     conv_impl: lowering of every convolution, one of
       ``fedjax_agg.models.layers.CONV_IMPLS``; "auto" (the default) picks
       the fastest known one for the backend. All compute the same function.
-    **kwargs: model options: ``hidden`` (mlp2's width, default 200),
-      ``batch_norm`` (vgg11 and mlp2, default False).
+    **kwargs: model options: ``hidden`` (mlp2's width, default 200; the
+      LSTMs' units), ``batch_norm`` (vgg11 and mlp2, default False);
+      ``embed_dim``, ``num_layers``, ``projection`` (LSTMs); ``width``,
+      ``depth``, ``heads``, ``max_length`` (transformer_lm).
 
   Returns:
     ``Model(init, apply)``: ``init(key) -> variables``; ``apply(variables,
     x [B, *input_shape], train) -> (logits [B, num_classes],
-    new_variables)``.
+    new_variables)`` (language models: tokens [B, T] -> logits
+    [B, T, num_classes], with ``loss`` the sequence cross-entropy).
   """
   net = module(name, num_classes, conv_impl, **kwargs)
   if input_shape is None:
@@ -134,9 +160,15 @@ def get(name: str, num_classes: int = 10,
     raise ValueError(f"input_shape must be a non-empty tuple of positive "
                      f"sizes, got {input_shape!r}")
 
+  tokens = name in SEQUENCE_MODELS
+  if tokens and len(input_shape) != 1:
+    raise ValueError(f"input_shape of {name!r} must be (T,), the tokens of "
+                     f"one sequence, got {input_shape!r}")
+
   def init(key):
-    return dict(net.init(key, jnp.zeros((1,) + input_shape, jnp.float32),
-                         train=False))
+    example = jnp.zeros((1,) + input_shape,
+                        jnp.int32 if tokens else jnp.float32)
+    return dict(net.init(key, example, train=False))
 
   def apply(variables, x, train: bool = False):
     if train and "batch_stats" in variables:
@@ -145,6 +177,8 @@ def get(name: str, num_classes: int = 10,
       return logits, {**variables, "batch_stats": updates["batch_stats"]}
     return net.apply(variables, x, train=train), variables
 
+  if tokens:
+    return Model(init, apply, sequence_cross_entropy)
   return Model(init, apply)
 
 

