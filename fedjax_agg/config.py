@@ -106,6 +106,10 @@ class LocalTraining:
       ``train_loss`` (the mean minibatch loss of local training) is always
       there.
     unroll: unroll factor of the loop over local steps (``True``: fully).
+      At 1 (the default) the loop is a ``while_loop`` that runs only the
+      client's own steps (the longest client's in a vmapped chunk); above 1
+      it is a ``scan`` over the steps of the largest client of the
+      federation, each client's extra steps masked.
     eval_batch_size: batch size of the per-client loss passes.
     steps_fn: optional per-round step budgets (``fedjax_agg.stragglers``).
   """

@@ -181,9 +181,26 @@ def _client_trainer(model: Model, training: LocalTraining):
                 steps_done + active.astype(jnp.int32),
                 loss_sum + jnp.where(active, loss, 0.0)), None
 
-      carry, _ = jax.lax.scan(step, (params, opt_state, steps_done, loss_sum),
-                              jnp.arange(epoch_steps),
-                              unroll=training.unroll)
+      carry = (params, opt_state, steps_done, loss_sum)
+      if training.unroll is not True and training.unroll == 1:
+        # Only the client's own steps run: the loop stops at its last
+        # batch (or its step budget) instead of padding every client to
+        # the federation's largest; in a vmapped chunk it runs the chunk's
+        # longest client, the others' extra steps keep their state.
+        def more(state):
+          step_index, (_, _, done, _) = state
+          return ((step_index < epoch_steps) & (step_index < client_steps)
+                  & (done < args.num_steps))
+
+        def body(state):
+          step_index, inner = state
+          inner, _ = step(inner, step_index)
+          return step_index + 1, inner
+
+        _, carry = jax.lax.while_loop(more, body, (jnp.int32(0), carry))
+      else:
+        carry, _ = jax.lax.scan(step, carry, jnp.arange(epoch_steps),
+                                unroll=training.unroll)
       return carry, None
 
     init = (start, optimizer.init(start),
@@ -287,6 +304,15 @@ def _cohort_rows(layout: _Layout, client_ids, learning_rates, num_steps,
       mask=jnp.broadcast_to(mask, (num_clients,)).astype(jnp.float32)))
 
 
+def _by_steps(data: FederatedData, client_ids, num_steps,
+              training: LocalTraining) -> jax.Array:
+  """The cohort's positions from the most local steps to the fewest."""
+  steps = jnp.minimum(
+      num_steps, training.epochs * steps_per_epoch(
+          data.num_examples[client_ids], training.batch_size))
+  return jnp.argsort(-steps, stable=True)
+
+
 def _loop_chunks(body, carry, chunks, chunk_loop: str):
   """``lax.scan(body, carry, chunks)``, or a Python loop ("unroll", or a
   single chunk)."""
@@ -358,8 +384,15 @@ def make_local_trainer(
             num_steps, key, start=None, reference=None) -> LocalResult:
     layout = _layout(client_ids.shape[0], clients_per_step, mesh,
                      client_axis)
-    rows = _cohort_rows(layout, client_ids, learning_rates, num_steps, 0, 0,
-                        start, reference)
+    # Clients side by side run as long as the longest of them: chunks of
+    # clients with similar step counts waste least (unbalanced, e.g.
+    # natural, federations). Each client's training is its own, so the
+    # order changes no result; the outputs come back in cohort order.
+    order = _by_steps(data, client_ids, num_steps, training)
+    cohort = jax.tree.map(lambda a: None if a is None else a[order],
+                          (client_ids, learning_rates, num_steps, start,
+                           reference), is_leaf=lambda a: a is None)
+    rows = _cohort_rows(layout, *cohort[:3], 0, 0, *cohort[3:])
 
     def run_chunks(global_params, data, key, args):
       def body(carry, chunk_args):
@@ -377,6 +410,8 @@ def make_local_trainer(
           out_specs=_by_client(client_axis))
     outputs = layout.from_chunks(run_chunks(global_params, data, key,
                                             rows.args))
+    back = jnp.argsort(order)
+    outputs = jax.tree.map(lambda a: a[back], outputs)
     if mesh is not None and layout.num_clients % layout.devices == 0:
       outputs = jax.lax.with_sharding_constraint(
           outputs, jax.sharding.NamedSharding(
