@@ -388,10 +388,15 @@ def make_local_trainer(
     # clients with similar step counts waste least (unbalanced, e.g.
     # natural, federations). Each client's training is its own, so the
     # order changes no result; the outputs come back in cohort order.
-    order = _by_steps(data, client_ids, num_steps, training)
-    cohort = jax.tree.map(lambda a: None if a is None else a[order],
-                          (client_ids, learning_rates, num_steps, start,
-                           reference), is_leaf=lambda a: a is None)
+    # Only lanes of one device wait for each other; with one client per
+    # device and chunk each device runs its own clients in turn.
+    lanes = clients_per_step // (1 if mesh is None
+                                 else mesh.shape[client_axis])
+    cohort = (client_ids, learning_rates, num_steps, start, reference)
+    if lanes > 1:
+      order = _by_steps(data, client_ids, num_steps, training)
+      cohort = jax.tree.map(lambda a: None if a is None else a[order],
+                            cohort, is_leaf=lambda a: a is None)
     rows = _cohort_rows(layout, *cohort[:3], 0, 0, *cohort[3:])
 
     def run_chunks(global_params, data, key, args):
@@ -410,8 +415,9 @@ def make_local_trainer(
           out_specs=_by_client(client_axis))
     outputs = layout.from_chunks(run_chunks(global_params, data, key,
                                             rows.args))
-    back = jnp.argsort(order)
-    outputs = jax.tree.map(lambda a: a[back], outputs)
+    if lanes > 1:
+      back = jnp.argsort(order)
+      outputs = jax.tree.map(lambda a: a[back], outputs)
     if mesh is not None and layout.num_clients % layout.devices == 0:
       outputs = jax.lax.with_sharding_constraint(
           outputs, jax.sharding.NamedSharding(

@@ -1,4 +1,5 @@
-"""Test configuration: float32 everywhere, CPU, deterministic hypothesis."""
+"""Test configuration: float32 everywhere, CPU, deterministic hypothesis;
+the real Fashion-MNIST as a fixture."""
 
 import os
 
@@ -39,6 +40,7 @@ if _CACHE != "0":
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", deadline=None, max_examples=25,
@@ -53,3 +55,13 @@ def pytest_sessionfinish(session, exitstatus):
   if _OWN_CACHE is not None:
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fashion():
+  """The real Fashion-MNIST from its installed files (skips without them)."""
+  from fedjax_agg import data as data_lib  # pylint: disable=g-import-not-at-top
+  try:
+    return data_lib.load("fashion_mnist", source="files")
+  except data_lib.DatasetNotFoundError as e:
+    pytest.skip(f"Fashion-MNIST files not installed: {e}")

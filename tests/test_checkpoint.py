@@ -3,7 +3,8 @@
 The kill test runs ``run_worker`` in a subprocess that checkpoints every
 round, SIGKILLs it once checkpoint ``KILL_AFTER`` is on disk, resumes in
 this process and compares every history column (but ``time_s``), every
-client row and the final state with an uninterrupted run.
+client row and the final state with an uninterrupted run. A run's
+per-client state resumes too.
 """
 
 import os
@@ -20,6 +21,7 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg import clients
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
@@ -29,6 +31,11 @@ from fedjax_agg.aggregators._feddrl import AgentConfig
 from fedjax_agg.config import Checkpointing
 from fedjax_agg import rounds as rounds_lib
 from fedjax_agg import history as history_lib
+from tests.clients._util import _run_data
+from tests.clients._util import close
+from tests.clients._util import linear_model
+from tests.clients._util import QUIET
+from tests.clients._util import RUN_TRAINING
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
@@ -364,3 +371,23 @@ def test_describe_sees_closure_hyperparameters():
                                                      alpha=5.0))
   differences = checkpoint.config_differences(a, b)
   assert differences and all("alpha" in line for line in differences)
+
+
+def test_client_state_resume_equals_uninterrupted(tmp_path):
+  data, test = _run_data()
+  model = linear_model()
+  training = RUN_TRAINING
+  update = clients.scaffold(model, training)
+  rule = clients.scaffold_aggregator(1.0)
+  kw = dict(participation=0.5, training=training, execution=QUIET,
+            local_update=update, seed=3)
+  straight = simulation.run(model, data, test, rule, num_rounds=4, **kw)
+  directory = str(tmp_path / "ckpt")
+  simulation.run(model, data, test, rule, num_rounds=2,
+                 checkpointing=Checkpointing(directory, every=1), **kw)
+  resumed = simulation.run(
+      model, data, test, rule, num_rounds=4,
+      checkpointing=Checkpointing(directory, every=1, resume=True), **kw)
+  close(resumed.state.client_state, straight.state.client_state,
+        atol=0)
+  close(resumed.state.params, straight.state.params, atol=0)

@@ -191,3 +191,28 @@ def test_check_cohort_checks_shapes_of_the_named_fields():
     checks.check_cohort(global_params, clients,
                         info._replace(loss_after=jnp.ones(2)),
                         fields=("loss_after",))
+
+
+def test_check_range_messages_and_traced_values():
+  checks.check_range("alpha", 5.0, 0, low_open=True)
+  checks.check_range("b1", np.array([0.0, 0.5]), 0, 1, high_open=True)
+  for value, low, high, kw, message in [
+      (0.0, 0, None, dict(low_open=True), "alpha must be > 0, got 0.0"),
+      (-1, 0, None, {}, "alpha must be >= 0, got -1"),
+      (1.0, 0, 1, dict(high_open=True), r"alpha must be in \[0, 1\), got"),
+      (2.0, None, 1, {}, "alpha must be <= 1"),
+      (float("nan"), 0, None, {}, "alpha must be >= 0, got nan")]:
+    with pytest.raises(ValueError, match=message):
+      checks.check_range("alpha", value, low, high, **kw)
+  for value in ("x", True, None):
+    with pytest.raises(TypeError, match="alpha must be a number"):
+      checks.check_range("alpha", value, 0)
+
+  @jax.jit
+  def traced(alpha):
+    assert checks.is_traced(alpha)
+    checks.check_range("alpha", alpha, 0, low_open=True)  # skipped
+    return aggregators.fedadp(alpha, num_clients=2) is not None
+
+  assert traced(-1.0)
+  assert not checks.is_traced(1.0)

@@ -20,7 +20,6 @@ from fedjax_agg import objectives
 from fedjax_agg import rounds
 from fedjax_agg import simulation
 from fedjax_agg import sweep
-from fedjax_agg import systems as systems_lib
 from fedjax_agg.types import ClientInfo
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
                                LocalTraining, Privacy, Systems)
@@ -178,23 +177,6 @@ def test_resume_equals_the_uninterrupted_run(tmp_path):
     _run(dataclasses.replace(systems, concurrency=5), num_rounds=4,
          evaluation=every,
          checkpointing=Checkpointing(directory=directory, resume=True))
-
-
-def test_the_plan_is_a_function_of_the_seed_and_prefix_stable():
-  population = systems_lib.System(
-      systems_lib.lognormal_profiles(50, 1), systems_lib.markov(
-          5.0, 5.0, 2, num_clients=50),
-      systems_lib.Workload(np.full(50, 20.0), 100.0, 100.0))
-  long = systems_lib.plan_async(population, 12, 8, 3, seed=4,
-                                max_staleness=6)
-  short = systems_lib.plan_async(population, 5, 8, 3, seed=4,
-                                 max_staleness=6)
-  for a, b in zip(long, short, strict=True):
-    np.testing.assert_array_equal(a[:5], b)
-  other = systems_lib.plan_async(population, 5, 8, 3, seed=5,
-                                 max_staleness=6)
-  assert not np.array_equal(other.client_ids, short.client_ids)
-  assert long.staleness.max() <= 6
 
 
 def test_ring_holds_the_versions_clients_start_from():

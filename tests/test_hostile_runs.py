@@ -21,7 +21,7 @@ from fedjax_agg import sweep
 from fedjax_agg.clients import _host_table
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
                                LocalTraining, Privacy, client_optimizer)
-from tests.clients.test_clients import _run_data, linear_model
+from tests.clients._util import _run_data, linear_model
 
 QUIET = Execution(clients_per_step=2, progress=False)
 

@@ -1,18 +1,27 @@
 """The one round loop: callbacks that stop a run (early stopping), for one
-member and for S vmapped members, with checkpoints."""
+member and for S vmapped members, with checkpoints; the non-finite
+policy, the label checks, callbacks closed at the end."""
 
 import math
 
+import jax
 import numpy as np
+import pandas as pd
 import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg import history as history_lib
 from fedjax_agg import loop
 from fedjax_agg import simulation
 from fedjax_agg import sweep
 from fedjax_agg.config import Checkpointing, Execution
-from tests.clients.test_clients import _run_data, linear_model
+from fedjax_agg.config import NonFinite
+from tests._util import _poisoned_data
+from tests._util import TRAINING
+from tests.clients._util import _run_data, linear_model
+from tests.test_engine import tiny_data
+from tests.test_engine import tiny_model
 
 QUIET = Execution(clients_per_step=2, progress=False)
 
@@ -106,3 +115,46 @@ def test_a_sweep_stops_when_every_member_asks():
 def test_early_stopping_on_a_column_the_history_lacks_is_refused():
   with pytest.raises(ValueError, match="'test_acc' is not a column"):
     _run(3, [loop.EarlyStopping("test_acc")])
+
+
+def test_run_counts_raises_or_propagates_nonfinite_clients():
+  data, test = _poisoned_data(client=1)
+  model = tiny_model()
+  kwargs = dict(num_rounds=2, participation=1.0, training=TRAINING,
+                execution=QUIET, seed=0)
+  result = simulation.run(model, data, test, aggregators.fedavg(), **kwargs)
+  assert [row["nonfinite_clients"] for row in result.history.rows[1:]] == [
+      1, 1]
+  assert all(np.isfinite(leaf).all()
+             for leaf in jax.tree.leaves(result.state.params))
+  with pytest.raises(simulation.NonFiniteError, match=r"round 1.*\[1\]"):
+    simulation.run(model, data, test, aggregators.fedavg(),
+                   nonfinite=NonFinite(clients="raise"), **kwargs)
+  # Propagated, the NaN reaches the global model: the run stops, naming
+  # the round, instead of reporting numbers of a NaN model.
+  with pytest.raises(simulation.NonFiniteError, match="round 1"):
+    simulation.run(model, data, test, aggregators.fedavg(),
+                   nonfinite=NonFinite(clients="propagate"), **kwargs)
+  recorded = simulation.run(
+      model, data, test, aggregators.fedavg(),
+      nonfinite=NonFinite(clients="propagate", model="record"), **kwargs)
+  assert np.isnan(recorded.history.rows[-1]["test_loss"])
+
+
+def test_labels_outside_the_model_outputs_are_refused():
+  data, x, y, _ = tiny_data()
+  with pytest.raises(ValueError, match=r"test_data.*labels outside \[0, 3\)"):
+    simulation.run(tiny_model(), data, (x, np.full_like(y, 7)),
+                   aggregators.fedavg(), num_rounds=1, execution=QUIET)
+
+
+def test_the_loop_closes_callbacks_so_a_sparse_writer_keeps_every_row(
+    tmp_path):
+  data, x, y, _ = tiny_data()
+  writer = history_lib.HistoryWriter(str(tmp_path / "run"), every=3)
+  simulation.run(tiny_model(), data, (x, y), aggregators.fedavg(),
+                 num_rounds=4, training=TRAINING, execution=QUIET,
+                 callbacks=[writer])
+  # Rewrites at rounds 0 and 3; round 4 is written when the loop closes.
+  frame = pd.read_csv(tmp_path / "run" / "history.csv")
+  assert list(frame["round"]) == [0, 1, 2, 3, 4]

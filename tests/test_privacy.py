@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from fedjax_agg import privacy
+from tests._util import _direct_epsilons
+from tests._util import SPECIAL
 
 N, M, DELTA = 1000, 50, 1e-5
 WOR = dict(num_clients=N, cohort_size=M, delta=DELTA)
@@ -121,3 +123,46 @@ def test_rounds_for_epsilon_checks_its_own_arguments():
     privacy.rounds_for_epsilon(0.0, 1.0, **WOR)
   with pytest.raises(ValueError, match="max_rounds"):
     privacy.rounds_for_epsilon(1.0, 1.0, max_rounds=0, **WOR)
+
+
+@pytest.mark.parametrize("restart_every", [None, 1, 2, 3])
+def test_tree_epsilons_equal_dp_accounting(restart_every):
+  cohorts = np.array([[0, 1], [2, 3], [0, 4], [1, 5], [0, 2], [3, 4],
+                      [0, 5]])
+  got = privacy.tree_epsilons(1.3, cohorts, delta=1e-5,
+                              restart_every=restart_every)
+  np.testing.assert_allclose(
+      got, _direct_epsilons(1.3, cohorts, restart_every, 1e-5), rtol=1e-12)
+  assert np.all(np.diff(got) >= 0)
+  ledger = rdp.RdpAccountant(neighboring_relation=SPECIAL)
+  ledger.compose(privacy.tree_event(1.3, cohorts, restart_every))
+  assert ledger.get_epsilon(1e-5) == pytest.approx(got[-1], rel=1e-12)
+
+
+def test_one_participation_per_tree_is_dp_accountings_restarted_tree():
+  # Each client once per tree of 3 rounds (the paper's epochs): the
+  # SelfComposedDpEvent that dp_accounting documents for restarts.
+  cohorts = np.array([[0, 1], [2, 3], [4, 5]] * 4)
+  got = privacy.tree_epsilons(0.9, cohorts, delta=1e-6, restart_every=3)
+  ledger = rdp.RdpAccountant(neighboring_relation=SPECIAL)
+  ledger.compose(dp_accounting.SelfComposedDpEvent(
+      dp_accounting.SingleEpochTreeAggregationDpEvent(0.9, 3), 4))
+  assert got[-1] == pytest.approx(ledger.get_epsilon(1e-6), rel=1e-12)
+  np.testing.assert_array_equal(
+      privacy.tree_participations(cohorts, 3), np.ones(12))
+  assert np.all(np.isinf(privacy.tree_epsilons(0.0, cohorts, delta=1e-6)))
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: privacy.tree_epsilons(1.0, [[0, 1]], delta=0.0), "delta"),
+    (lambda: privacy.tree_epsilons(-1.0, [[0]], delta=1e-5),
+     "noise_multiplier"),
+    (lambda: privacy.tree_epsilons(1.0, [0, 1], delta=1e-5), "cohorts"),
+    (lambda: privacy.tree_epsilons(1.0, [[-1]], delta=1e-5), "cohorts"),
+    (lambda: privacy.tree_epsilons(1.0, [[0.5]], delta=1e-5), "cohorts"),
+    (lambda: privacy.tree_epsilons(1.0, [[0]], delta=1e-5,
+                                   restart_every=0), "restart_every"),
+])
+def test_accounting_arguments_are_named(call, name):
+  with pytest.raises((ValueError, TypeError), match=name):
+    call()

@@ -282,7 +282,7 @@ TABLE_SHARDED = textwrap.dedent("""
     import jax, numpy as np
     from fedjax_agg import clients, distributed, simulation, validation
     from fedjax_agg.config import Execution, LocalTraining
-    from tests.clients.test_clients import linear_model, small_data
+    from tests.clients._util import linear_model, small_data
 
     data, x, y, _ = small_data(sizes=(9, 12, 8, 11, 10, 7, 9, 12))
     train, held = validation.holdout_split(data, 0.3, seed=0)

@@ -14,8 +14,8 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
-from fedjax_agg import checks
 from fedjax_agg import cli
+from fedjax_agg import clients
 from fedjax_agg import data as data_lib
 from fedjax_agg import experiment
 from fedjax_agg import federated
@@ -27,6 +27,11 @@ from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from tests import agg_testutil
+from tests.clients._util import _run_data
+from tests.clients._util import close
+from tests.clients._util import linear_model
+from tests.clients._util import QUIET
+from tests.clients._util import RUN_TRAINING
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
@@ -182,31 +187,6 @@ def test_bad_grid_values_raise_the_factory_error_before_running():
         {"n": [5, 6]})
 
 
-def test_check_range_messages_and_traced_values():
-  checks.check_range("alpha", 5.0, 0, low_open=True)
-  checks.check_range("b1", np.array([0.0, 0.5]), 0, 1, high_open=True)
-  for value, low, high, kw, message in [
-      (0.0, 0, None, dict(low_open=True), "alpha must be > 0, got 0.0"),
-      (-1, 0, None, {}, "alpha must be >= 0, got -1"),
-      (1.0, 0, 1, dict(high_open=True), r"alpha must be in \[0, 1\), got"),
-      (2.0, None, 1, {}, "alpha must be <= 1"),
-      (float("nan"), 0, None, {}, "alpha must be >= 0, got nan")]:
-    with pytest.raises(ValueError, match=message):
-      checks.check_range("alpha", value, low, high, **kw)
-  for value in ("x", True, None):
-    with pytest.raises(TypeError, match="alpha must be a number"):
-      checks.check_range("alpha", value, 0)
-
-  @jax.jit
-  def traced(alpha):
-    assert checks.is_traced(alpha)
-    checks.check_range("alpha", alpha, 0, low_open=True)  # skipped
-    return aggregators.fedadp(alpha, num_clients=2) is not None
-
-  assert traced(-1.0)
-  assert not checks.is_traced(1.0)
-
-
 CONFIG = {
     "name": "tiny_sweep",
     "dataset": {"name": "fashion_mnist", "source": "files",
@@ -352,3 +332,23 @@ def test_sweep_members_shard_over_devices():
                         env=agg_testutil.device_env(4, ROOT),
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_sweep_members_keep_their_own_client_state():
+  data, test = _run_data()
+  model = linear_model()
+  training = RUN_TRAINING
+  update = clients.ditto(model, training, lam=0.5)
+  members = sweep.run_sweep(
+      lambda h: aggregators.fedavg(), {"learning_rate": [0.1, 0.2]},
+      seeds=[0], model=model, data=data, test_data=test, num_rounds=2,
+      participation=0.5, training=training, execution=QUIET,
+      local_update=update)
+  for member, lr in zip(members, [0.1, 0.2], strict=True):
+    alone = simulation.run(
+        model, data, test, aggregators.fedavg(), num_rounds=2,
+        participation=0.5, training=LocalTraining(
+            epochs=1, batch_size=4, learning_rate=lr),
+        execution=QUIET, local_update=update, seed=0)
+    close(member.state.client_state,
+          alone.state.client_state, atol=1e-6)

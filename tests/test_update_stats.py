@@ -8,10 +8,7 @@ import pytest
 from fedjax_agg import tree_math
 from fedjax_agg import update_stats
 from tests import agg_testutil as tu
-
-
-def _np_cosines(a, b):
-  return np.sum(a * b, -1) / np.sqrt(np.sum(a * a, -1) * np.sum(b * b, -1))
+from tests._util import _np_cosines
 
 
 @pytest.mark.parametrize("num_clients,chunk", [
@@ -107,38 +104,3 @@ def test_bad_chunk_raises():
   stacked = tu.make_clients(np.random.default_rng(1), params, 2)
   with pytest.raises(ValueError, match="chunk"):
     update_stats.update_moments(stacked, params, jnp.ones(2), chunk=0)
-
-
-@pytest.mark.parametrize("magnitude", [1e-30, 1e25, 1e37])
-def test_tree_math_norms_and_cosines_are_scale_safe(magnitude):
-  rng = np.random.default_rng(2)
-  a = rng.normal(size=(6, 40)).astype(np.float32)
-  b = rng.normal(size=(6, 40)).astype(np.float32)
-  b[3] = 0.0  # no direction: cosine 0
-  params = tu.make_params(rng)
-  structure = tree_math.layer_structure(params)
-
-  @jax.jit
-  def stats(a, b, params):
-    return (tree_math.cosines(a, b), tree_math.vector_norm(a, axis=1),
-            tree_math.layer_norms(params, structure))
-
-  unit = stats(a, b, params)
-  scaled = stats(a * magnitude, b * magnitude,
-                 jax.tree.map(lambda x: x * magnitude, params))
-  np.testing.assert_allclose(scaled[0], unit[0], rtol=1e-5, atol=1e-6)
-  assert unit[0][3] == 0
-  np.testing.assert_allclose(unit[0][:3], _np_cosines(a[:3], b[:3]),
-                             rtol=1e-5)
-  for got, want in zip(scaled[1:], unit[1:], strict=True):
-    np.testing.assert_allclose(np.asarray(got, np.float64) / magnitude, want,
-                               rtol=1e-5)
-
-
-def test_weighted_sum_skips_rows_of_weight_zero_whatever_they_hold():
-  stacked = {"w": jnp.asarray([[1.0, 2.0], [jnp.nan, jnp.inf], [3.0, 4.0]])}
-  out = jax.jit(tree_math.weighted_sum)(stacked, jnp.asarray([0.5, 0.0, 0.5]))
-  np.testing.assert_allclose(out["w"], [2.0, 3.0])
-  weights = tree_math.normalize_weights(jnp.asarray([1.0, jnp.nan, 3.0]),
-                                        jnp.asarray([1.0, 0.0, 1.0]))
-  np.testing.assert_allclose(weights, [0.25, 0.0, 0.75])

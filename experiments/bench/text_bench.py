@@ -73,7 +73,8 @@ def engine_rounds(args, model, params, x, y, parts):
   data = federated.from_partition(x, y, parts, device=device)
   trainer = engine.make_local_trainer(
       model, LocalTraining(batch_size=BATCH_SIZE, epochs=1,
-                           compute_losses=False), mesh=mesh)
+                           compute_losses=False), mesh=mesh,
+      clients_per_step=args.clients_per_step)
   aggregator = aggregators.fedavg()
   n = len(parts)
   ids = jnp.arange(n, dtype=jnp.int32)
@@ -142,6 +143,8 @@ def main(argv=None):
   p.add_argument("--lr", type=float, default=1.0)
   p.add_argument("--mode", choices=("engine", "loop"), default="engine")
   p.add_argument("--host-devices", type=int, default=os.cpu_count() or 1)
+  p.add_argument("--clients-per-step", type=int, default=None,
+                 help="engine vmap width (default: the engine's)")
   args = p.parse_args(argv)
   if args.mode == "engine" and args.host_devices > 1:
     distributed.use_cpu_devices(args.host_devices)
@@ -163,7 +166,8 @@ def main(argv=None):
       "round_s": round(round_s, 3),
       "rows_per_s": round(len(x) / round_s, 1),
       "tokens_per_s": round(tokens / round_s, 1),
-      "devices": jax.device_count(), "backend": jax.default_backend(),
+      "devices": jax.device_count(),
+      "clients_per_step": args.clients_per_step, "backend": jax.default_backend(),
       "jax": jax.__version__, "python": platform.python_version()}))
 
 

@@ -46,6 +46,7 @@ import copy
 import json
 import os
 import sys
+import warnings
 from typing import Optional, Sequence
 
 from fedjax_agg import aggregators
@@ -84,11 +85,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     raise SystemExit(2) from None
 
 
-def _start_jax(args) -> None:
-  """--cpu-devices and --distributed: before anything starts JAX."""
-  from fedjax_agg import distributed  # pylint: disable=g-import-not-at-top
+def _model_name(args, given: set[str]) -> Optional[str]:
+  """The run's network as the flags or the config file name it (read
+  before JAX starts; None where the file cannot say)."""
+  if "model" in given or not args.config:
+    return args.model
   try:
-    if args.cpu_devices is None:
+    with open(args.config) as f:
+      return json.load(f)["model"]["name"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None  # the config's own checks name the fault later
+
+
+def _one_device(distributed) -> None:
+  """One CPU device, unless XLA_FLAGS sets the count or JAX already runs
+  (then its devices stay, as ``distributed.use_all_cores`` does)."""
+  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS",
+                                                                ""):
+    return
+  try:
+    distributed.use_cpu_devices(1)
+  except RuntimeError as error:
+    warnings.warn(f"--cpu-devices: {error}", stacklevel=2)
+
+
+def _start_jax(args, given: set[str]) -> None:
+  """--cpu-devices and --distributed: before anything starts JAX.
+
+  Without --cpu-devices the CPU is split into one device per core, except
+  for the language models: their recurrent or attention steps use every
+  core of one device better than one core each of several (measured on
+  the char-LSTM, experiments/bench/README.md)."""
+  from fedjax_agg import distributed  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import models  # pylint: disable=g-import-not-at-top
+  try:
+    if args.cpu_devices is None and (_model_name(args, given)
+                                     in models.SEQUENCE_MODELS):
+      _one_device(distributed)
+    elif args.cpu_devices is None:
       distributed.use_all_cores()
     else:
       distributed.use_cpu_devices(args.cpu_devices)
@@ -170,7 +204,7 @@ def _main(argv: list[str]) -> int:
   if args.list is not None:
     print("\n".join(describe(args.list)))
     return 0
-  _start_jax(args)
+  _start_jax(args, given)
   # Imported here so that --help does not wait for them.
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import jsonio  # pylint: disable=g-import-not-at-top

@@ -16,10 +16,10 @@ from fedjax_agg import aggregators
 from fedjax_agg import testing
 from tests import agg_testutil as tu
 from tests.agg_testutil import EXAMPLES
-from tests.aggregators.test_robust_rules import flat
-from tests.aggregators.test_robust_rules import garbage_cohort
-from tests.aggregators.test_robust_rules import MASKS
-from tests.aggregators.test_robust_rules import permute_info
+from tests.aggregators._util import flat
+from tests.aggregators._util import garbage_cohort
+from tests.aggregators._util import MASKS
+from tests.aggregators._util import permute_info
 
 K = 6
 

@@ -1,28 +1,27 @@
 """DP-FTRL (Kairouz et al., ICML 2021): golden tests against numpy FTRL
 and an independent tree decomposition, the noise's covariance, padding,
-restarts, and the accounting of runs against dp_accounting."""
+restarts, and the accounting of its runs against dp_accounting.
+"""
 
 import functools
 import pickle
 
-import dp_accounting
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from dp_accounting import rdp
 
 from fedjax_agg import aggregators
-from fedjax_agg import privacy
 from fedjax_agg import simulation
 from fedjax_agg.aggregators import _dp_fedavg
 from fedjax_agg.config import Execution, Privacy
 from tests import agg_testutil as tu
-from tests.aggregators.test_robust_rules import flat
-from tests.aggregators.test_robust_rules import garbage_cohort
-from tests.aggregators.test_robust_rules import MASKS
-from tests.clients.test_clients import _run_data, linear_model
+from tests._util import _direct_epsilons
+from tests.aggregators._util import flat
+from tests.aggregators._util import garbage_cohort
+from tests.aggregators._util import MASKS
+from tests.clients._util import _run_data, linear_model
 
 K = 6
 QUIET = Execution(clients_per_step=2, progress=False)
@@ -277,71 +276,6 @@ def test_bad_arguments_name_the_argument(kwargs, name):
 
 # ---------------------------------------------------------------------------
 # Accounting.
-
-SPECIAL = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
-
-
-def _direct_epsilons(z, cohorts, restart_every, delta):
-  """epsilon after each round from dp_accounting, trees by hand: each tree
-  of T rounds so far whose most frequent client took part k times is a
-  SingleEpochTreeAggregationDpEvent(z / k, T)."""
-  out = []
-  for r in range(1, len(cohorts) + 1):
-    length = restart_every or r
-    events = []
-    for start in range(0, r, length):
-      tree = [int(c) for row in cohorts[start:min(start + length, r)]
-              for c in row]
-      k = max(tree.count(c) for c in set(tree))
-      events.append(dp_accounting.SingleEpochTreeAggregationDpEvent(
-          z / k, min(start + length, r) - start))
-    ledger = rdp.RdpAccountant(neighboring_relation=SPECIAL)
-    ledger.compose(dp_accounting.ComposedDpEvent(events))
-    out.append(ledger.get_epsilon(delta))
-  return np.array(out)
-
-
-@pytest.mark.parametrize("restart_every", [None, 1, 2, 3])
-def test_tree_epsilons_equal_dp_accounting(restart_every):
-  cohorts = np.array([[0, 1], [2, 3], [0, 4], [1, 5], [0, 2], [3, 4],
-                      [0, 5]])
-  got = privacy.tree_epsilons(1.3, cohorts, delta=1e-5,
-                              restart_every=restart_every)
-  np.testing.assert_allclose(
-      got, _direct_epsilons(1.3, cohorts, restart_every, 1e-5), rtol=1e-12)
-  assert np.all(np.diff(got) >= 0)
-  ledger = rdp.RdpAccountant(neighboring_relation=SPECIAL)
-  ledger.compose(privacy.tree_event(1.3, cohorts, restart_every))
-  assert ledger.get_epsilon(1e-5) == pytest.approx(got[-1], rel=1e-12)
-
-
-def test_one_participation_per_tree_is_dp_accountings_restarted_tree():
-  # Each client once per tree of 3 rounds (the paper's epochs): the
-  # SelfComposedDpEvent that dp_accounting documents for restarts.
-  cohorts = np.array([[0, 1], [2, 3], [4, 5]] * 4)
-  got = privacy.tree_epsilons(0.9, cohorts, delta=1e-6, restart_every=3)
-  ledger = rdp.RdpAccountant(neighboring_relation=SPECIAL)
-  ledger.compose(dp_accounting.SelfComposedDpEvent(
-      dp_accounting.SingleEpochTreeAggregationDpEvent(0.9, 3), 4))
-  assert got[-1] == pytest.approx(ledger.get_epsilon(1e-6), rel=1e-12)
-  np.testing.assert_array_equal(
-      privacy.tree_participations(cohorts, 3), np.ones(12))
-  assert np.all(np.isinf(privacy.tree_epsilons(0.0, cohorts, delta=1e-6)))
-
-
-@pytest.mark.parametrize("call,name", [
-    (lambda: privacy.tree_epsilons(1.0, [[0, 1]], delta=0.0), "delta"),
-    (lambda: privacy.tree_epsilons(-1.0, [[0]], delta=1e-5),
-     "noise_multiplier"),
-    (lambda: privacy.tree_epsilons(1.0, [0, 1], delta=1e-5), "cohorts"),
-    (lambda: privacy.tree_epsilons(1.0, [[-1]], delta=1e-5), "cohorts"),
-    (lambda: privacy.tree_epsilons(1.0, [[0.5]], delta=1e-5), "cohorts"),
-    (lambda: privacy.tree_epsilons(1.0, [[0]], delta=1e-5,
-                                   restart_every=0), "restart_every"),
-])
-def test_accounting_arguments_are_named(call, name):
-  with pytest.raises((ValueError, TypeError), match=name):
-    call()
 
 
 def _run(priv, num_rounds=5, restart_every=2, z=1.1):

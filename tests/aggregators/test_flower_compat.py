@@ -20,10 +20,10 @@ import pytest
 
 from fedjax_agg import aggregators
 from tests import agg_testutil as tu
-from tests.aggregators.test_robust_rules import garbage_cohort
-from tests.aggregators.test_robust_rules import K
-from tests.aggregators.test_robust_rules import MASKS
-from tests.aggregators.test_robust_rules import np_krum
+from tests.aggregators._util import garbage_cohort
+from tests.aggregators._util import K
+from tests.aggregators._util import MASKS
+from tests.aggregators._util import np_krum
 
 flat = tu.flat
 

@@ -17,10 +17,10 @@ from fedjax_agg.config import EvalSet
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
-from tests.attacks.test_attacks import _cohort
-from tests.attacks.test_attacks import BAD
-from tests.attacks.test_attacks import IDS
-from tests.attacks.test_attacks import MALICIOUS
+from tests.attacks._util import _cohort
+from tests.attacks._util import BAD
+from tests.attacks._util import IDS
+from tests.attacks._util import MALICIOUS
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 

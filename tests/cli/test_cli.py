@@ -1,5 +1,7 @@
-"""The command line: one-line errors naming the flag, --help, --list,
---config, and what a run writes down (config.json, strict history.json)."""
+"""The command line: one-line errors naming the flag, errors before the
+data, ``python -m fedjax_agg``, and what a run writes down (config.json,
+strict history.json).
+"""
 
 import json
 import os
@@ -13,6 +15,7 @@ import pytest
 from fedjax_agg import cli
 from fedjax_agg import experiment
 from fedjax_agg import sweep
+from tests.cli._util import _config_file
 
 # A tiny run on the offline MNIST subset: seconds on a CPU.
 TINY = ["--dataset", "mnist", "--source", "mnist_5k",
@@ -34,24 +37,6 @@ def _error_line(capsys, argv) -> str:
   assert len(lines) == 1, err
   assert lines[0].startswith("error: ")
   return lines[0]
-
-
-def _config_file(tmp_path, **changes) -> str:
-  config = {
-      "name": "file",
-      "dataset": {"name": "mnist", "source": "mnist_5k",
-                  "max_train_examples": 400},
-      "partition": {"name": "iid", "num_clients": 4},
-      "model": {"name": "mlp2", "args": {"hidden": 16}},
-      "train": {"rounds": 5, "learning_rate": 0.1, "participation": 0.5},
-      "algorithms": {"FedAdp": {"aggregator": "fedadp",
-                                "aggregator_args": {"alpha": 2.0}}},
-      "seeds": [3],
-  }
-  config.update(changes)
-  path = tmp_path / "config.json"
-  path.write_text(json.dumps(config))
-  return str(path)
 
 
 def _bad_out_file(tmp_path):
@@ -246,78 +231,12 @@ def test_internal_errors_keep_their_traceback(tmp_path, monkeypatch):
     cli.main(TINY + ["--out", str(tmp_path / "run")])
 
 
-def test_help_lists_names_and_defaults(capsys):
-  with pytest.raises(SystemExit) as raised:
-    cli.main(["--help"])
-  assert raised.value.code == 0
-  text = " ".join(capsys.readouterr().out.split())
-  for name in ("fedadp", "fedlayerwise", "fedprox", "fedlap", "mixed_iid",
-               "dirichlet", "cnn_mcmahan", "vgg11", "fashion_mnist",
-               "cifar100", "mnist_5k"):
-    assert name in text, name
-  for default in ("(default: 0.05)", "(default: fedavg)", "(default: iid)",
-                  "(default: 10)", "(default: results/run)"):
-    assert default in text, default
-
-
-def test_list_prints_names_with_arguments_and_defaults(capsys):
-  expected = {"aggregators": "fedadp(alpha=5.0,",
-              "objectives": "fedprox(mu=0.01)",
-              "partitions": "shards(shards_per_client=2)",
-              "models": "mlp2(",
-              "datasets": "mnist(source='auto',"}
-  for what, line in expected.items():
-    assert cli.main(["--list", what]) == 0
-    out = capsys.readouterr().out
-    assert any(row.startswith(line) for row in out.splitlines()), out
-  # mixed_iid's num_iid has no default: listed bare.
-  cli.main(["--list", "partitions"])
-  assert "mixed_iid(num_iid, " in capsys.readouterr().out
-
-
 def test_list_runs_as_a_module():
   result = subprocess.run(
       [sys.executable, "-m", "fedjax_agg", "--list", "aggregators"],
       capture_output=True, text=True, check=False, timeout=120)
   assert result.returncode == 0, result.stderr
   assert "fedavg(" in result.stdout and "fednnnn(" in result.stdout
-
-
-def test_config_file_with_flags_overriding(tmp_path):
-  path = _config_file(tmp_path)
-  # --rounds 10 is the flag's default: given, it still overrides the file.
-  args, given = cli.parse(["--config", path, "--rounds", "10",
-                           "--agg-arg", "smoothing=round"])
-  config, algorithm = cli.resolve(args, given)
-  assert algorithm == "FedAdp"
-  assert config["train"] == {"rounds": 10, "learning_rate": 0.1,
-                             "participation": 0.5}
-  assert config["algorithms"]["FedAdp"]["aggregator_args"] == {
-      "alpha": 2.0, "smoothing": "round"}
-  assert config["seeds"] == [3] and config["model"]["args"] == {"hidden": 16}
-  # Another aggregator drops the file's arguments of the old one.
-  args, given = cli.parse(["--config", path, "--aggregator", "fedavg"])
-  config, _ = cli.resolve(args, given)
-  assert config["algorithms"]["FedAdp"] == {"aggregator": "fedavg"}
-  # Several algorithms: --algorithm picks one.
-  path = _config_file(tmp_path, algorithms={
-      "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedadp"}})
-  config, algorithm = cli.resolve(*cli.parse(["--config", path,
-                                              "--algorithm", "B"]))
-  assert algorithm == "B" and list(config["algorithms"]) == ["B"]
-
-
-def test_flags_alone_give_the_former_config():
-  args, given = cli.parse(["--aggregator", "fedadp", "--agg-arg",
-                           "alpha=2", "--conv-impl", "xla"])
-  config, algorithm = cli.resolve(args, given)
-  assert algorithm == "fedadp" and config["name"] == "cli"
-  assert config["algorithms"] == {"fedadp": {
-      "aggregator": "fedadp", "aggregator_args": {"alpha": 2},
-      "objective": "cross_entropy", "objective_args": {}}}
-  assert config["model"] == {"name": "cnn_mcmahan",
-                             "args": {"conv_impl": "xla"}}
-  assert config["train"]["participation"] == 0.1 and config["seeds"] == [0]
 
 
 def _strict(text: str):
@@ -485,7 +404,6 @@ def test_privacy_flag_errors_name_the_flag(flags, flag, tmp_path, capsys):
   assert flag in line, line
 
 
-
 @pytest.mark.parametrize("sweep_flags", [[], ["--seeds", "0,1"]])
 def test_early_stopping_from_the_command_line(sweep_flags, tmp_path,
                                               capsys):
@@ -504,3 +422,22 @@ def test_early_stopping_from_the_command_line(sweep_flags, tmp_path,
     history = _strict((out / folder / "history.json").read_text())
     assert [row["round"] for row in history["rows"]] == [0, 1]
     assert history["config"]["stopped_by"] == "EarlyStopping"
+
+
+def test_cli_writes_history_and_plot(fashion, tmp_path, capsys):
+  del fashion
+  out = tmp_path / "run"
+  code = cli.main([
+      "--dataset", "fashion_mnist", "--source", "files", "--partition",
+      "shards", "--num-clients", "10", "--max-train-examples", "2000",
+      "--model", "mlp2", "--rounds", "2", "--participation", "0.5",
+      "--lr", "0.1", "--out", str(out), "--no-progress", "--partition-plot"])
+  assert code == 0
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert summary["final_test_accuracy"] > summary["initial_test_accuracy"]
+  for name in ("history.csv", "history.json", "accuracy.png",
+               "partition.png"):
+    assert os.path.getsize(out / name) > 0
+  with open(out / "history.json") as f:
+    saved = json.load(f)
+  assert len(saved["rows"]) == 3 and saved["config"]["algorithm"] == "fedavg"

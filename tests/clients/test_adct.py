@@ -1,7 +1,5 @@
 """ADCT: the one-call grid search equals Algorithm 1's sequential loop."""
 
-import functools
-
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -11,43 +9,21 @@ import optax
 import pytest
 
 from fedjax_agg import aggregators
-from fedjax_agg import federated
 from fedjax_agg import objectives
 from fedjax_agg.clients._adct import ADCTState
 from fedjax_agg.clients._adct import adct
 from fedjax_agg.clients._adct import search_mask
 from fedjax_agg.clients._adct import select_configs
 from fedjax_agg import validation
-from fedjax_agg.config import Execution
 from fedjax_agg import drivers
+from tests.clients._util import _tuner
+from tests.clients._util import BATCH
+from tests.clients._util import GRID
+from tests.clients._util import learnable_data
+from tests.clients._util import np_accuracy
+from tests.clients._util import rows_of
 from tests.test_engine import reference_client
 from tests.test_engine import tiny_model
-
-GRID = ((0.05, 1), (0.5, 1), (0.05, 2), (2.0, 2))
-BATCH = 3
-
-
-def learnable_data(sizes=(12, 16, 10, 14, 9), seed=0):
-  """5 features, 3 classes given by a fixed linear map (so training helps)."""
-  rng = np.random.default_rng(seed)
-  total = sum(sizes)
-  x = rng.normal(size=(total, 5)).astype(np.float32)
-  y = np.argmax(x @ rng.normal(size=(5, 3)), axis=1)
-  bounds = np.cumsum((0,) + tuple(sizes))
-  parts = [np.arange(a, b)
-           for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-  return federated.from_partition(x, y, parts), x, y
-
-
-def rows_of(data):
-  n = np.asarray(data.num_examples)
-  return [np.asarray(data.client_indices[i, :n[i]]) for i in range(len(n))]
-
-
-def np_accuracy(model, params, x, y, indices):
-  logits, _ = model.apply(params, x[indices], False)
-  return float(np.mean(np.argmax(np.asarray(logits), 1) == y[indices]))
-
 
 def sequential_adct(model, params, x, y, train_ix, val_ix, key, target,
                     searching, previous):
@@ -69,15 +45,6 @@ def sequential_adct(model, params, x, y, train_ix, val_ix, key, target,
     tried.append((acc, -c, trained))
   acc, neg_c, trained = max(tried, key=lambda t: t[:2])
   return -neg_c, trained, acc
-
-
-@functools.lru_cache(maxsize=None)
-def _tuner(**kwargs):
-  """The gamma reading with target 0 in round 1 (the tests below were
-  written for it); the defaults have their own tests."""
-  kwargs = {"threshold_mode": "absolute", "round_one": "first", **kwargs}
-  return adct(tiny_model(), grid=GRID, batch_size=BATCH,
-                       clients_per_step=8, **kwargs)
 
 
 @hypothesis.given(st.data())
@@ -213,31 +180,6 @@ def test_round_one_searches_the_whole_grid_and_keeps_the_best():
   np.testing.assert_array_equal(legacy.config_index, 0)
 
 
-def test_server_validation_measures_every_client_on_the_same_set():
-  data, x, y = learnable_data()
-  model = tiny_model()
-  picked = validation.balanced_indices(y, per_class=4, seed=0)
-  assert len(picked) == 4 * len(np.unique(y))
-  np.testing.assert_array_equal(np.bincount(np.asarray(y)[picked]), 4)
-  server = (np.asarray(x)[picked], np.asarray(y)[picked])
-  result = drivers.run_adct(
-      model, data, (x, y), aggregators.fedavg(),
-      adct(model, grid=GRID, batch_size=BATCH, clients_per_step=8),
-      num_rounds=2, participation=0.6,
-      measure=drivers.ADCTMeasure("server", server_validation=server),
-      execution=Execution(progress=False))
-  for row in result.history.client_rows:
-    acc = np.asarray(row["adct_accuracy"]) * len(picked)
-    np.testing.assert_allclose(acc, np.round(acc), atol=1e-4)
-  with pytest.raises(ValueError, match="server_validation"):
-    drivers.run_adct(model, data, (x, y), aggregators.fedavg(), _tuner(),
-                     num_rounds=1, measure=drivers.ADCTMeasure("server"))
-  with pytest.raises(ValueError, match="server_validation"):
-    drivers.ADCTMeasure("train", server_validation=server)
-  with pytest.raises(ValueError, match="per_class"):
-    validation.balanced_indices(y, per_class=10_000)
-
-
 def test_trigger_on_global_model_accuracy():
   model, params, x, y, train_data, val_data = _setup()
   state = ADCTState(jnp.array([0, 1, 2, 3, 0], jnp.int32), jnp.zeros(5),
@@ -249,66 +191,6 @@ def test_trigger_on_global_model_accuracy():
                          for ix in rows_of(val_data)])
   assert 0 < np.sum(global_acc <= 0.5) < 5  # both branches occur
   np.testing.assert_array_equal(out.searched, global_acc <= 0.5)
-
-
-def test_holdout_split_and_client_accuracies():
-  data, x, y = learnable_data()
-  train, val = validation.holdout_split(data, 0.3, seed=4)
-  again, _ = validation.holdout_split(data, 0.3, seed=4)
-  np.testing.assert_array_equal(train.client_indices, again.client_indices)
-  for own, tr, va in zip(rows_of(data), rows_of(train), rows_of(val),
-                         strict=True):
-    assert len(va) == int(np.floor(0.3 * len(own) + 0.5))
-    assert not set(tr) & set(va)
-    np.testing.assert_array_equal(np.sort(np.concatenate([tr, va])),
-                                  np.sort(own))
-  # A client's split depends on its index and examples, not on the others.
-  parts = rows_of(data)
-  changed = federated.from_partition(x, y, [parts[0][:5]] + parts[1:])
-  _, val_changed = validation.holdout_split(changed, 0.3, seed=4)
-  for i in range(1, 5):
-    np.testing.assert_array_equal(rows_of(val_changed)[i], rows_of(val)[i])
-  model = tiny_model()
-  stacked = jax.vmap(model.init)(jax.random.split(jax.random.key(1), 5))
-  ids = jnp.array([3, 0, 4, 2, 2])
-  got = validation.client_accuracies(model, stacked, val, ids, batch_size=2,
-                                     rows_per_step=2)
-  for r, cid in enumerate(np.asarray(ids)):
-    params = jax.tree.map(lambda a, r=r: a[r], stacked)
-    np.testing.assert_allclose(
-        got[r], np_accuracy(model, params, x, y, rows_of(val)[cid]),
-        rtol=1e-6)
-  with pytest.raises(ValueError, match="fraction"):
-    validation.holdout_split(data, 1.0)
-
-
-def test_run_records_choices_and_is_reproducible():
-  data, x, y = learnable_data()
-  model = tiny_model()
-  tuner = _tuner()
-
-  def go(seed):
-    return drivers.run_adct(model, data, (x, y), aggregators.fedavg(), tuner,
-        num_rounds=2, participation=0.6, seed=seed,
-        execution=Execution(progress=False))
-
-  first, second = go(0), go(0)
-  assert len(first.history.client_rows) == 2
-  for a, b in zip(first.history.client_rows, second.history.client_rows,
-                  strict=True):
-    for name in ("client_ids", "adct_learning_rate", "adct_local_epochs",
-                 "adct_searched", "adct_accuracy"):
-      np.testing.assert_array_equal(a[name], b[name])
-  row = first.history.client_rows[0]
-  assert row["adct_searched"].all()  # nobody has a configuration yet
-  # Round 1's target (the mean accuracy before any round) is 0: grid[0].
-  np.testing.assert_array_equal(row["adct_learning_rate"],
-                                np.float32(GRID[0][0]))
-  np.testing.assert_array_equal(row["adct_local_epochs"], GRID[0][1])
-  for leaf_a, leaf_b in zip(jax.tree.leaves(first.state.params),
-                            jax.tree.leaves(second.state.params), strict=True):
-    np.testing.assert_array_equal(leaf_a, leaf_b)
-  assert np.isfinite(first.history.column("test_accuracy")).all()
 
 
 def test_bad_arguments_are_named():

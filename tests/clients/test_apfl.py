@@ -13,7 +13,7 @@ from fedjax_agg import objectives
 from fedjax_agg import rounds
 from fedjax_agg.clients._apfl import apfl, mix
 from fedjax_agg.config import Execution, LocalTraining
-from tests.clients.test_clients import bn_model
+from tests.clients._util import bn_model
 from tests.clients.test_fedper import average_leaves, SCHEDULE, run_rounds
 from tests.test_engine import tiny_data, tiny_model
 

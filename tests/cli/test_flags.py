@@ -1,0 +1,74 @@
+"""The command line's flags: --help, --list, and the config they give,
+alone or over a --config file.
+"""
+
+import pytest
+
+from fedjax_agg import cli
+from tests.cli._util import _config_file
+
+
+def test_help_lists_names_and_defaults(capsys):
+  with pytest.raises(SystemExit) as raised:
+    cli.main(["--help"])
+  assert raised.value.code == 0
+  text = " ".join(capsys.readouterr().out.split())
+  for name in ("fedadp", "fedlayerwise", "fedprox", "fedlap", "mixed_iid",
+               "dirichlet", "cnn_mcmahan", "vgg11", "fashion_mnist",
+               "cifar100", "mnist_5k"):
+    assert name in text, name
+  for default in ("(default: 0.05)", "(default: fedavg)", "(default: iid)",
+                  "(default: 10)", "(default: results/run)"):
+    assert default in text, default
+
+
+def test_list_prints_names_with_arguments_and_defaults(capsys):
+  expected = {"aggregators": "fedadp(alpha=5.0,",
+              "objectives": "fedprox(mu=0.01)",
+              "partitions": "shards(shards_per_client=2)",
+              "models": "mlp2(",
+              "datasets": "mnist(source='auto',"}
+  for what, line in expected.items():
+    assert cli.main(["--list", what]) == 0
+    out = capsys.readouterr().out
+    assert any(row.startswith(line) for row in out.splitlines()), out
+  # mixed_iid's num_iid has no default: listed bare.
+  cli.main(["--list", "partitions"])
+  assert "mixed_iid(num_iid, " in capsys.readouterr().out
+
+
+def test_config_file_with_flags_overriding(tmp_path):
+  path = _config_file(tmp_path)
+  # --rounds 10 is the flag's default: given, it still overrides the file.
+  args, given = cli.parse(["--config", path, "--rounds", "10",
+                           "--agg-arg", "smoothing=round"])
+  config, algorithm = cli.resolve(args, given)
+  assert algorithm == "FedAdp"
+  assert config["train"] == {"rounds": 10, "learning_rate": 0.1,
+                             "participation": 0.5}
+  assert config["algorithms"]["FedAdp"]["aggregator_args"] == {
+      "alpha": 2.0, "smoothing": "round"}
+  assert config["seeds"] == [3] and config["model"]["args"] == {"hidden": 16}
+  # Another aggregator drops the file's arguments of the old one.
+  args, given = cli.parse(["--config", path, "--aggregator", "fedavg"])
+  config, _ = cli.resolve(args, given)
+  assert config["algorithms"]["FedAdp"] == {"aggregator": "fedavg"}
+  # Several algorithms: --algorithm picks one.
+  path = _config_file(tmp_path, algorithms={
+      "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedadp"}})
+  config, algorithm = cli.resolve(*cli.parse(["--config", path,
+                                              "--algorithm", "B"]))
+  assert algorithm == "B" and list(config["algorithms"]) == ["B"]
+
+
+def test_flags_alone_give_the_former_config():
+  args, given = cli.parse(["--aggregator", "fedadp", "--agg-arg",
+                           "alpha=2", "--conv-impl", "xla"])
+  config, algorithm = cli.resolve(args, given)
+  assert algorithm == "fedadp" and config["name"] == "cli"
+  assert config["algorithms"] == {"fedadp": {
+      "aggregator": "fedadp", "aggregator_args": {"alpha": 2},
+      "objective": "cross_entropy", "objective_args": {}}}
+  assert config["model"] == {"name": "cnn_mcmahan",
+                             "args": {"conv_impl": "xla"}}
+  assert config["train"]["participation"] == 0.1 and config["seeds"] == [0]

@@ -1,0 +1,54 @@
+"""Reading a config and its data: overrides, and full-scale configs never
+run on the MNIST subset.
+"""
+
+import pytest
+
+from fedjax_agg import experiment
+from tests.experiment._util import CONFIG
+
+
+def test_override_and_bad_configs_are_named():
+  changed = experiment.override(CONFIG, {"train.rounds": 7})
+  assert changed["train"]["rounds"] == 7 and CONFIG["train"]["rounds"] == 2
+  bad = experiment.override(CONFIG, {"algorithms.FedAvg.aggregator": "nope"})
+  with pytest.raises(ValueError, match="algorithms.FedAvg.aggregator"):
+    experiment.check_config(bad)
+  with pytest.raises(ValueError, match=r"^train\.lr: unknown key; allowed: "
+                     r"\[.*'learning_rate'"):
+    experiment.check_config(experiment.override(CONFIG, {"train.lr": 1}))
+  # Not a recipe: a describing helper of the same module, or a private one.
+  for name in ("nope", "summary", "plot_heatmap", "_finish"):
+    with pytest.raises(ValueError, match="partition.name"):
+      experiment.check_config(
+          experiment.override(CONFIG, {"partition.name": name}))
+
+
+def test_full_scale_configs_never_run_on_the_subset():
+  from fedjax_agg import data as data_lib
+  config = {"dataset": {"name": "mnist", "source": "mnist_5k",
+                        "allow_subset": False}}
+  with pytest.raises(data_lib.DatasetNotFoundError, match="subset"):
+    experiment.load_dataset(config)
+  full = {"name": "x", "dataset": {"name": "mnist", "source": "mnist_5k",
+                                   "allow_subset": False},
+          "partition": {"name": "iid", "num_clients": 4},
+          "model": {"name": "mlp2"},
+          "algorithms": {"FedAvg": {"aggregator": "fedavg"}}}
+  with pytest.raises(experiment.ConfigError, match="allow_subset"):
+    experiment.check_config(full)
+  dataset = experiment.load_dataset({"dataset": {"name": "mnist",
+                                                 "source": "mnist_5k"}})
+  described = experiment.describe_data(
+      {**full, "dataset": {"name": "mnist", "source": "mnist_5k"}},
+      dataset, [0])
+  assert described["subset"] is True and described["source"] == "mnist_5k"
+  import glob
+  import json
+  import os
+  here = os.path.dirname(os.path.dirname(
+      os.path.dirname(os.path.abspath(__file__))))
+  for path in glob.glob(os.path.join(here, "experiments", "*", "configs",
+                                     "*_full.json")):
+    with open(path) as f:
+      assert json.load(f)["dataset"]["allow_subset"] is False, path
