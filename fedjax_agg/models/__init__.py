@@ -91,8 +91,8 @@ _BUILDERS: dict[str, tuple[Callable[..., nn.Module], tuple[int, ...]]] = {
 }
 # Options a caller may set through ``get(**kwargs)``.
 _OPTIONS = {"mlp2": ("hidden", "batch_norm"), "vgg11": ("batch_norm",),
-            "char_lstm": ("embed_dim", "hidden", "num_layers"),
-            "word_lstm": ("embed_dim", "hidden", "projection"),
+            "char_lstm": ("embed_dim", "hidden", "num_layers", "projection"),
+            "word_lstm": ("embed_dim", "hidden", "num_layers", "projection"),
             "transformer_lm": ("width", "depth", "heads", "max_length")}
 NAMES = tuple(_BUILDERS)
 """The names of the registered networks."""

@@ -23,16 +23,20 @@ without bias and a recurrent kernel with bias, i.e. ``4 (d h + h h + h)``
 parameters per layer, the count of the papers' (Keras/TF) LSTMs.
 """
 
+from typing import Optional
+
 import flax.linen as nn
 import jax.numpy as jnp
 
 
 class CharLSTM(nn.Module):
-  """Embedding, stacked LSTMs, per-position softmax layer."""
+  """Embedding, stacked LSTMs, an optional dense projection, and a
+  per-position softmax layer."""
   num_classes: int
   embed_dim: int = 8
   hidden: int = 256
   num_layers: int = 2
+  projection: Optional[int] = None
 
   @nn.compact
   def __call__(self, tokens, train: bool = False):
@@ -40,23 +44,18 @@ class CharLSTM(nn.Module):
     x = nn.Embed(self.num_classes, self.embed_dim)(tokens)
     for _ in range(self.num_layers):
       x = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(x)
+    if self.projection is not None:
+      x = nn.Dense(self.projection)(x)
     return nn.Dense(self.num_classes)(x)
 
 
-class WordLSTM(nn.Module):
-  """Embedding, one LSTM, a dense projection, per-position softmax layer."""
-  num_classes: int
+class WordLSTM(CharLSTM):
+  """``CharLSTM`` with Reddi et al.'s Stack Overflow sizes: embedding 96,
+  one LSTM of 670 units, a projection to 96."""
   embed_dim: int = 96
   hidden: int = 670
-  projection: int = 96
-
-  @nn.compact
-  def __call__(self, tokens, train: bool = False):
-    del train
-    x = nn.Embed(self.num_classes, self.embed_dim)(tokens)
-    x = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(x)
-    x = nn.Dense(self.projection)(x)
-    return nn.Dense(self.num_classes)(x)
+  num_layers: int = 1
+  projection: Optional[int] = 96
 
 
 class _Block(nn.Module):
