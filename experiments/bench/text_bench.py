@@ -167,7 +167,8 @@ def main(argv=None):
       "rows_per_s": round(len(x) / round_s, 1),
       "tokens_per_s": round(tokens / round_s, 1),
       "devices": jax.device_count(),
-      "clients_per_step": args.clients_per_step, "backend": jax.default_backend(),
+      "clients_per_step": args.clients_per_step,
+      "backend": jax.default_backend(),
       "jax": jax.__version__, "python": platform.python_version()}))
 
 
