@@ -39,9 +39,10 @@ from typing import Any, Optional, Sequence, Union
 import jax
 import numpy as np
 
-__all__ = ["CLIENT_AXIS", "Devices", "available_cores", "client_mesh",
-    "compile_together", "local_copy", "replicate", "round_mesh", "shard_rows",
-    "to_numpy", "use_all_cores", "use_cpu_devices"]
+__all__ = ["CLIENT_AXIS", "Devices", "available_cores", "by_client",
+    "client_mesh", "compile_together", "default_clients_per_step",
+    "local_copy", "replicate", "round_mesh", "shard_map_unchecked",
+    "shard_rows", "to_numpy", "use_all_cores", "use_cpu_devices"]
 
 CLIENT_AXIS = "clients"
 """The default name of the mesh axis that carries a round's clients."""
@@ -301,3 +302,32 @@ def compile_together(jitted, *args) -> None:
   jitted.lower(*args).compile()
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   multihost_utils.sync_global_devices("fedjax_agg.compile_together")
+
+
+def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,
+                             client_axis: str = "clients") -> int:
+  """The vmap width the engine uses when ``clients_per_step`` is None (see
+  ``engine.make_local_trainer``; also ``engine.default_clients_per_step``).
+
+  Measured on a 2-core CPU (5x5 conv CNN, batch 16): wider chunks were no
+  faster per client, and with K=10 a width of 8 padded 10 clients to 16.
+  """
+  devices = 1 if mesh is None else mesh.shape[client_axis]
+  if jax.default_backend() == "cpu":
+    return max(2, devices)
+  return 8 * devices
+
+
+def by_client(client_axis: str) -> jax.sharding.PartitionSpec:
+  """[chunks, W, ...] arrays split over the devices along W."""
+  return jax.sharding.PartitionSpec(None, client_axis)
+
+
+def shard_map_unchecked(fn, *, mesh, in_specs, out_specs):
+  """``jax.shard_map`` without replication checks, on old and new jax."""
+  if hasattr(jax, "shard_map"):
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
+                         out_specs=out_specs, check_vma=False)
+  from jax.experimental.shard_map import shard_map  # jax < 0.7
+  return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                   check_rep=False)

@@ -39,6 +39,9 @@ import numpy as np
 import optax
 
 from fedjax_agg import objectives as objectives_lib
+from fedjax_agg.distributed import by_client as _by_client
+from fedjax_agg.distributed import default_clients_per_step
+from fedjax_agg.distributed import shard_map_unchecked as _shard_map
 from fedjax_agg.evaluation import mean_client_loss
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.config import OptimizerFactory
@@ -582,34 +585,6 @@ def rows_finite(stacked: Any) -> jax.Array:
     return jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
   rows = [leaf_rows(leaf) for leaf in jax.tree.leaves(stacked)]
   return functools.reduce(jnp.logical_and, rows)
-
-
-def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,
-                             client_axis: str = "clients") -> int:
-  """The vmap width used when ``clients_per_step`` is None (see there).
-
-  Measured on a 2-core CPU (5x5 conv CNN, batch 16): wider chunks were no
-  faster per client, and with K=10 a width of 8 padded 10 clients to 16.
-  """
-  devices = 1 if mesh is None else mesh.shape[client_axis]
-  if jax.default_backend() == "cpu":
-    return max(2, devices)
-  return 8 * devices
-
-
-def _by_client(client_axis: str) -> jax.sharding.PartitionSpec:
-  """[chunks, W, ...] arrays split over the devices along W."""
-  return jax.sharding.PartitionSpec(None, client_axis)
-
-
-def _shard_map(fn, *, mesh, in_specs, out_specs):
-  """``jax.shard_map`` without replication checks, on old and new jax."""
-  if hasattr(jax, "shard_map"):
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
-                         out_specs=out_specs, check_vma=False)
-  from jax.experimental.shard_map import shard_map  # jax < 0.7
-  return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                   check_rep=False)
 
 
 def full_steps(data: FederatedData, client_ids, batch_size: int,
