@@ -41,7 +41,8 @@ import numpy as np
 
 __all__ = ["CLIENT_AXIS", "Devices", "available_cores", "by_client",
     "client_mesh", "compile_together", "default_clients_per_step",
-    "local_copy", "replicate", "round_mesh", "shard_map_unchecked",
+    "local_copy", "prefer_cpu_devices", "replicate", "round_mesh",
+    "shard_map_unchecked",
     "shard_rows", "to_numpy", "use_all_cores", "use_cpu_devices"]
 
 CLIENT_AXIS = "clients"
@@ -105,14 +106,21 @@ def use_all_cores() -> int:
   the default backend (rounds then run on it). Returns the CPU device
   count.
   """
+  return prefer_cpu_devices(available_cores(), "use_all_cores")
+
+
+def prefer_cpu_devices(count: int, caller: str = "prefer_cpu_devices") -> int:
+  """``use_cpu_devices(count)`` where it can still apply: an explicit
+  ``XLA_FLAGS=--xla_force_host_platform_device_count=...`` wins, and when
+  JAX already runs it warns (naming ``caller``) and keeps its devices.
+  Returns the CPU device count."""
   if _HOST_DEVICES_FLAG in os.environ.get("XLA_FLAGS", ""):
     return len(jax.devices("cpu"))
-  count = available_cores()
   try:
     use_cpu_devices(count)
   except RuntimeError as error:
     # Too late in this process (JAX already runs): keep its devices, say so.
-    warnings.warn(f"use_all_cores: {error}", stacklevel=2)
+    warnings.warn(f"{caller}: {error}", stacklevel=3)
     return len(jax.devices("cpu"))
   return count
 

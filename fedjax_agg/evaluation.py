@@ -12,7 +12,7 @@ padded) so each function compiles once per model and batch size.
   (``config.Evaluation.extra``; also importable from ``config``).
 """
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +22,9 @@ from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Model, PAD_TARGET, Params, target_counts
 
 __all__ = ["EvalSet", "check_eval_sets", "classification_metrics",
-           "client_losses", "evaluate", "map_batches", "mean_client_loss",
-           "per_client_mean",
-           "mean_loss", "per_example_fn", "per_example_losses",
-           "stacked_per_example_fn"]
+           "client_losses", "evaluate", "example_weights", "map_batches",
+           "mean_client_loss", "mean_loss", "per_client_mean",
+           "per_example_fn", "per_example_losses", "stacked_per_example_fn"]
 
 
 class EvalSet(NamedTuple):
@@ -177,14 +176,20 @@ def classification_metrics(labels, predictions, num_classes: int
           "macro_f1": float(f1[present].mean()) if present.any() else 0.0}
 
 
+def example_weights(labels) -> Optional[jax.Array]:
+  """[M] weights of per-example values for their means: the scored tokens
+  of per-token targets ``target_counts``; None for class labels (every
+  example weighs 1)."""
+  return target_counts(labels) if labels.ndim > 1 else None
+
+
 def mean_loss(losses, labels) -> jax.Array:
   """Mean of per-example losses [..., M], each weighted by its scored
   targets (``target_counts``: 1 per class label, the real tokens of a
   sequence). -> [...]."""
-  labels = jnp.asarray(labels)
-  if labels.ndim == 1:
+  weights = example_weights(jnp.asarray(labels))
+  if weights is None:
     return jnp.mean(losses, axis=-1)
-  weights = target_counts(labels)
   return jnp.sum(losses * weights, axis=-1) / jnp.maximum(jnp.sum(weights),
                                                           1.0)
 
@@ -214,7 +219,7 @@ def client_losses(model: Model, params: Params, data: FederatedData,
                           if hasattr(data.client_indices, "sharding")
                           else None)
   return per_client_mean(losses, data.client_indices, data.num_examples,
-                         target_counts(data.y) if data.y.ndim > 1 else None)
+                         example_weights(data.y))
 
 
 def per_client_mean(losses, client_indices, num_examples,

@@ -30,7 +30,6 @@ from fedjax_agg import fedbuff
 from fedjax_agg import loop
 from fedjax_agg import rounds
 from fedjax_agg import sampling as sampling_lib
-from fedjax_agg import types
 from fedjax_agg.federated import FederatedData
 
 __all__ = ["MEMBER_AXIS", "Round", "UntraceableGridError", "member",
@@ -322,8 +321,7 @@ def vmapped(plan, state, built, cohort_size: int,
           evaluation.batch_size)
       # Per-token targets (pooled, shared by the members): each example
       # weighs its real tokens.
-      weights = (types.target_counts(round_data.y)
-                 if round_data.y.ndim > 1 else None)
+      weights = evaluation_lib.example_weights(round_data.y)
       client_losses = np.asarray(jax.vmap(
           evaluation_lib.per_client_mean,
           in_axes=(0, data_axes.client_indices, data_axes.num_examples,

@@ -46,7 +46,6 @@ import copy
 import json
 import os
 import sys
-import warnings
 from typing import Optional, Sequence
 
 from fedjax_agg import aggregators
@@ -97,18 +96,6 @@ def _model_name(args, given: set[str]) -> Optional[str]:
     return None  # the config's own checks name the fault later
 
 
-def _one_device(distributed) -> None:
-  """One CPU device, unless XLA_FLAGS sets the count or JAX already runs
-  (then its devices stay, as ``distributed.use_all_cores`` does)."""
-  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS",
-                                                                ""):
-    return
-  try:
-    distributed.use_cpu_devices(1)
-  except RuntimeError as error:
-    warnings.warn(f"--cpu-devices: {error}", stacklevel=2)
-
-
 def _start_jax(args, given: set[str]) -> None:
   """--cpu-devices and --distributed: before anything starts JAX.
 
@@ -121,7 +108,7 @@ def _start_jax(args, given: set[str]) -> None:
   try:
     if args.cpu_devices is None and (_model_name(args, given)
                                      in models.SEQUENCE_MODELS):
-      _one_device(distributed)
+      distributed.prefer_cpu_devices(1, "--cpu-devices")
     elif args.cpu_devices is None:
       distributed.use_all_cores()
     else:

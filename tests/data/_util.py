@@ -85,3 +85,17 @@ def _batch(rng, num_images: int, label_key: bytes, num_classes: int):
       b"data": rng.integers(0, 256, (num_images, 3072), dtype=np.uint8),
       b"filenames": [f"img_{i}.png".encode() for i in range(num_images)],
   }
+
+
+def check_rows(fed, split, source, convert):
+  """Each client's rows of ``split`` equal ``convert`` of its source
+  arrays; a client missing from ``source`` has none."""
+  x, y = getattr(fed, f"{split}_x"), getattr(fed, f"{split}_y")
+  for cid, rows in zip(fed.client_ids, getattr(fed, f"{split}_clients"),
+                       strict=True):
+    if cid not in source:
+      assert len(rows) == 0
+      continue
+    want_x, want_y = convert(source[cid])
+    np.testing.assert_array_equal(x[rows], want_x)
+    np.testing.assert_array_equal(y[rows], want_y)

@@ -15,6 +15,7 @@ from fedjax_agg.data._fedjax_sqlite import load_fedjax_sqlite
 from fedjax_agg.data._natural import PAD_TARGET
 from fedjax_agg.data._natural import summary
 from fedjax_agg.data._text import decode_characters
+from tests.data._util import check_rows
 
 _SCHEMA = ("CREATE TABLE federated_data (client_id BLOB NOT NULL PRIMARY KEY,"
            " data BLOB NOT NULL, num_examples INTEGER NOT NULL);")
@@ -70,14 +71,8 @@ def test_emnist_rows_in_rowid_order(tmp_path):
   assert fed.name == "fedjax:emnist"
   assert fed.client_ids == tuple(train)  # Insertion (rowid) order.
   for split, source in (("train", train), ("test", test)):
-    x, y = getattr(fed, f"{split}_x"), getattr(fed, f"{split}_y")
-    for cid, rows in zip(fed.client_ids, getattr(fed, f"{split}_clients"),
-                         strict=True):
-      if cid not in source:
-        assert len(rows) == 0
-        continue
-      np.testing.assert_array_equal(x[rows], source[cid]["pixels"][..., None])
-      np.testing.assert_array_equal(y[rows], source[cid]["label"])
+    check_rows(fed, split, source,
+               lambda arrays: (arrays["pixels"][..., None], arrays["label"]))
   prov = fed.provenance
   assert prov["format"] == "fedjax_sqlite" and prov["dataset"] == "emnist"
   assert prov["files"] == {"train": ["federated_emnist_train.sqlite"],

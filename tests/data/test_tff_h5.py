@@ -10,6 +10,7 @@ from fedjax_agg.data._natural import summary
 from fedjax_agg.data._text import decode_characters
 from fedjax_agg.data._text import LEAF_CHARACTERS
 from fedjax_agg.data._tff_h5 import load_tff_h5
+from tests.data._util import check_rows
 
 h5py = pytest.importorskip("h5py")
 
@@ -45,18 +46,6 @@ def emnist(tmp_path):
   return paths, train, test
 
 
-def _check_rows(fed, split, source, convert):
-  x, y = getattr(fed, f"{split}_x"), getattr(fed, f"{split}_y")
-  for cid, rows in zip(fed.client_ids, getattr(fed, f"{split}_clients"),
-                       strict=True):
-    if cid not in source:
-      assert len(rows) == 0
-      continue
-    want_x, want_y = convert(source[cid])
-    np.testing.assert_array_equal(x[rows], want_x)
-    np.testing.assert_array_equal(y[rows], want_y)
-
-
 def test_emnist_arrays_client_order_and_provenance(emnist):
   (train_path, test_path), train, test = emnist
   fed = load_tff_h5(str(train_path), test_path)
@@ -65,8 +54,8 @@ def test_emnist_arrays_client_order_and_provenance(emnist):
   assert fed.num_classes == 62 and fed.input_shape == (28, 28, 1)
   assert fed.train_x.dtype == np.float32 and fed.train_y.dtype == np.int32
   convert = lambda a: (a["pixels"][..., None], a["label"])
-  _check_rows(fed, "train", train, convert)
-  _check_rows(fed, "test", test, convert)
+  check_rows(fed, "train", train, convert)
+  check_rows(fed, "test", test, convert)
   assert fed.provenance == {
       "format": "tff_h5", "dataset": "emnist",
       "paths": {"train": str(train_path), "test": str(test_path)},
@@ -100,8 +89,8 @@ def test_cifar100_uint8_scaled_coarse_label_ignored(tmp_path):
   assert fed.name == "tff:cifar100" and fed.num_classes == 100
   assert fed.input_shape == (32, 32, 3)
   convert = lambda a: (a["image"].astype(np.float32) / 255, a["label"])
-  _check_rows(fed, "train", train, convert)
-  _check_rows(fed, "test", test, convert)
+  check_rows(fed, "train", train, convert)
+  check_rows(fed, "test", test, convert)
 
 
 def _snippet_rows(snippets):
@@ -136,8 +125,8 @@ def test_shakespeare_each_snippet_on_its_own(tmp_path):
   assert fed.client_ids == ("KING_RICHARD", "ANNE")
   assert fed.num_classes == 80 and fed.input_shape == (80,)
   convert = lambda a: _snippet_rows(a["snippets"])
-  _check_rows(fed, "train", train, convert)
-  _check_rows(fed, "test", test, convert)
+  check_rows(fed, "train", train, convert)
+  check_rows(fed, "test", test, convert)
   # The long snippet's first row reads its first 80 characters.
   assert decode_characters(fed.train_x[0]) == long.decode()[:80]
   assert fed.provenance["dropped_clients"] == 1
