@@ -15,10 +15,36 @@ if "--xla_force_host_platform_device_count" not in os.environ.get(
                              "--xla_force_host_platform_device_count=1"
                              ).strip()
 
+# Test programs compile with LLVM at optimisation level 0 and XLA:CPU's
+# elemental emitters (``agg_testutil.FAST_COMPILE``): the tests check what
+# a program computes, not how fast its machine code runs, and most of
+# their time is compiling many small programs, which this halves.
+# FEDJAX_AGG_TEST_FAST_COMPILE=0 compiles as users' runs do. XLA aborts on
+# a flag it does not know, so the flags are tried in a process of their
+# own first (once: the workers inherit the controller's environment).
+FAST_FLAGS = ("--xla_backend_optimization_level=0",
+              "--xla_cpu_use_fusion_emitters=false")
+if (os.environ.get("FEDJAX_AGG_TEST_FAST_COMPILE", "1") != "0"
+    and "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  _known = []
+  for _flag in FAST_FLAGS:
+    _probe = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.numpy.zeros(1).sum()"],
+        env={**os.environ, "XLA_FLAGS": _flag}, capture_output=True,
+        check=False)
+    if _probe.returncode == 0:
+      _known.append(_flag)
+  os.environ["XLA_FLAGS"] = " ".join([os.environ["XLA_FLAGS"], *_known])
+  os.environ["FEDJAX_AGG_TEST_FAST_COMPILE"] = "1"
+
 # A compilation cache shared by the test processes of one session: tests
 # build the same small programs again and again (a new jit of the same
 # round is a new trace but the same XLA program), so all but the first
-# compile of each are read back. FEDJAX_AGG_TEST_COMPILE_CACHE=0 turns it
+# compile of each are read back (also the quick ones: measured, keeping
+# only those over 0.5 s made the suite 6 % slower).
+# FEDJAX_AGG_TEST_COMPILE_CACHE=0 turns it
 # off; a directory path keeps it between sessions.
 _CACHE = os.environ.get("FEDJAX_AGG_TEST_COMPILE_CACHE", "")
 _OWN_CACHE = None
@@ -65,3 +91,25 @@ def fashion():
     return data_lib.load("fashion_mnist", source="files")
   except data_lib.DatasetNotFoundError as e:
     pytest.skip(f"Fashion-MNIST files not installed: {e}")
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "default_compile: compared with values recorded under "
+      "XLA's default compile options (golden histories); in a session "
+      "that compiles fast they run in a process of their own "
+      "(tests/test_default_compile.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Leaves the ``default_compile`` tests to their own process when this
+  one compiles fast."""
+  if os.environ.get("FEDJAX_AGG_TEST_FAST_COMPILE") != "1":
+    return
+  kept = [item for item in items
+          if item.get_closest_marker("default_compile") is None]
+  if len(kept) < len(items):
+    config.hook.pytest_deselected(
+        items=[item for item in items if item not in kept])
+    items[:] = kept
+

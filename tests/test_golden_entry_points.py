@@ -20,6 +20,9 @@ import pytest
 from fedjax_agg import cli
 from fedjax_agg import experiment
 
+# Recorded under XLA's default compile options (conftest.py).
+pytestmark = pytest.mark.default_compile
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden",
                       "entry_points.json")
 
@@ -86,6 +89,26 @@ def _sweep_run(out: str) -> dict:
 RUNS = {"cli": _cli_run, "config": _config_run, "sweep": _sweep_run}
 
 
+# The entry points' runs agree across machines to about 7e-5 relative, not
+# to float32 rounding: XLA:CPU's matrix products sum in an order that
+# depends on the machine (their blocking follows its cache sizes, whatever
+# the compile options), and two rounds of local training carry that into
+# every later number. Measured between an AMD EPYC Zen 4 and the machine
+# the goldens were recorded on, the sweep's largest relative differences:
+# angles 6.9e-5, smoothed angles 5.0e-5, client loss variance 3.7e-5,
+# client weights 3.1e-5, losses 1.5e-5; accuracies equal. A change of what
+# a run computes moves them by far more.
+RTOL = 1e-4
+# FedAdp's per-client angles (radians) are arccos of cosines between
+# client updates, trained minus global weights, a difference that cancels
+# most of the weights' digits: 5.8e-5 rad apart in that comparison.
+ANGLE_ATOL = 2e-4
+
+
+def _atol(key) -> float:
+  return ANGLE_ATOL if key.endswith("angles") else 1e-6
+
+
 def _assert_close(got, want, where):
   assert set(got) >= set(want), (where, sorted(set(want) - set(got)))
   for key, value in want.items():
@@ -94,7 +117,7 @@ def _assert_close(got, want, where):
       continue
     np.testing.assert_allclose(
         np.asarray(got[key], np.float64), np.asarray(value, np.float64),
-        rtol=2e-5, atol=1e-6, err_msg=f"{where}[{key!r}]")
+        rtol=RTOL, atol=_atol(key), err_msg=f"{where}[{key!r}]")
 
 
 @pytest.mark.parametrize("entry", sorted(RUNS))

@@ -24,6 +24,9 @@ from tests.test_engine import SIZES
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
+# Recorded under XLA's default compile options (conftest.py).
+pytestmark = pytest.mark.default_compile
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "histories.json")
 ROUNDS = 3
 RULES = ("fedavg", "fedadp", "fedlayerwise", "fednnnn", "feddrl", "adct")
