@@ -13,9 +13,12 @@ by side as one vmapped sweep, one seed per CPU core. Then DP-FedAvg
 1e-5 for the cohorts drawn.
 
 Writes ``<out>/attacks.csv`` (one row per rule, attack, fraction, seed:
-final test accuracy), ``<out>/attacks_table.md`` (mean ± sd over seeds),
+final test accuracy), ``<out>/attacks_table.md`` (mean ± sd over seeds;
+every sd here is the population sd over the seeds, ddof 0, as in every
+table of the project),
 ``<out>/round_cost.csv`` (median seconds per round of each rule, clean,
-both seeds together), ``<out>/dp.csv``, ``<out>/config_attacks.json`` and
+both seeds together), ``<out>/dp.csv`` and ``<out>/dp_table.md``,
+``<out>/config_attacks.json`` and
 ``<out>/config_dp.json`` (the experiment config the part's runs are built
 from, every default written out, with its provenance: data source, every
 rule's arguments, versions and command; plus the part's own grid) and
@@ -201,12 +204,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="run DP-FTRL at the epsilons of DP-FedAvg's "
                       "--noise runs (only)")
   parser.add_argument("--skip-attacks", action="store_true")
+  parser.add_argument("--tables-only", action="store_true",
+                      help="write the tables and plots again from the "
+                      "CSVs in --out (no runs)")
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   return parser.parse_args(argv)
 
 
 def main(argv=None):
   args = parse_args(argv)
+  if args.tables_only:
+    tables(args)
+    return
   # Recorded relative to the repository when inside it (no machine paths).
   shown_out = experiment.shown_path(args.out)
   os.makedirs(args.out, exist_ok=True)
@@ -363,13 +372,26 @@ def run_backdoor(args, dataset):
   backdoor_table(args)
 
 
+def seed_sd(values) -> float:
+  """The sd every table gives: the population sd over the seeds (ddof 0;
+  with 2 seeds, half their difference)."""
+  return float(np.std(np.asarray(values, np.float64)))
+
+
+def tables(args):
+  """Every table and plot again from the committed CSVs (no runs)."""
+  table_and_plot(args)
+  backdoor_table(args)
+  dp_table_and_plot(args)
+
+
 def backdoor_table(args):
   import pandas as pd  # pylint: disable=import-outside-toplevel
   frame = pd.read_csv(os.path.join(args.out, "backdoor.csv"))
   stats = frame.groupby(["partition", "rule", "boost"]).agg(
-      acc=("test_accuracy", "mean"), acc_sd=("test_accuracy", "std"),
+      acc=("test_accuracy", "mean"), acc_sd=("test_accuracy", seed_sd),
       success=("attack_success", "mean"),
-      success_sd=("attack_success", "std")).reset_index()
+      success_sd=("attack_success", seed_sd)).reset_index()
   header = ["partition", "rule", "clean: acc. / success"] + [
       f"backdoor gamma={b:g}: acc. / success" for b in BOOSTS]
   rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -392,7 +414,7 @@ def table_and_plot(args):
   import pandas as pd  # pylint: disable=import-outside-toplevel
   frame = pd.read_csv(os.path.join(args.out, "attacks.csv"))
   stats = frame.groupby(["rule", "attack", "fraction"])[
-      "test_accuracy"].agg(["mean", "std"]).reset_index()
+      "test_accuracy"].agg(mean="mean", std=seed_sd).reset_index()
   clean = stats[stats.attack == "none"].set_index("rule")
   rules = [rule for rule in RULES if rule in set(frame.rule)]
   header = ["rule", "clean"] + [f"{a} {int(f * 100)}%" for a in args.attacks
@@ -524,11 +546,26 @@ def run_dp(args, config, dataset):
             flush=True)
       jsonio.write_text(os.path.join(args.out, "dp.csv"),
                         "\n".join(lines) + "\n")
+  dp_table_and_plot(args)
+
+
+def dp_table_and_plot(args):
+  """``dp_table.md`` and ``dp.png`` from ``dp.csv``."""
   import pandas as pd  # pylint: disable=import-outside-toplevel
   frame = pd.read_csv(os.path.join(args.out, "dp.csv"))
   stats = frame.groupby("noise_multiplier").agg(
       epsilon=("epsilon", "first"), mean=("test_accuracy", "mean"),
-      std=("test_accuracy", "std")).reset_index()
+      std=("test_accuracy", seed_sd)).reset_index()
+  rows = ["| noise multiplier z | ε (δ = 1e-5) | final test accuracy "
+          "(mean ± population sd) |",
+          "|---|---|---|"]
+  for _, row in stats.iterrows():
+    epsilon = ("∞" if not np.isfinite(row.epsilon) else
+               f"{row.epsilon:.4g}")
+    rows.append(f"| {row.noise_multiplier:g} | {epsilon} | "
+                f"{row['mean']:.3f} ± {row['std']:.3f} |")
+  jsonio.write_text(os.path.join(args.out, "dp_table.md"),
+                    "\n".join(rows) + "\n")
   fig, ax = plt.subplots(figsize=(4, 3.2))
   finite = stats[np.isfinite(stats.epsilon)]
   ax.errorbar(finite.epsilon, finite["mean"], yerr=finite["std"],

@@ -17,7 +17,8 @@ are the seeds of the call: ``<out>/<algorithm>/seed<k>/history.csv|json``,
 or ``<out>/<algorithm>/history.csv|json`` for one seed, beside
 ``<out>/<algorithm>/config.json`` (the algorithm's experiment config,
 every default written out, and its provenance); then ``summary.csv`` and
-``summary.json`` (one row per algorithm and seed).
+``summary.json`` (one row per algorithm and seed). ``--tables-only``
+prints the RESULTS.md table from ``summary.json``.
 
 Every run is described by one experiment config (``study_config``) and
 built by ``experiment.build``; ``build_run`` adds what the format cannot
@@ -145,6 +146,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rounds", type=int, default=100)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+  parser.add_argument("--tables-only", action="store_true",
+                      help="print the results table from --out's "
+                      "summary.json (no runs)")
   parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS),
                       choices=ALGORITHMS)
   parser.add_argument("--alpha", type=float, default=0.1)
@@ -168,8 +172,38 @@ def parse_args(argv=None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
+def table(summary: dict) -> str:
+  """The RESULTS.md table from ``summary.json``: per algorithm, mean ±
+  population sd over its seeds (ddof 0, as every table of the project)
+  of the global model's test accuracy, its held-out accuracy, the
+  personal models' and the fine-tuned model's, and the mean of the runs'
+  median seconds per round."""
+  runs = {}
+  for entry in summary["runs"]:
+    runs.setdefault(entry["algorithm"], []).append(entry)
+  columns = ("test_accuracy", "heldout_global_mean", "personal_mean",
+             "finetuned_mean")
+  rows = ["| algorithm | test acc. (global) | held-out, global model | "
+          "held-out, personal model | held-out, global + 5 local steps | "
+          "s / round (shared machine) |", "|---|---|---|---|---|---|"]
+  for name in [n for n in ALGORITHMS if n in runs]:
+    cells = [name]
+    for column in columns:
+      values = [e[column] for e in runs[name] if e.get(column) is not None
+                and np.isfinite(e[column])]
+      cells.append(f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+                   if values else "—")
+    cells.append(f"{np.mean([e['round_time_s'] for e in runs[name]]):.3g}")
+    rows.append("| " + " | ".join(cells) + " |")
+  return "\n".join(rows) + "\n"
+
+
 def main(argv=None):
   args = parse_args(argv)
+  if args.tables_only:
+    with open(os.path.join(args.out, "summary.json")) as f:
+      print(table(json.load(f)), end="")
+    return
   # Recorded relative to the repository when inside it (no machine paths).
   shown_out = experiment.shown_path(args.out)
   command = [experiment.shown_path(sys.argv[0])] + sys.argv[1:]

@@ -53,8 +53,12 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
   (e.g. a rule built from a pre-trained state); everything else still
   comes from ``config`` (``build``). ``checkpoint_dir``,
   ``checkpoint_every`` and ``resume``: ``config.Checkpointing``;
-  ``callbacks``: see ``simulation.run``.
+  ``callbacks``: see ``simulation.run``. The config is checked first
+  (``check_config``), as ``run_config`` checks it: a setting this
+  algorithm would not use (e.g. a "privacy" block beside rules that add
+  no noise) is refused, not ignored.
   """
+  check_config(config)
   built = build(config, algorithm, prepared or prepare_data(config, seed),
                 aggregator=aggregator, progress=progress)
   checkpointing = None

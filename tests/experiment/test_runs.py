@@ -117,3 +117,14 @@ def test_a_feddrl_run_too_short_for_its_agent_says_so():
     experiment.warn_short_feddrl(config, "D")
   assert experiment.warn_short_feddrl(config, "Long") is None  # 380 steps
   assert experiment.warn_short_feddrl(config, "A") is None
+
+
+def test_run_algorithm_checks_the_config_before_running():
+  # A privacy block beside rules that add no noise would be ignored by the
+  # build; run_algorithm refuses it as run_config does.
+  config = {**MNIST_5K, "privacy": {"delta": 1e-5}}
+  with pytest.raises(experiment.ConfigError, match="private aggregator"):
+    experiment.run_algorithm(config, "FedAdp", seed=0)
+  with pytest.raises(experiment.ConfigError, match="train.rounds"):
+    experiment.run_algorithm(experiment.override(
+        MNIST_5K, {"train.rounds": -1}), "FedAdp", seed=0)
