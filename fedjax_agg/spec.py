@@ -92,6 +92,7 @@ _SOURCES = _names("fedjax_agg.data", "SOURCES")
 _PARTITIONS = _names("fedjax_agg.partitions", "ALL_NAMES")
 _MODELS = _names("fedjax_agg.models", "NAMES")
 _OPTIMIZERS = _names("fedjax_agg.config", "OPTIMIZERS")
+_STRAGGLER_UNITS = _names("fedjax_agg.stragglers", "UNITS")
 _SAMPLINGS = _names("fedjax_agg.privacy", "SAMPLINGS")
 _ACCOUNTANTS = _names("fedjax_agg.privacy", "ACCOUNTANTS")
 _STOPPING_MODES = _names("fedjax_agg.loop", "STOPPING_MODES")
@@ -174,6 +175,10 @@ class TrainSpec:
   stragglers: float = _field(0.0, Flag(
       "--stragglers", "fraction of each cohort that straggles", type=float,
       preset=0.0))
+  straggler_unit: str = _field("epochs", Flag(
+      "--straggler-unit", "what a straggler's share of its work is drawn "
+      "in: whole epochs x ~ U{1..E} (FedProx's setting) or steps",
+      choices=_STRAGGLER_UNITS))
   eval_every: int = _field(1, Flag(
       "--eval-every", "evaluate the global model every this many rounds",
       type=int, preset=1))

@@ -265,7 +265,8 @@ def _training(train: dict, objective) -> LocalTraining:
   if train["stragglers"]:
     from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
     steps_fn = stragglers.stragglers(train["stragglers"],
-                                     train["local_epochs"])
+                                     train["local_epochs"],
+                                     train["straggler_unit"])
   return LocalTraining(
       epochs=train["local_epochs"], batch_size=train["batch_size"],
       learning_rate=train["learning_rate"],

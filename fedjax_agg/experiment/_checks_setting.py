@@ -20,6 +20,7 @@ from fedjax_agg import models
 from fedjax_agg import partitions
 from fedjax_agg import simulation
 from fedjax_agg import spec as spec_lib
+from fedjax_agg import stragglers
 from fedjax_agg.config import OPTIMIZERS
 from fedjax_agg.experiment._build import seeds_of
 from fedjax_agg.experiment._build import TRAIN_DEFAULTS
@@ -124,6 +125,8 @@ TRAIN_CHECKS = {
     "momentum": functools.partial(_check_number, low=0, high=1,
                                   high_open=True),
     "stragglers": functools.partial(_check_number, low=0, high=1),
+    "straggler_unit": lambda path, value: _check_name(path, value,
+                                                      stragglers.UNITS),
     "eval_every": functools.partial(_check_int, low=1),
     "eval_clients": _check_eval_clients,
     "clients_per_step": functools.partial(_check_optional_int, low=1),

@@ -54,3 +54,29 @@ def test_a_config_client_side_is_the_run_with_that_local_update():
     np.testing.assert_allclose(got.column(column), want.column(column),
                                rtol=1e-5, err_msg=column)
   assert got.config["train.personalized"] is True
+
+
+def test_stragglers_are_drawn_in_the_configs_unit():
+  """train.straggler_unit reaches the run's step budgets: "steps" draws
+  each straggler's steps, "epochs" whole epochs of them."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
+  config = {
+      "name": "units", "dataset": {"name": "mnist", "source": "mnist_5k",
+                                   "max_train_examples": 200},
+      "partition": {"name": "iid", "num_clients": 4},
+      "model": {"name": "mlp2", "args": {"hidden": 8}},
+      "train": {"rounds": 1, "local_epochs": 3, "stragglers": 1.0},
+      "algorithms": {"FedAvg": {"aggregator": "fedavg"}}, "seeds": [0]}
+  prepared = experiment.prepare_data(config, 0)
+  full = jax.numpy.full((4,), 30)
+  key = jax.random.key(3)
+  for unit in stragglers.UNITS:
+    built = experiment.build(experiment.override(
+        config, {"train.straggler_unit": unit}), "FedAvg", prepared)
+    got = built.options.training.steps_fn(key, full)
+    np.testing.assert_array_equal(
+        got, stragglers.straggler_steps(key, full, 1.0, 3, unit))
+  by_epochs = experiment.build(config, "FedAvg", prepared)
+  assert set(np.asarray(by_epochs.options.training.steps_fn(
+      key, full)).tolist()) <= {10, 20}  # whole epochs of 10 steps, x < 3

@@ -87,6 +87,8 @@ BAD = [
     ({"train.batch_size": 0}, ValueError, "train.batch_size"),
     ({"train.local_epochs": 0}, ValueError, "train.local_epochs"),
     ({"train.stragglers": 1.5}, ValueError, "train.stragglers"),
+    ({"train.straggler_unit": "step"}, ValueError, "train.straggler_unit"),
+    ({"train.straggler_unit": 1}, ValueError, "train.straggler_unit"),
     ({"train.eval_every": 0}, ValueError, "train.eval_every"),
     ({"train.eval_clients": "no"}, TypeError, "train.eval_clients"),
     ({"train.clients_per_step": 0}, ValueError, "train.clients_per_step"),

@@ -1,10 +1,12 @@
 """The committed run records (``experiments/records.py``): each says what
 data its run read and with which rule arguments, and a record written
-after its run is written only when the run's first rounds reproduce."""
+after its run is written only when the run's first rounds reproduce; the
+README's paper table says what each RESULTS.md says."""
 
 import importlib.util
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -127,3 +129,38 @@ def test_backfill_writes_nothing_for_a_history_it_cannot_reproduce(
   assert "MISMATCH" in capsys.readouterr().out
   with open(path) as f:
     assert f.read() == before
+
+
+def _readme_rows() -> list[tuple[str, list[str]]]:
+  """(RESULTS.md path, [what ran, finding]) of each row of the README's
+  paper table."""
+  with open(os.path.join(ROOT, "README.md")) as f:
+    text = f.read()
+  section = text[text.index("## Paper re-runs"):text.index("## API reference")]
+  rows = []
+  for line in section.splitlines():
+    found = re.search(r"\]\((experiments/[^)]+/RESULTS\.md)\)", line)
+    if line.startswith("| ") and found:
+      cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+      rows.append((found.group(1), cells[1:]))
+  return rows
+
+
+def test_the_readme_lists_every_paper_rerun():
+  listed = {path for path, _ in _readme_rows()}
+  assert len(listed) == len(_readme_rows()) >= 8
+  for path in listed:
+    assert os.path.exists(os.path.join(ROOT, path)), path
+
+
+@pytest.mark.parametrize("path,cells", _readme_rows(),
+                         ids=[p for p, _ in _readme_rows()])
+def test_readme_summary_row_equals_the_one_in_its_results(path, cells):
+  with open(os.path.join(ROOT, path)) as f:
+    text = f.read()
+  heading = "## In the README's paper table"
+  assert heading in text, path
+  section = text[text.index(heading):]
+  rows = [[c.strip() for c in line.strip().strip("|").split(" | ")]
+          for line in section.splitlines() if line.startswith("| ")]
+  assert rows[2:] == [cells], (path, rows[2:], cells)
