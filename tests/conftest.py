@@ -96,14 +96,27 @@ def fashion():
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "default_compile: compared with values recorded under "
-      "XLA's default compile options (golden histories); in a session "
+      "XLA's default compile options (golden histories) within float32 "
+      "rounding; in a session "
       "that compiles fast they run in a process of their own "
       "(tests/test_default_compile.py)")
 
 
+# The modules of the longest tests (subprocesses, notebooks, whole runs),
+# run first: a parallel run then ends on short tests, with its workers
+# finishing together, instead of one waiting on a long test at the end
+# (collection order would put most of them last).
+LONG_FIRST = ("tests/test_default_compile.py", "tests/test_sharding.py",
+              "tests/test_tutorials.py", "tests/test_notebook.py",
+              "tests/data/test_federations.py", "tests/test_sweep.py",
+              "tests/test_checkpoint.py", "tests/test_golden_entry_points.py")
+
+
 def pytest_collection_modifyitems(config, items):
-  """Leaves the ``default_compile`` tests to their own process when this
-  one compiles fast."""
+  """Runs the ``LONG_FIRST`` modules first, and leaves the
+  ``default_compile`` tests to their own process when this one compiles
+  fast."""
+  items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
   if os.environ.get("FEDJAX_AGG_TEST_FAST_COMPILE") != "1":
     return
   kept = [item for item in items

@@ -12,8 +12,10 @@ import pytest
 
 from tests import conftest
 
-GOLDEN_TESTS = ("tests/test_golden_history.py",
-                "tests/test_golden_entry_points.py")
+# The entry points' goldens hold under both (their tolerance is the spread
+# between machines, larger than that between compile options) and run in
+# the session.
+GOLDEN_TESTS = ("tests/test_golden_history.py",)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -20,9 +20,6 @@ import pytest
 from fedjax_agg import cli
 from fedjax_agg import experiment
 
-# Recorded under XLA's default compile options (conftest.py).
-pytestmark = pytest.mark.default_compile
-
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden",
                       "entry_points.json")
 
