@@ -98,16 +98,15 @@ def problems(path: str) -> list[str]:
 
 def check(root: str = HERE) -> int:
   """Prints every incomplete record; -> the count of them."""
-  bad = 0
-  for path in records(root):
+  paths, bad = records(root), 0
+  for path in paths:
     found = problems(path)
     if found:
       bad += 1
       print(f"{os.path.relpath(path, ROOT)}:")
       for problem in found:
         print(f"  {problem}")
-  print(f"{len(records(root)) - bad} of {len(records(root))} records "
-        "complete")
+  print(f"{len(paths) - bad} of {len(paths)} records complete")
   return bad
 
 
@@ -162,12 +161,11 @@ def _same_round_zero(spec: dict, other: dict) -> bool:
           and spec.get("train") == other.get("train"))
 
 
-def verify(folder: str, config: dict, rounds: int) -> list[dict]:
+def verify(folder: str, config: dict, rounds: int, script, setting: dict,
+           dataset) -> list[dict]:
   """Re-runs what ``backfill`` checks (module docstring); -> every
-  comparison made."""
-  script = _script(folder)
-  setting = script.spec_config(config) if script else config
-  dataset = experiment.load_dataset(setting)
+  comparison made. ``script``: ``_script(folder)``; ``setting``: the
+  experiment config of ``config``; ``dataset``: its loaded dataset."""
   test_examples = len(dataset.test_y)
   seeds = experiment.seeds_of(config)
   specs = config["algorithms"]
@@ -219,7 +217,10 @@ def backfill(folder: str, config_path=None, rounds: int = 1) -> int:
     raise ValueError(f"{folder} holds none of the config's algorithms "
                      f"{sorted(config['algorithms'])}")
   config["algorithms"] = {n: config["algorithms"][n] for n in held}
-  compared = verify(folder, config, rounds)
+  script = _script(folder)
+  setting = script.spec_config(config) if script else config
+  dataset = experiment.load_dataset(setting)
+  compared = verify(folder, config, rounds, script, setting, dataset)
   wrong = [c for c in compared if not c["equal"]]
   for c in wrong:
     print(f"MISMATCH {c}")
@@ -227,8 +228,6 @@ def backfill(folder: str, config_path=None, rounds: int = 1) -> int:
     print(f"{folder}: nothing written ({len(wrong)} of {len(compared)} "
           "comparisons differ)")
     return 1
-  script = _script(folder)
-  setting = script.spec_config(config) if script else config
   skipped = {n: why for n, spec in config["algorithms"].items()
              for key, why in NOT_RERUN.items() if key in spec}
   note = {
@@ -244,7 +243,7 @@ def backfill(folder: str, config_path=None, rounds: int = 1) -> int:
       "rounds_rerun": rounds, "not_rerun_beyond_round_0": skipped,
       "checks": compared}
   record = experiment.run_record(
-      setting, dataset=experiment.load_dataset(setting),
+      setting, dataset=dataset,
       execution={"out": experiment.shown_path(folder)},
       command=[experiment.shown_path(sys.argv[0])] + sys.argv[1:])
   record["provenance"]["backfill"] = note

@@ -10,6 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests._fast_compile import as_flags
+from tests._fast_compile import FAST_COMPILE
+
 from fedjax_agg import aggregators
 from fedjax_agg import testing
 from fedjax_agg.types import INFO_AXES
@@ -181,16 +184,12 @@ def colluding_cohort(seed: int, num: int, num_bad: int, distance: float):
   return global_params, clients, info, bad
 
 
-# Faster compilation for tests whose programs are large and whose checks do
-# not depend on how well the machine code is optimised: LLVM at level 0 and
-# the CPU backend's elemental emitters instead of its fusion emitters
-# compile the same programs 2-7x faster. Used by the subprocesses with
-# several host devices (the count is fixed when JAX starts, so tests of
-# sharding start a process of their own; they compare two runs compiled
-# alike, sharded and on one device), the notebook's kernel, and
-# ``compiled_fast``.
-FAST_COMPILE = {"xla_backend_optimization_level": 0,
-                "xla_cpu_use_fusion_emitters": False}
+# Faster compilation (``_fast_compile.FAST_COMPILE``) for tests whose
+# checks do not depend on how well the machine code is optimised: the
+# whole session (conftest.py), the subprocesses with several host devices
+# (the count is fixed when JAX starts, so tests of sharding start a process
+# of their own; they compare two runs compiled alike, sharded and on one
+# device), the notebook's kernel, and ``compiled_fast``.
 
 
 @functools.cache
@@ -216,8 +215,7 @@ def compiled_fast(fn, *args):
 
 def fast_compile_flags() -> list[str]:
   """``fast_compile_options`` as XLA_FLAGS (for processes started here)."""
-  return [f"--{name}={str(value).lower()}"
-          for name, value in fast_compile_options()]
+  return as_flags(fast_compile_options())
 
 
 def device_env(num_devices: int, root: str) -> dict[str, str]:

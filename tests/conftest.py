@@ -3,6 +3,9 @@ the real Fashion-MNIST as a fixture."""
 
 import os
 
+from tests._fast_compile import as_flags
+from tests._fast_compile import FAST_COMPILE
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One CPU device per test process, whatever the order tests run in: an
 # entry point that asks for all cores (``distributed.use_all_cores``) keeps
@@ -16,26 +19,30 @@ if "--xla_force_host_platform_device_count" not in os.environ.get(
                              ).strip()
 
 # Test programs compile with LLVM at optimisation level 0 and XLA:CPU's
-# elemental emitters (``agg_testutil.FAST_COMPILE``): the tests check what
+# elemental emitters (``_fast_compile.FAST_COMPILE``): the tests check what
 # a program computes, not how fast its machine code runs, and most of
 # their time is compiling many small programs, which this halves.
 # FEDJAX_AGG_TEST_FAST_COMPILE=0 compiles as users' runs do. XLA aborts on
 # a flag it does not know, so the flags are tried in a process of their
-# own first (once: the workers inherit the controller's environment).
-FAST_FLAGS = ("--xla_backend_optimization_level=0",
-              "--xla_cpu_use_fusion_emitters=false")
-if (os.environ.get("FEDJAX_AGG_TEST_FAST_COMPILE", "1") != "0"
-    and "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]):
+# own first, together, then one by one if that fails (once: the workers
+# inherit the controller's environment).
+FAST_FLAGS = tuple(as_flags(FAST_COMPILE))
+
+
+def _xla_accepts(flags) -> bool:
+  """Whether a JAX process starts and computes with ``flags``."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  _known = []
-  for _flag in FAST_FLAGS:
-    _probe = subprocess.run(
-        [sys.executable, "-c", "import jax; jax.numpy.zeros(1).sum()"],
-        env={**os.environ, "XLA_FLAGS": _flag}, capture_output=True,
-        check=False)
-    if _probe.returncode == 0:
-      _known.append(_flag)
+  return subprocess.run(
+      [sys.executable, "-c", "import jax; jax.numpy.zeros(1).sum()"],
+      env={**os.environ, "XLA_FLAGS": " ".join(flags)}, capture_output=True,
+      check=False).returncode == 0
+
+
+if (os.environ.get("FEDJAX_AGG_TEST_FAST_COMPILE", "1") != "0"
+    and "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]):
+  _known = (list(FAST_FLAGS) if _xla_accepts(FAST_FLAGS) else
+            [flag for flag in FAST_FLAGS if _xla_accepts([flag])])
   os.environ["XLA_FLAGS"] = " ".join([os.environ["XLA_FLAGS"], *_known])
   os.environ["FEDJAX_AGG_TEST_FAST_COMPILE"] = "1"
 
