@@ -2,6 +2,8 @@
 
   python experiments/robustness/run.py                    # the committed run
   python experiments/robustness/run.py --rounds 3 --seeds 0 --out /tmp/r
+  python experiments/robustness/run.py --trace fedadp label_flip 0.2 \
+      --seeds 0                                           # one run traced
 
 Fashion-MNIST (the full 60k/10k), 100 clients (IID), 10 of them per
 round, mlp2, one local epoch of SGD (batch 32, lr 0.05). Every attack of
@@ -204,6 +206,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="run DP-FTRL at the epsilons of DP-FedAvg's "
                       "--noise runs (only)")
   parser.add_argument("--skip-attacks", action="store_true")
+  parser.add_argument("--trace", nargs=3, metavar=("RULE", "ATTACK",
+                                                   "FRACTION"),
+                      help="trace one attacked run round by round (only): "
+                      "the test accuracy after every round and the "
+                      "weight each malicious client received, for the "
+                      "first of --seeds, to <out>/trace_<rule>_<attack>_"
+                      "<fraction>.csv")
   parser.add_argument("--tables-only", action="store_true",
                       help="write the tables and plots again from the "
                       "CSVs in --out (no runs)")
@@ -238,6 +247,9 @@ def main(argv=None):
 
   if args.dp_ftrl:
     run_dp_ftrl(args, dataset, record)
+    return
+  if args.trace:
+    run_trace(args, dataset, record)
     return
   if args.backdoor:
     jsonio.dump_json(record(
@@ -298,6 +310,63 @@ def run_attacks(args, dataset):
   jsonio.write_text(os.path.join(args.out, "round_cost.csv"),
                     "\n".join(costs) + "\n")
   table_and_plot(args)
+
+
+def trace_setting(args) -> tuple[str, str, float]:
+  """``--trace``'s (rule, attack, fraction), each checked by name."""
+  rule, attack, fraction = args.trace
+  if rule not in RULES:
+    raise SystemExit(f"--trace: rule must be one of {sorted(RULES)}, got "
+                     f"{rule!r}")
+  if attack not in ATTACKS:
+    raise SystemExit(f"--trace: attack must be one of {sorted(ATTACKS)}, "
+                     f"got {attack!r}")
+  try:
+    value = float(fraction)
+  except ValueError:
+    raise SystemExit(f"--trace: fraction must be a number in (0, 1), got "
+                     f"{fraction!r}") from None
+  if not 0.0 < value < 1.0:
+    raise SystemExit(f"--trace: fraction must be in (0, 1), got {value}")
+  return rule, attack, value
+
+
+def run_trace(args, dataset, record):
+  """One attacked run of the study with the test set scored after every
+  round; per round its accuracy, the malicious participants and the
+  weights the rule gave them (``client_weights``)."""
+  rule, attack, fraction = trace_setting(args)
+  seed = args.seeds[0]
+  config = study_config(args.rounds, [seed], {rule: RULES[rule]},
+                        attack=attack_block(attack, ATTACKS[attack],
+                                            fraction))
+  config["train"]["eval_every"] = 1
+  name = f"trace_{rule}_{attack}_{fraction:g}"
+  jsonio.dump_json(record(config, trace={"rule": rule, "attack": attack,
+                                         "fraction": fraction,
+                                         "seed": seed}),
+                   os.path.join(args.out, f"config_{name}.json"))
+  history = run_one(config, rule, prepare(config, dataset), seed).history
+  lines = ["round,test_accuracy,malicious_clients,malicious_weights,"
+           "malicious_weight_total,largest_honest_weight"]
+  for row, clients in zip(history.rows[1:], history.client_rows,
+                          strict=True):
+    bad = np.asarray(clients["malicious"]) > 0
+    weights = np.asarray(clients.get("client_weights",
+                                     np.full(bad.shape, np.nan)))
+    ids = np.asarray(clients["client_ids"])
+    honest = weights[~bad]
+    lines.append(
+        f"{row['round']},{row['test_accuracy']},"
+        f"{' '.join(str(int(i)) for i in ids[bad])},"
+        f"{' '.join(f'{w:.4f}' for w in weights[bad])},"
+        f"{float(np.sum(weights[bad])):.4f},"
+        f"{float(np.max(honest)) if honest.size else float('nan'):.4f}")
+  path = os.path.join(args.out, f"{name}.csv")
+  jsonio.write_text(path, "\n".join(lines) + "\n")
+  print(f"{rule} under {attack} at {fraction:g}, seed {seed}: final test "
+        f"accuracy {history.rows[-1]['test_accuracy']:.4f}; {path}",
+        flush=True)
 
 
 def _merged_record(record, path):

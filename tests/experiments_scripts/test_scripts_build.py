@@ -14,6 +14,7 @@ second run of each pair reads them from the compilation cache.
 
 import argparse
 import dataclasses
+import csv
 import glob
 import importlib.util
 import json
@@ -584,3 +585,41 @@ def test_robustness_record_keeps_the_committed_one(tmp_path):
   again = ROBUSTNESS._merged_record(record, str(earlier))  # pylint: disable=protected-access
   assert set(again["algorithms"]) == {"bulyan", "fedavg"}
   assert again["commands"][-1] == ["run.py"]
+
+
+def test_robustness_trace_checks_its_setting():
+  args = ROBUSTNESS.parse_args(["--trace", "fedadp", "label_flip", "0.2"])
+  assert ROBUSTNESS.trace_setting(args) == ("fedadp", "label_flip", 0.2)
+  for bad, words in ((["fedapd", "label_flip", "0.2"], "rule must be"),
+                     (["fedadp", "label_flp", "0.2"], "attack must be"),
+                     (["fedadp", "label_flip", "x"], "must be a number"),
+                     (["fedadp", "label_flip", "1.5"], "in \\(0, 1\\)"),
+                     (["fedadp", "label_flip", "nan"], "in \\(0, 1\\)")):
+    with pytest.raises(SystemExit, match=words):
+      ROBUSTNESS.trace_setting(ROBUSTNESS.parse_args(["--trace", *bad]))
+
+
+def test_robustness_trace_matches_the_committed_table():
+  """The committed trace is the table's run (FedAdp, label flipping at
+  20 %, seed 0) scored every round: its last round is the table's final
+  accuracy within two test images (a sweep member against a single
+  run), and its chance-level rounds are the ones RESULTS.md names."""
+  results = os.path.join(ROOT, "experiments", "robustness", "results")
+  with open(os.path.join(results,
+                         "trace_fedadp_label_flip_0.2.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert [int(r["round"]) for r in rows] == list(range(1, 21))
+  with open(os.path.join(results, "attacks.csv")) as f:
+    table = [r for r in csv.DictReader(f)
+             if (r["rule"], r["attack"], r["fraction"], r["seed"])
+             == ("fedadp", "label_flip", "0.2", "0")]
+  assert len(table) == 1
+  assert abs(float(rows[-1]["test_accuracy"])
+             - float(table[0]["test_accuracy"])) <= 2e-4 + 1e-9
+  chance = [int(r["round"]) for r in rows
+            if float(r["test_accuracy"]) < 0.15]
+  assert chance == [7, 14, 20]
+  for r in rows:
+    weights = [float(w) for w in r["malicious_weights"].split()]
+    assert len(weights) == 2
+    assert abs(sum(weights) - float(r["malicious_weight_total"])) < 2e-4
