@@ -114,7 +114,7 @@ def pytest_configure(config):
 # finishing together, instead of one waiting on a long test at the end
 # (collection order would put most of them last).
 LONG_FIRST = ("tests/test_default_compile.py", "tests/test_sharding.py",
-              "tests/test_tutorials.py", "tests/test_notebook.py",
+              "tests/test_notebook.py",
               "tests/data/test_federations.py", "tests/test_sweep.py",
               "tests/test_checkpoint.py", "tests/test_golden_entry_points.py")
 
