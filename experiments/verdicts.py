@@ -83,6 +83,28 @@ def column(results: str, algorithm: str, name: str = "test_accuracy"
   return np.stack([h[name] for h in runs(results, algorithm)])
 
 
+def reader(results: str) -> Callable[..., np.ndarray]:
+  """``curves(run, algorithm, name="test_accuracy")``: ``column`` of the
+  run folder ``run`` under the results folder ``results``."""
+
+  def curves(run: str, algorithm: str, name: str = "test_accuracy"
+             ) -> np.ndarray:
+    return column(os.path.join(results, run), algorithm, name)
+
+  return curves
+
+
+def window(curves: np.ndarray, first: int, last: int) -> np.ndarray:
+  """Per seed: the mean of ``curves`` [seeds, rounds + 1] over rounds
+  ``first``..``last`` (empty cells left out)."""
+  return np.nanmean(np.asarray(curves)[:, first:last + 1], axis=1)
+
+
+def rounds_to(curves: np.ndarray, target: float) -> list:
+  """Per seed: ``first_round`` of each row of ``curves`` (None if none)."""
+  return [first_round(c, target) for c in curves]
+
+
 def load_json(path: str):
   with open(path, encoding="utf-8") as f:
     return json.load(f)

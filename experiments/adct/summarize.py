@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import verdicts
 
 RESULTS, RESULTS_MD = verdicts.paper_files(HERE)
+_curves = verdicts.reader(RESULTS)
 
 DASH = "\u2013"  # the tables' range dash ("11.4–40.3")
 ACC = "test_accuracy"
@@ -35,7 +36,7 @@ F1 = "test_macro_f1"
 def _final(run: str, algorithm: str, name: str = ACC) -> np.ndarray:
   """Per seed: column ``name`` of ``algorithm`` in ``run`` after the last
   round."""
-  return verdicts.column(os.path.join(RESULTS, run), algorithm, name)[:, -1]
+  return _curves(run, algorithm, name)[:, -1]
 
 
 def _seeds(run: str, algorithm: str) -> str:

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import verdicts
 
 RESULTS, RESULTS_MD = verdicts.paper_files(HERE)
+_curves = verdicts.reader(RESULTS)
 
 # The algorithms of the long runs (the rounds-to-target targets are the
 # lowest of their best accuracies).
@@ -35,20 +36,9 @@ LONG = ("FedAvg", "FedAvg-uniform", "FedDRL")
 DASH = "\u2013"  # the tables' range dash ("251–300")
 
 
-def _curves(run: str, algorithm: str, name: str = "test_accuracy"
-            ) -> np.ndarray:
-  """[seeds, rounds + 1]: column ``name`` of ``algorithm`` in ``run``."""
-  return verdicts.column(os.path.join(RESULTS, run), algorithm, name)
-
-
 def _rounds(run: str, algorithm: str = "FedAvg") -> int:
   """The number of rounds of ``run`` (history rows less the initial one)."""
   return _curves(run, algorithm).shape[1] - 1
-
-
-def _window(curves: np.ndarray, first: int, last: int) -> np.ndarray:
-  """Per seed: the mean of ``curves`` over rounds ``first``..``last``."""
-  return np.nanmean(curves[:, first:last + 1], axis=1)
 
 
 def _late(run: str, last: int) -> tuple:
@@ -105,8 +95,8 @@ def row_ce_best(run: str = "long1000_fmnist_ce",
     drl, avg = _curves(r, "FedDRL"), _curves(r, "FedAvg")
     first, final = _late(r, last)
     return (f"mean over rounds {_span(first, final)} "
-            f"{verdicts.pm(_window(drl, first, final))} vs "
-            f"{verdicts.pm(_window(avg, first, final))}")
+            f"{verdicts.pm(verdicts.window(drl, first, final))} vs "
+            f"{verdicts.pm(verdicts.window(avg, first, final))}")
 
   drl, avg = _curves(run, "FedDRL"), _curves(run, "FedAvg")
   return (f"{_rounds(run)} rounds: best {verdicts.pm(np.nanmax(drl, 1))} vs "
@@ -125,7 +115,7 @@ def row_cn_best(run: str = "long1000_fmnist_cn", last: int = 50) -> str:
   curves = {a: _curves(run, a) for a in LONG}
   first, final = _late(run, last)
   best = {a: verdicts.pm(np.nanmax(c, 1)) for a, c in curves.items()}
-  late = {a: verdicts.pm(_window(c, first, final))
+  late = {a: verdicts.pm(verdicts.window(c, first, final))
           for a, c in curves.items()}
   return (f"{_rounds(run)} rounds: best {best['FedDRL']} vs FedAvg "
           f"{best['FedAvg']} and **uniform-weight FedAvg "
@@ -149,8 +139,8 @@ def row_ce_crossover(run: str = "long1000_fmnist_ce",
   rounds passes FedAvg's (means over the seeds)."""
   drl, avg = _curves(run, "FedDRL"), _curves(run, "FedAvg")
   gaps = ", ".join(
-      f"{verdicts.signed(100 * np.mean(_window(drl - avg, a, b)))} over "
-      f"{_span(a, b)}" for a, b in windows)
+      f"{verdicts.signed(100 * np.mean(verdicts.window(drl - avg, a, b)))}"
+      f" over {_span(a, b)}" for a, b in windows)
   kernel = np.ones(span) / span
   moving = np.convolve(np.mean(drl - avg, 0)[1:], kernel, "valid")
   ahead = np.nonzero(moving >= 0)[0]
@@ -168,7 +158,8 @@ def row_client_loss(ce: str = "long1000_fmnist_ce",
 
   def loss(run, algorithm, name):
     first, final = _late(run, last)
-    value = np.mean(_window(_curves(run, algorithm, name), first, final))
+    curves = _curves(run, algorithm, name)
+    value = np.mean(verdicts.window(curves, first, final))
     return verdicts.fixed(value, 3)
 
   def both(run, algorithm):

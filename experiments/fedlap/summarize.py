@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import verdicts
 
 RESULTS, RESULTS_MD = verdicts.paper_files(HERE)
+_curves = verdicts.reader(RESULTS)
 
 FMNIST = "fig1b_fmnist_full"  # Fig. 1b at the paper's setting
 STRAGGLERS = "fig3_fmnist_full"  # Fig. 3 at the paper's setting
@@ -37,24 +38,14 @@ MNIST_STRAGGLERS = "fig2_mnist"  # Fig. 2, MNIST 5k subset
 LEVELS = ("50", "90")  # the straggler levels (%), folder suffix "_s<level>"
 
 
-def _curves(run: str, algorithm: str) -> np.ndarray:
-  """[seeds, rounds + 1]: test accuracy of ``algorithm`` in ``run``."""
-  return verdicts.column(os.path.join(RESULTS, run), algorithm)
-
-
-def _window(curves: np.ndarray, first: int, last: int) -> np.ndarray:
-  """Per seed: the mean of ``curves`` over rounds ``first``..``last``."""
-  return np.mean(curves[:, first:last + 1], axis=1)
-
-
 def _early(curves: np.ndarray) -> np.ndarray:
   """Per seed: the early mean (rounds 1–20)."""
-  return _window(curves, 1, 20)
+  return verdicts.window(curves, 1, 20)
 
 
 def _last10(curves: np.ndarray) -> np.ndarray:
   """Per seed: the mean over the last 10 of 100 rounds (91–100)."""
-  return _window(curves, 91, 100)
+  return verdicts.window(curves, 91, 100)
 
 
 def _span(gaps) -> str:
@@ -71,11 +62,6 @@ def _mean(values, scale: float = 100.0) -> str:
 
 def _listing(rounds) -> str:
   return ", ".join("—" if r is None else str(r) for r in rounds)
-
-
-def _to_target(run: str, algorithm: str, target: float) -> list:
-  """Per seed: the first round reaching ``target``."""
-  return [verdicts.first_round(c, target) for c in _curves(run, algorithm)]
 
 
 def row_first_20_rounds(run: str = FMNIST) -> str:
@@ -115,8 +101,8 @@ def row_mnist_stragglers(run: str = MNIST_STRAGGLERS,
                          target: float = 0.8) -> str:
   """MNIST 5k with stragglers: FedLap's rounds to 80 % per seed, and
   FedAvg's (written out if they differ)."""
-  lap = [_to_target(run, f"FedLap_s{s}", target) for s in LEVELS]
-  avg = [_to_target(run, f"FedAvg_s{s}", target) for s in LEVELS]
+  lap, avg = ([verdicts.rounds_to(_curves(run, f"{name}_s{s}"), target)
+               for s in LEVELS] for name in ("FedLap", "FedAvg"))
   fedavg = ("FedAvg the same" if lap == avg else
             f"FedAvg {_listing(avg[0])} and {_listing(avg[1])}")
   return (f"rounds to 80 %: FedLap {_listing(lap[0])} (50 %) and "

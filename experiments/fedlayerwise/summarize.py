@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import verdicts
 
 RESULTS, RESULTS_MD = verdicts.paper_files(HERE)
+_curves = verdicts.reader(RESULTS)
 
 ADAM_2_8 = "2iid_8noniid_adam"  # 2 IID + 8 non-IID, Adam
 ADAM_2_8_LR = "2iid_8noniid_adam_lr005"  # the same, the paper's η = 0.005
@@ -33,16 +34,6 @@ SGD_2_8 = "2iid_8noniid"  # 2 IID + 8 non-IID, SGD η = 0.005
 FMNIST_2_8 = "2iid_8noniid_fmnist"  # Fashion-MNIST, 10 × 600, SGD
 ADAPTIVE = ("FedLayerWise", "FedAdp")  # the adaptive weighting rules
 NEVER = "–"  # a target not reached within the rounds run
-
-
-def _curves(run: str, algorithm: str) -> np.ndarray:
-  """[seeds, rounds + 1]: test accuracy of ``algorithm`` in ``run``."""
-  return verdicts.column(os.path.join(RESULTS, run), algorithm)
-
-
-def _to_target(run: str, algorithm: str, target: float) -> list:
-  """Per seed: the first round reaching ``target`` (None if none)."""
-  return [verdicts.first_round(c, target) for c in _curves(run, algorithm)]
 
 
 def _listing(rounds) -> str:
@@ -70,18 +61,18 @@ def _final_pm(run: str, algorithm: str) -> str:
 def row_skewed_noniid() -> str:
   """Row 1: rounds to 95 % with Adam in 2 IID + 8 non-IID, per seed, and
   the ranges of rounds to 90 % (adaptive rules against FedAvg)."""
-  adp = _to_target(ADAM_2_8, "FedAdp", 0.95)
-  flw = _to_target(ADAM_2_8, "FedLayerWise", 0.95)
-  avg = _to_target(ADAM_2_8, "FedAvg", 0.95)
+  adp = verdicts.rounds_to(_curves(ADAM_2_8, "FedAdp"), 0.95)
+  flw = verdicts.rounds_to(_curves(ADAM_2_8, "FedLayerWise"), 0.95)
+  avg = verdicts.rounds_to(_curves(ADAM_2_8, "FedAvg"), 0.95)
   avg_text = "never" if all(r is None for r in avg) else _listing(avg)
   adaptive90 = [r for name in ADAPTIVE
-                for r in _to_target(ADAM_2_8, name, 0.90)]
-  avg90 = _to_target(ADAM_2_8, "FedAvg", 0.90)
+                for r in verdicts.rounds_to(_curves(ADAM_2_8, name), 0.90)]
+  avg90 = verdicts.rounds_to(_curves(ADAM_2_8, "FedAvg"), 0.90)
   at_eta = ", ".join(
-      f"{name} {_listing(_to_target(ADAM_2_8_LR, name, 0.95))}"
+      f"{name} {_listing(verdicts.rounds_to(_curves(ADAM_2_8_LR, name), 0.95))}"
       for name in ("FedAdp", "FedLayerWise", "FedAvg"))
   at_eta90 = ", ".join(
-      f"{name} {_span(_to_target(ADAM_2_8_LR, name, 0.90))}"
+      f"{name} {_span(verdicts.rounds_to(_curves(ADAM_2_8_LR, name), 0.90))}"
       for name in ("FedAdp", "FedLayerWise", "FedAvg"))
   return (f"Adam: FedAdp {_listing(adp)} , FedLayerWise {_listing(flw)}, "
           f"FedAvg {avg_text} (seeds 0/1/2); 90 % in {_span(adaptive90)} "
@@ -91,8 +82,9 @@ def row_skewed_noniid() -> str:
 
 def row_half_noniid() -> str:
   """Row 2: rounds to 95 % with Adam in 5 IID + 5 non-IID, per seed."""
-  listings = [f"{name} {_listing(_to_target(ADAM_5_5, name, 0.95))}"
-              for name in ("FedLayerWise", "FedAdp", "FedAvg")]
+  listings = [
+      f"{name} {_listing(verdicts.rounds_to(_curves(ADAM_5_5, name), 0.95))}"
+      for name in ("FedLayerWise", "FedAdp", "FedAvg")]
   return "Adam: " + ", ".join(listings)
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import verdicts
 
 RESULTS, RESULTS_MD = verdicts.paper_files(HERE)
+_curves = verdicts.reader(RESULTS)
 
 IID_B = "iid_b_mnist"  # IID - B, 15 rounds, 3 seeds
 NONIID_B = "noniid_b_mnist"  # non-IID - B, 15 rounds, 3 seeds
@@ -39,11 +40,6 @@ IID_UB = "iid_ub_mnist"  # IID - UB, 15 rounds, 1 seed (FedAvg, FedNNNN)
 NONIID_B_100 = "noniid_b_mnist_100"  # non-IID - B, 100 rounds, 3 seeds
 METHODS = ("FedAvg", "FedProx", "Norm-Norm", "Momentum", "FedNNNN")
 NORM_ROUNDS = (11, 15)  # the rounds the norms are averaged over
-
-
-def _curves(run: str, algorithm: str) -> np.ndarray:
-  """[seeds, rounds + 1]: test accuracy of ``algorithm`` in ``run``."""
-  return verdicts.column(os.path.join(RESULTS, run), algorithm)
 
 
 def _final(run: str, algorithm: str) -> np.ndarray:

@@ -91,5 +91,10 @@ def test_runs_reads_seeds_in_order(tmp_path):
   assert np.isnan(verdicts.runs(str(tmp_path), "A")[0]["epsilon"]).all()
   assert verdicts.first_round(got[1], 0.5) == 1
   assert verdicts.first_round(got[0], 0.5) is None
+  assert verdicts.rounds_to(got, 0.5) == [None, 1]
+  np.testing.assert_array_equal(verdicts.reader(str(tmp_path))("", "A"), got)
+  np.testing.assert_allclose(verdicts.window(got, 0, 1), [0.175, 0.3])
+  with_gap = np.array([[0.1, np.nan, 0.3]])
+  np.testing.assert_allclose(verdicts.window(with_gap, 0, 2), [0.2])
   with pytest.raises(FileNotFoundError, match="no history of 'B'"):
     verdicts.runs(str(tmp_path), "B")
