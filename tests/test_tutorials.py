@@ -6,18 +6,14 @@ and of its own cells; a stamp that is not today's fails here, so outputs
 made by other code cannot stay committed. (Re-executing every tutorial in
 the suite would cost about 20 s each.)"""
 
-import importlib.util
 import os
 
 import nbformat
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SPEC = importlib.util.spec_from_file_location(
-    "tutorial_build", os.path.join(ROOT, "experiments", "notebooks",
-                                   "build.py"))
-build = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(build)
+from tests.experiments_scripts._util import load_script
+
+build = load_script("notebooks", "build.py")
 TUTORIALS = build.tutorials()
 LIBRARY = build.library_fingerprint()
 # A cell draws when it calls plt.show() or its value (last line) is an

@@ -3,7 +3,6 @@ data its run read and with which rule arguments, and a record written
 after its run is written only when the run's first rounds reproduce; the
 README's paper table says what each RESULTS.md says."""
 
-import importlib.util
 import json
 import os
 import re
@@ -13,13 +12,10 @@ import pytest
 
 from fedjax_agg import experiment
 from tests.experiment._util import CONFIG
+from tests.experiments_scripts._util import load_script
+from tests.experiments_scripts._util import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-_SPEC = importlib.util.spec_from_file_location(
-    "_records", os.path.join(ROOT, "experiments", "records.py"))
-RECORDS = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(RECORDS)
+RECORDS = load_script("records.py")
 
 # The experiment tests' config (2 rounds, 2 seeds) on the offline MNIST
 # subset, with the clients' losses recorded.

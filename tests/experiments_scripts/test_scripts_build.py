@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import csv
 import glob
-import importlib.util
 import json
 import os
 
@@ -46,18 +45,13 @@ from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.config import Privacy
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from tests.experiments_scripts._util import load_script
+from tests.experiments_scripts._util import ROOT
 
 
 def _script(name: str):
   """``experiments/<name>/run.py`` as a module."""
-  path = os.path.join(ROOT, "experiments", name, "run.py")
-  spec = importlib.util.spec_from_file_location(f"_script_{name}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script(name, "run.py")
 
 
 def _leaves(tree):

@@ -4,25 +4,16 @@ cells of ``RESULTS.md``'s ``## Verdict`` table, and they must equal the
 committed ones (``experiments/verdicts.py``)."""
 
 import glob
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from tests.experiments_scripts._util import load_script
+from tests.experiments_scripts._util import ROOT
+
 EXPERIMENTS = os.path.join(ROOT, "experiments")
-
-
-def _load(name: str, path: str):
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-verdicts = _load("verdicts", os.path.join(EXPERIMENTS, "verdicts.py"))
+verdicts = load_script("verdicts.py")
 WITH_VERDICT = sorted(
     os.path.basename(os.path.dirname(p))
     for p in glob.glob(os.path.join(EXPERIMENTS, "*", "RESULTS.md"))
@@ -44,7 +35,7 @@ def test_the_five_papers_have_verdict_tables():
 def test_verdict_numbers_are_rebuilt_from_the_histories(paper):
   script = os.path.join(EXPERIMENTS, paper, "summarize.py")
   assert os.path.exists(script), f"{paper} has no summarize.py"
-  module = _load(f"{paper}_summarize", script)
+  module = load_script(paper, "summarize.py")
   text = _read(paper)
   rebuilt = module.cells()
   assert verdicts.differences(text, rebuilt) == []
