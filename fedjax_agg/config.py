@@ -36,7 +36,8 @@ from fedjax_agg.types import LocalObjective, PRNGKey
 
 __all__ = ["ACCOUNTANTS", "Checkpointing", "EvalSet", "Evaluation",
            "Execution",
-           "LocalStepsFn", "LocalTraining", "NonFinite", "OptimizerFactory",
+           "LocalStepsFn", "LocalTraining", "MATMUL_PRECISIONS", "NonFinite",
+           "OptimizerFactory",
            "OPTIMIZERS", "Privacy", "SAMPLINGS", "Systems", "client_optimizer"]
 
 OptimizerFactory = Callable[..., optax.GradientTransformation]
@@ -80,6 +81,11 @@ LocalStepsFn = Callable[[PRNGKey, jax.Array], jax.Array]
 ComputeLosses = Union[bool, str]
 
 CHUNK_LOOPS = ("map", "unroll")
+MATMUL_PRECISIONS = ("highest", "default")
+"""What ``LocalTraining.matmul_precision`` takes: "highest" (full float32
+on every backend) or "default" (the backend's: full float32 on a CPU,
+TF32 on an NVIDIA GPU, one bfloat16 pass on a TPU, unless JAX's
+``jax_default_matmul_precision`` says otherwise)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +118,13 @@ class LocalTraining:
       federation, each client's extra steps masked.
     eval_batch_size: batch size of the per-client loss passes.
     steps_fn: optional per-round step budgets (``fedjax_agg.stragglers``).
+    matmul_precision: precision of local training's matrix products and
+      convolutions, one of ``MATMUL_PRECISIONS``. "highest" (the default)
+      gives a GPU or TPU the CPU's answers to float32 rounding; "default"
+      lets an NVIDIA GPU use TF32 (10-bit mantissas, about 1e-3 relative
+      per product) and a TPU bfloat16. The CPU computes the same either
+      way. The aggregation math is always at full precision
+      (``tree_math.FULL``).
   """
   epochs: int = 1
   batch_size: int = 16
@@ -122,9 +135,13 @@ class LocalTraining:
   unroll: Union[int, bool] = 1
   eval_batch_size: int = 256
   steps_fn: Optional[LocalStepsFn] = None
+  matmul_precision: str = "highest"
 
   def __post_init__(self):
     checks.check_int("epochs", self.epochs, 1)
+    if self.matmul_precision not in MATMUL_PRECISIONS:
+      raise ValueError(f"matmul_precision must be one of "
+                       f"{MATMUL_PRECISIONS}, got {self.matmul_precision!r}")
     checks.check_int("batch_size", self.batch_size, 1)
     checks.check_int("eval_batch_size", self.eval_batch_size, 1)
     checks.check_range("learning_rate", self.learning_rate, 0,

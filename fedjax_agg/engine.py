@@ -30,6 +30,7 @@ Two forms share that per-client program:
   10,000 clients needs the memory of ``clients_per_step`` of them.
 """
 
+import contextlib
 import functools
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -46,6 +47,7 @@ from fedjax_agg.evaluation import mean_client_loss
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.config import OptimizerFactory
 from fedjax_agg.federated import FederatedData
+from fedjax_agg.models import layers
 from fedjax_agg.types import ClientInfo, Model, Params
 from fedjax_agg.types import PRNGKey
 
@@ -107,10 +109,13 @@ class _Row(NamedTuple):
   mask: jax.Array  # [] 0 for the rows that pad the last chunk
 
 
-def _check_options(clients_per_step, chunk_loop, mesh, client_axis) -> int:
-  """Validates the execution options; returns the resolved width."""
+def _check_options(clients_per_step, chunk_loop, mesh, client_axis,
+                   num_params=None) -> int:
+  """Validates the execution options; returns the resolved width
+  (``num_params``: a callable giving the model's size, for the default)."""
   if clients_per_step is None:
-    clients_per_step = default_clients_per_step(mesh, client_axis)
+    clients_per_step = default_clients_per_step(
+        mesh, client_axis, None if num_params is None else num_params())
   if (isinstance(clients_per_step, bool)
       or not isinstance(clients_per_step, (int, np.integer))
       or clients_per_step < 1):
@@ -232,10 +237,30 @@ def _chunk_trainer(model, training, *, clients_per_step, chunk_loop, mesh,
   if not isinstance(training, LocalTraining):
     raise TypeError(f"training must be a config.LocalTraining, got "
                     f"{type(training).__name__}")
-  clients_per_step = _check_options(clients_per_step, chunk_loop, mesh,
-                                    client_axis)
-  return clients_per_step, jax.vmap(_client_trainer(model, training),
-                                    in_axes=(None, None, None, 0))
+  clients_per_step = _check_options(
+      clients_per_step, chunk_loop, mesh, client_axis,
+      lambda: _num_params(model))
+  train_chunk = jax.vmap(_client_trainer(model, training),
+                         in_axes=(None, None, None, 0))
+
+  def traced(*args):
+    # Both decide what is traced: the precision of every product of local
+    # training, and the per-client convolution lowering of "auto".
+    with layers.per_client_training(), _precision(training):
+      return train_chunk(*args)
+  return clients_per_step, traced
+
+
+def _precision(training: LocalTraining):
+  if training.matmul_precision == "default":
+    return contextlib.nullcontext()
+  return jax.default_matmul_precision(training.matmul_precision)
+
+
+def _num_params(model: Model) -> int:
+  """The model's parameter count, from shapes only (nothing computed)."""
+  shapes = jax.eval_shape(model.init, jax.random.key(0))
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
 
 
 class _Layout(NamedTuple):
@@ -350,9 +375,11 @@ def make_local_trainer(
       the rule) computes the losses here; only False skips them.
     clients_per_step: W, the most clients trained side by side (vmap width);
       a cohort of K is cut into ceil(K / W) chunks of equal width. None:
-      ``default_clients_per_step(mesh)`` (8 on accelerators; on CPU one
-      client per device and chunk, at least 2: side by side clients gain
-      nothing from batching there, and padding a chunk costs full clients).
+      ``default_clients_per_step`` (``distributed.choose_clients_per_step``:
+      on CPU one client per device and chunk, at least 2, since side by
+      side clients gain nothing from batching there and padding a chunk
+      costs full clients; on a GPU/TPU up to 128 a device, as many as the
+      model's size and the device's free memory allow).
     mesh: optional device mesh; the clients of each chunk are sharded over
       its ``client_axis`` (``clients_per_step`` must be a multiple of that
       axis' size), params and pooled data are replicated, and the stacked

@@ -93,6 +93,7 @@ _PARTITIONS = _names("fedjax_agg.partitions", "ALL_NAMES")
 _MODELS = _names("fedjax_agg.models", "NAMES")
 _OPTIMIZERS = _names("fedjax_agg.config", "OPTIMIZERS")
 _STRAGGLER_UNITS = _names("fedjax_agg.stragglers", "UNITS")
+_MATMUL_PRECISIONS = _names("fedjax_agg.config", "MATMUL_PRECISIONS")
 _SAMPLINGS = _names("fedjax_agg.privacy", "SAMPLINGS")
 _ACCOUNTANTS = _names("fedjax_agg.privacy", "ACCOUNTANTS")
 _STOPPING_MODES = _names("fedjax_agg.loop", "STOPPING_MODES")
@@ -191,6 +192,11 @@ class TrainSpec:
       "--clients-per-step", "clients trained side by side (vmap width)",
       type=int))
   compute_losses: Union[bool, str] = _field("auto")
+  matmul_precision: str = _field("highest", Flag(
+      "--matmul-precision", "precision of local training's matrix products: "
+      "highest (full float32 on every backend) or default (the backend's: "
+      "TF32 on an NVIDIA GPU, bfloat16 on a TPU)",
+      choices=_MATMUL_PRECISIONS))
   devices: Optional[int] = _field(None, Flag(
       "--devices", "shard each round's clients over this many devices "
       "(default: all devices of the job; 1: unsharded)", type=int))

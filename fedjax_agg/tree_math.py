@@ -30,7 +30,20 @@ import optax
 
 from fedjax_agg.types import Params, StackedParams
 
-__all__ = ["LayerStructure", "MaskedSums", "SAFE_PLAIN_SUM", "SumOfSquares",
+FULL = jax.lax.Precision.HIGHEST
+"""The precision of every matrix product of the aggregation math.
+
+On a GPU, XLA computes a float32 matrix product with TF32 (10-bit
+mantissas) unless told otherwise, and on a TPU with bfloat16 passes; a
+per-layer dot, norm, Gram matrix or weighted mean over clients would then
+differ from the CPU's by about 1e-3 relative and could change which
+clients a robust rule selects. These products are small next to local
+training, so the aggregation math always asks for full float32 precision
+(``tests/test_precision.py`` checks every registered rule's jaxpr).
+"""
+
+__all__ = ["FULL", "LayerStructure", "MaskedSums", "SAFE_PLAIN_SUM",
+    "SumOfSquares",
     "add_update", "broadcast_to_clients", "client_norms", "client_sums",
     "client_updates", "clip_scale", "cosine", "cosines",
     "divide_by_scale", "from_plain_sum", "gather_clients", "is_statistic",
@@ -113,12 +126,12 @@ def weighted_leaf_sum(leaf: jax.Array, weights: jax.Array) -> jax.Array:
   leaf) only then.
   """
   weights = weights.astype(leaf.dtype)
-  total = jnp.tensordot(weights, leaf, axes=(0, 0))
+  total = jnp.tensordot(weights, leaf, axes=(0, 0), precision=FULL)
 
   def without_skipped_rows():
     live = (weights != 0).reshape((-1,) + (1,) * (leaf.ndim - 1))
     return jnp.tensordot(weights, jnp.where(live, leaf, jnp.zeros_like(leaf)),
-                         axes=(0, 0))
+                         axes=(0, 0), precision=FULL)
   return jax.lax.cond(jnp.all(jnp.isfinite(total)), lambda: total,
                       without_skipped_rows)
 
@@ -240,7 +253,9 @@ def single_layer_structure(params: Params) -> LayerStructure:
 
 def to_layers(per_leaf: jax.Array, structure: LayerStructure) -> jax.Array:
   """Sums per-leaf quantities into per-layer ones: [..., P] -> [..., L]."""
-  return per_leaf @ structure.segment_matrix().astype(per_leaf.dtype)
+  return jnp.matmul(per_leaf,
+                    structure.segment_matrix().astype(per_leaf.dtype),
+                    precision=FULL)
 
 
 def max_to_layers(per_leaf: jax.Array, structure: LayerStructure

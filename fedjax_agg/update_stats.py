@@ -120,7 +120,8 @@ def update_moments(stacked: StackedParams, offset: Params,
   def body(rows, fresh, real, updates, carry):
     sums, scales, scaled = carry
     chunk_weights = jnp.where(fresh, weights[rows], 0.0)
-    sums = [s + chunk_weights.astype(u.dtype) @ u
+    sums = [s + jnp.matmul(chunk_weights.astype(u.dtype), u,
+                           precision=tree_math.FULL)
             for s, u in zip(sums, updates, strict=True)]
     plain = jnp.stack([jnp.sum(jnp.square(u), axis=1) for u in updates],
                       axis=1).astype(dtype)
@@ -168,13 +169,15 @@ def update_cosines(stacked: StackedParams, offset: Params, other: Params,
   def body(rows, fresh, real, updates, dots):
     del fresh  # repeated rows get the same values again
     scales = squares.scale[rows]  # [W, P]
-    plain = jnp.stack([u @ y for u, y in zip(updates, others, strict=True)],
+    plain = jnp.stack([jnp.matmul(u, y, precision=tree_math.FULL)
+                       for u, y in zip(updates, others, strict=True)],
                       axis=1)
     safe = jnp.all(jnp.isfinite(plain) | ~real[:, None])
     chunk_dots = jax.lax.cond(
         safe, lambda: tree_math.divide_by_scale(plain, scales),
         lambda: jnp.stack(
-            [tree_math.divide_by_scale(u, scales[:, p, None]) @ y
+            [jnp.matmul(tree_math.divide_by_scale(u, scales[:, p, None]), y,
+                        precision=tree_math.FULL)
              for p, (u, y) in enumerate(zip(updates, others, strict=True))],
             axis=1))
     return dots.at[rows].set(chunk_dots.astype(dots.dtype))

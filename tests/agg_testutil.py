@@ -224,5 +224,31 @@ def device_env(num_devices: int, root: str) -> dict[str, str]:
   ``root``."""
   flags = [f"--xla_force_host_platform_device_count={num_devices}",
            *fast_compile_flags()]
-  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root,
+  # ``root`` first, the caller's path kept (packages installed beside the
+  # interpreter's, e.g. with pip --target, stay importable).
+  path = os.pathsep.join(filter(None, [root,
+                                       os.environ.get("PYTHONPATH", "")]))
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path,
               XLA_FLAGS=" ".join(flags))
+
+
+def dot_precisions(jaxpr):
+  """The ``precision`` of every dot_general in ``jaxpr`` and its sub-jaxprs
+  (cond branches, loop bodies, custom rules)."""
+  found = []
+
+  def walk(value):
+    if hasattr(value, "eqns"):  # a Jaxpr
+      for eqn in value.eqns:
+        if eqn.primitive.name == "dot_general":
+          found.append(eqn.params["precision"])
+        for param in eqn.params.values():
+          walk(param)
+    elif hasattr(value, "jaxpr"):  # a ClosedJaxpr
+      walk(value.jaxpr)
+    elif isinstance(value, (tuple, list)):
+      for item in value:
+        walk(item)
+
+  walk(jaxpr)
+  return found

@@ -290,3 +290,34 @@ def test_the_testing_kit_names_the_broken_property():
     testing.check_aggregator(_leaky_mean())
   with pytest.raises(AssertionError, match="permuting the clients"):
     testing.check_aggregator(_by_position(), seed=3)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_matrix_product_of_the_rule_is_full_precision(name):
+  # A GPU computes a float32 dot with TF32 and a TPU with bfloat16 passes
+  # unless the product asks for HIGHEST; the aggregation math must give the
+  # CPU's answers on every backend (tree_math.FULL).
+  rule = tu.build(name)
+  global_params, clients, info = _cohort()
+  state = rule.init(global_params)
+  jaxprs = [jax.make_jaxpr(rule.aggregate)(global_params, clients, info,
+                                           state)]
+  if rule.stream is not None:
+    jaxprs.append(jax.make_jaxpr(
+        functools.partial(tu.streamed_aggregate, rule))(
+            global_params, clients, info, state))
+  highest = jax.lax.Precision.HIGHEST
+  for jaxpr in jaxprs:
+    for precision in tu.dot_precisions(jaxpr):
+      assert precision in ((highest, highest), highest), (
+          f"{name}: a dot_general at precision {precision}")
+
+
+def test_the_precision_check_sees_a_default_product():
+  # The walker above must find a product left at the backend's default,
+  # also inside a loop body.
+  def body(_, x):
+    return x @ x
+  jaxpr = jax.make_jaxpr(
+      lambda x: jax.lax.fori_loop(0, 2, body, x))(jnp.eye(3))
+  assert tu.dot_precisions(jaxpr) == [None]

@@ -1,5 +1,6 @@
-"""``use_all_cores``: one device per core in a fresh process."""
+"""``use_all_cores`` in a fresh process; the default vmap width per backend."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -28,3 +29,35 @@ def test_use_all_cores_gives_one_device_per_core_in_a_fresh_process(
       assert distributed.use_all_cores() == started
   else:
     assert distributed.use_all_cores() == started
+
+
+def test_cpu_width_is_one_client_per_device():
+  for devices in (1, 2, 8):
+    assert distributed.choose_clients_per_step(
+        "cpu", devices, num_params=1_663_370, free_bytes=None) == max(
+            2, devices)
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+def test_accelerator_width_from_model_size_and_free_memory(backend):
+  choose = functools.partial(distributed.choose_clients_per_step, backend)
+  cap = distributed.ACCELERATOR_MAX_WIDTH
+  # The measured CNN on an H200's 139 GiB: the measured best width.
+  assert choose(1, 1_663_370, 139 << 30) == cap
+  # A multiple of the devices the client axis is split over.
+  assert choose(4, 1_663_370, 139 << 30) == 4 * cap
+  # Memory bounds it: 24 bytes a parameter a client in a quarter of it.
+  assert choose(1, 100_000_000, 16 << 30) == (16 << 30) // 4 // (
+      24 * 100_000_000)
+  # A model too large for two side by side still trains one at a time.
+  assert choose(2, 10_000_000_000, 16 << 30) == 2
+  # Unknown size: the former default of 8 a device.
+  assert choose(2, None, None) == 16
+  # Unknown memory: the cap.
+  assert choose(1, 1_663_370, None) == cap
+
+
+def test_free_memory_is_unknown_on_the_cpu():
+  if jax.default_backend() != "cpu":
+    pytest.skip("CPU only")
+  assert distributed.free_device_memory() is None

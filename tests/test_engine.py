@@ -15,6 +15,8 @@ from fedjax_agg import objectives
 from fedjax_agg.types import Model
 from fedjax_agg.config import LocalTraining
 
+from tests import agg_testutil as tu
+
 
 class _MLP(nn.Module):
 
@@ -122,7 +124,9 @@ def test_losses_before_and_after_match_numpy():
                  engine.full_steps(data, ids, 4, 3), jax.random.key(0))
 
   def np_loss(p, ix):
-    logits, _ = model.apply(p, x[ix], False)
+    # The reference's own products at full precision (a GPU would use TF32).
+    with jax.default_matmul_precision("highest"):
+      logits, _ = model.apply(p, x[ix], False)
     logits = np.asarray(logits, np.float64)
     logz = np.log(np.exp(logits).sum(1))
     return float(np.mean(logz - logits[np.arange(len(ix)), y[ix]]))
@@ -161,3 +165,32 @@ def test_bad_arguments_are_named():
         LocalTraining(batch_size=0, epochs=1))
   with pytest.raises(ValueError, match="client_indices"):
     federated.from_partition(np.zeros((3, 2)), np.zeros(3), [np.array([5])])
+
+
+def _training_dot_precisions(matmul_precision):
+  data, _, _, _ = tiny_data()
+  model = tiny_model()
+  params = model.init(jax.random.key(1))
+  train = engine.make_local_trainer(
+      model, LocalTraining(batch_size=4, compute_losses=True,
+                           matmul_precision=matmul_precision),
+      clients_per_step=2)
+  ids = jnp.arange(5)
+  return tu.dot_precisions(jax.make_jaxpr(train)(
+      params, data, ids, jnp.full(5, 0.5), engine.full_steps(data, ids, 4, 1),
+      jax.random.key(0)))
+
+
+def test_local_training_products_carry_the_requested_precision():
+  highest = jax.lax.Precision.HIGHEST
+  found = _training_dot_precisions("highest")
+  # Forward, backward and the loss passes: every product asks for float32.
+  assert len(found) >= 6
+  assert all(p == (highest, highest) for p in found), found
+  # "default" leaves the products to the backend (TF32 on a GPU).
+  assert all(p is None for p in _training_dot_precisions("default"))
+
+
+def test_matmul_precision_is_checked_by_name():
+  with pytest.raises(ValueError, match="matmul_precision"):
+    LocalTraining(matmul_precision="tf32")

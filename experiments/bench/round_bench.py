@@ -24,6 +24,11 @@ Modes:
 * ``--mode loop``: a same-machine baseline, the way one writes it by hand:
   a Python loop over clients and over their batches calling one jitted SGD
   step (numpy batches, per-client numpy shuffles), then the weighted mean.
+* ``--mode central``: the anchor of what the device does with ONE model:
+  the same N x 600 samples trained centrally, one jitted ``lax.scan`` of
+  SGD steps of ``--central-batch`` examples (the last partial batch
+  dropped); a "round" is one pass, ``samples_per_s`` counts the samples
+  it trained on.
 
 Prints one JSON line per run on stdout (progress on stderr).
 
@@ -32,6 +37,7 @@ Prints one JSON line per run on stdout (progress on stderr).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -54,6 +60,7 @@ from fedjax_agg import federated
 from fedjax_agg import models
 from fedjax_agg.models import layers
 from fedjax_agg.types import ClientInfo, Model
+from fedjax_agg import config as config_lib
 from fedjax_agg.config import LocalTraining
 
 SAMPLES_PER_CLIENT = 600
@@ -66,12 +73,13 @@ STEPS_PER_CLIENT = -(-SAMPLES_PER_CLIENT // BATCH_SIZE)  # 38
 EXPECTED_PARAMS = 1_663_370
 
 
-def make_client_data(num_clients: int, seed: int):
-  """x (N, 600, 28, 28, 1) float32 in [0, 1), y (N, 600) int32 in 0..9."""
+def make_client_data(num_clients: int, seed: int,
+                     samples: int = SAMPLES_PER_CLIENT):
+  """x (N, 600, 28, 28, 1) float32 in [0, 1), y (N, 600) int32 in 0..9
+  (``samples`` instead of 600 for a toy run)."""
   rng = np.random.default_rng(seed)
-  x = rng.random((num_clients, SAMPLES_PER_CLIENT) + IMAGE_SHAPE,
-                 dtype=np.float32)
-  y = rng.integers(0, NUM_CLASSES, size=(num_clients, SAMPLES_PER_CLIENT),
+  x = rng.random((num_clients, samples) + IMAGE_SHAPE, dtype=np.float32)
+  y = rng.integers(0, NUM_CLASSES, size=(num_clients, samples),
                    dtype=np.int32)
   return x, y
 
@@ -98,6 +106,22 @@ def build_model(which: str, conv_impl: str) -> Model:
       apply=lambda variables, x, train: (net.apply(variables, x), variables))
 
 
+def samples_per_round(args) -> int:
+  """Samples trained on in one timed round (central: whole batches)."""
+  samples = args.clients * args.examples_per_client
+  if args.mode == "central":
+    return samples // args.central_batch * args.central_batch
+  return samples
+
+
+def resolved_impl(mode: str, conv_impl: str) -> str:
+  """The lowering "auto" stands for: the engine traces per-client kernels."""
+  if mode != "engine":
+    return layers.resolve_impl(conv_impl)
+  with layers.per_client_training():
+    return layers.resolve_impl(conv_impl)
+
+
 def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -115,7 +139,8 @@ def engine_rounds(args, model, params, client_data):
   del x, y
   training = LocalTraining(batch_size=BATCH_SIZE, epochs=LOCAL_EPOCHS,
                            compute_losses=options.pop("compute_losses"),
-                           unroll=options.pop("unroll", 1))
+                           unroll=options.pop("unroll", 1),
+                           **options.pop("precision", {}))
   trainer = engine.make_local_trainer(model, training, **options)
   aggregator = aggregators.fedavg()
   ids = jnp.arange(n, dtype=jnp.int32)
@@ -151,6 +176,40 @@ def engine_rounds(args, model, params, client_data):
            params, float(jnp.mean(train_loss[0])))
 
 
+def central_rounds(args, model, params, client_data):
+  """One model over every client's samples, ``--central-batch`` at a time."""
+  x, y = client_data.pop()
+  batch = args.central_batch
+  steps = x.shape[0] * x.shape[1] // batch
+  x = jnp.asarray(x.reshape((-1,) + IMAGE_SHAPE)[:steps * batch].reshape(
+      (steps, batch) + IMAGE_SHAPE))
+  y = jnp.asarray(y.reshape(-1)[:steps * batch].reshape(steps, batch))
+
+  def step(p, xy):
+    xb, yb = xy
+
+    def loss_fn(p):
+      logits, _ = model.apply(p, xb, True)
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits, yb).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(p)
+    return jax.tree.map(lambda w, g: w - LEARNING_RATE * g, p, grads), loss
+
+  @jax.jit
+  def one_pass(p, x, y):
+    with contextlib.ExitStack() as stack:
+      if args.matmul_precision == "highest":
+        stack.enter_context(jax.default_matmul_precision("highest"))
+      return jax.lax.scan(step, p, (x, y))
+
+  for _ in range(1 + args.rounds):
+    start = time.perf_counter()
+    cpu_start = time.process_time()
+    trained, losses = jax.block_until_ready(one_pass(params, x, y))
+    yield (time.perf_counter() - start, time.process_time() - cpu_start,
+           trained, float(jnp.mean(losses)))
+
+
 def loop_rounds(args, model, params, client_data):
   """The hand-written baseline: Python loops around one jitted SGD step."""
   n = args.clients
@@ -171,10 +230,10 @@ def loop_rounds(args, model, params, client_data):
     weighted_sum, total, losses = None, 0.0, []
     for c in range(n):
       perm = np.random.default_rng([args.seed, r, c]).permutation(
-          SAMPLES_PER_CLIENT)
+          args.examples_per_client)
       xc, yc = x[c][perm], y[c][perm]
       p = params
-      for s in range(STEPS_PER_CLIENT):
+      for s in range(-(-args.examples_per_client // BATCH_SIZE)):
         sl = slice(s * BATCH_SIZE, (s + 1) * BATCH_SIZE)
         p, loss = train_step(p, xc[sl], yc[sl])
         losses.append(loss)
@@ -201,6 +260,8 @@ def engine_options(args) -> dict:
   for name in ("clients_per_step", "unroll", "chunk_loop"):
     if getattr(args, name) is not None:
       options[name] = getattr(args, name)
+  if args.matmul_precision is not None:
+    options["precision"] = {"matmul_precision": args.matmul_precision}
   return options
 
 
@@ -210,13 +271,24 @@ def main(argv=None):
   p.add_argument("--rounds", type=int, default=2,
                  help="timed rounds after the warm-up round")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--mode", choices=("engine", "loop"), default="engine")
+  p.add_argument("--mode", choices=("engine", "loop", "central"),
+                 default="engine")
+  p.add_argument("--examples-per-client", type=int,
+                 default=SAMPLES_PER_CLIENT,
+                 help="the workload's 600; fewer only for a toy run")
+  p.add_argument("--central-batch", type=int, default=16,
+                 help="central mode: examples per SGD step")
+  p.add_argument("--matmul-precision", default=None,
+                 choices=config_lib.MATMUL_PRECISIONS,
+                 help="engine and central modes: precision of training's "
+                 "products (default: the library's, 'highest'; the central "
+                 "mode's default leaves them to the backend)")
   p.add_argument("--model", choices=("zoo", "local"), default="zoo",
                  help="zoo: models.get('cnn_mcmahan'); local: the same CNN "
                  "defined in this script with layers.Conv/max_pool")
   p.add_argument("--conv-impl", default=None,
                  help=f"one of {layers.CONV_IMPLS}; default 'auto' for the "
-                 "engine, 'xla' for the loop")
+                 "engine and central modes, 'xla' for the loop")
   p.add_argument("--clients-per-step", type=int, default=None,
                  help="engine vmap width (default: the engine's)")
   p.add_argument("--unroll", type=int, default=None,
@@ -237,9 +309,10 @@ def main(argv=None):
   if args.mode == "engine" and args.host_devices > 1:
     # Before the first device query; GPUs/TPUs are unaffected by the split.
     distributed.use_cpu_devices(args.host_devices)
-  conv_impl = args.conv_impl or ("auto" if args.mode == "engine" else "xla")
+  conv_impl = args.conv_impl or ("xla" if args.mode == "loop" else "auto")
 
-  client_data = [make_client_data(args.clients, args.seed)]
+  client_data = [make_client_data(args.clients, args.seed,
+                                  args.examples_per_client)]
   model = build_model(args.model, conv_impl)
   params = model.init(jax.random.key(args.seed))
   num_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
@@ -247,7 +320,8 @@ def main(argv=None):
     print(f"WARNING: {num_params} params, expected {EXPECTED_PARAMS}",
           file=sys.stderr)
 
-  rounds = engine_rounds if args.mode == "engine" else loop_rounds
+  rounds = {"engine": engine_rounds, "loop": loop_rounds,
+            "central": central_rounds}[args.mode]
   times, cpu_times, train_loss = [], [], float("nan")
   for r, (seconds, cpu_seconds, trained, train_loss) in enumerate(
       rounds(args, model, params, client_data)):
@@ -265,7 +339,7 @@ def main(argv=None):
       "clients": args.clients,
       "round_s": round(round_s, 4),
       "first_round_s": round(times[0], 4),
-      "samples_per_s": round(args.clients * SAMPLES_PER_CLIENT / round_s, 1),
+      "samples_per_s": round(samples_per_round(args) / round_s, 1),
       "s_per_client": round(round_s / args.clients, 4),
       "params": num_params,
       "rounds_timed": len(timed),
@@ -277,8 +351,12 @@ def main(argv=None):
       "peak_rss_mb": round(peak_rss_mb(), 1),
       "model": args.model,
       "conv_impl": conv_impl,
-      "resolved_conv_impl": layers.resolve_impl(conv_impl),
-      "steps_per_client": STEPS_PER_CLIENT,
+      "resolved_conv_impl": resolved_impl(args.mode, conv_impl),
+      "matmul_precision": args.matmul_precision,
+      "central_batch": args.central_batch if args.mode == "central" else None,
+      "device_kind": jax.devices()[0].device_kind,
+      "steps_per_client": -(-args.examples_per_client // BATCH_SIZE),
+      "examples_per_client": args.examples_per_client,
       "batch_size": BATCH_SIZE,
       "train_loss_last_round": round(train_loss, 5),
       "params_abs_sum": float(sum(np.abs(np.asarray(a, np.float64)).sum()

@@ -85,9 +85,12 @@ def fedacs(model: Model, x_eval, y_eval, *, fraction: float = 0.5,
     server = FederatedData(state.x_eval, state.y_eval,
                            jnp.arange(num_eval, dtype=jnp.int32)[None],
                            jnp.full((1,), num_eval, jnp.int32))
-    accuracy = client_accuracies(model, client_params, server,
-                                 jnp.zeros((num_clients,), jnp.int32),
-                                 batch_size)
+    # The accuracies choose the cohort: at full float32 precision on every
+    # backend, as the rest of the aggregation math (tree_math.FULL).
+    with jax.default_matmul_precision("highest"):
+      accuracy = client_accuracies(model, client_params, server,
+                                   jnp.zeros((num_clients,), jnp.int32),
+                                   batch_size)
     selected = select_top(accuracy, info.mask, fraction)
     weights = tree_math.normalize_weights(
         client_weights(info, weighting) * selected, selected)

@@ -161,8 +161,10 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
                                           info.mask)
     client_layer_norms = tree_math.layer_sums_of_squares(
         moments.squares, structure).norm()
-    layer_e = weights @ client_layer_norms  # Eq. (5)
-    e = weights @ tree_math.vector_norm(client_layer_norms, axis=1)
+    layer_e = jnp.matmul(weights, client_layer_norms,  # Eq. (5)
+                         precision=tree_math.FULL)
+    e = jnp.matmul(weights, tree_math.vector_norm(client_layer_norms, axis=1),
+                   precision=tree_math.FULL)
     _, global_stats = split(global_params, global_params)
     stat_means = [tree_math.weighted_leaf_sum(leaf - g[None], weights)
                   for leaf, g in zip(client_stats_leaves, global_stats,

@@ -117,7 +117,7 @@ def pairwise_squared_distances(stacked: StackedParams,
   for leaf, middle in zip(leaves, centre, strict=True):
     rows = tree_math.divide_by_scale(centred(leaf, middle), scale)
     gram = gram + jnp.matmul(rows, rows.T,
-                             precision=jax.lax.Precision.HIGHEST)
+                             precision=tree_math.FULL)
   squares = jnp.diagonal(gram)
   return jnp.maximum(squares[:, None] + squares[None, :] - 2.0 * gram, 0.0)
 

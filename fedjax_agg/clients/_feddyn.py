@@ -84,7 +84,7 @@ def dynamic_objective(alpha: float, trainable) -> LocalObjective:
       start = jax.lax.stop_gradient(start).astype(theta.dtype)
       gradient = jax.lax.stop_gradient(gradient).astype(theta.dtype)
       return (0.5 * alpha * jnp.sum(jnp.square(theta - start))
-              - jnp.vdot(gradient, theta))
+              - jnp.vdot(gradient, theta, precision=tree_math.FULL))
 
     terms = jax.tree.map(term, params, global_params, gradients, trainable)
     return sum(jax.tree.leaves(terms), jnp.zeros(()))

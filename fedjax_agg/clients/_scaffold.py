@@ -42,6 +42,7 @@ import optax
 from fedjax_agg import aggregators
 from fedjax_agg import checks
 from fedjax_agg import engine
+from fedjax_agg import tree_math
 from fedjax_agg.clients import _common
 from fedjax_agg.clients import _table
 from fedjax_agg.config import LocalTraining
@@ -75,7 +76,8 @@ def correction_objective() -> LocalObjective:
   def penalty(params, reference, context):
     del context
     terms = jax.tree.map(
-        lambda p, c: jnp.vdot(p, jax.lax.stop_gradient(c).astype(p.dtype)),
+        lambda p, c: jnp.vdot(p, jax.lax.stop_gradient(c).astype(p.dtype),
+                              precision=tree_math.FULL),
         params, reference)
     return sum(jax.tree.leaves(terms), jnp.zeros(()))
 

@@ -273,7 +273,7 @@ def _training(train: dict, objective) -> LocalTraining:
       optimizer=client_optimizer(train["optimizer"], train["momentum"],
                                  train["weight_decay"]),
       compute_losses=train["compute_losses"], steps_fn=steps_fn,
-      objective=objective)
+      objective=objective, matmul_precision=train["matmul_precision"])
 
 
 def attack_eval_sets(config: dict, test) -> tuple:

@@ -21,6 +21,7 @@ from fedjax_agg import partitions
 from fedjax_agg import simulation
 from fedjax_agg import spec as spec_lib
 from fedjax_agg import stragglers
+from fedjax_agg.config import MATMUL_PRECISIONS
 from fedjax_agg.config import OPTIMIZERS
 from fedjax_agg.experiment._build import seeds_of
 from fedjax_agg.experiment._build import TRAIN_DEFAULTS
@@ -131,6 +132,8 @@ TRAIN_CHECKS = {
     "eval_clients": _check_eval_clients,
     "clients_per_step": functools.partial(_check_optional_int, low=1),
     "compute_losses": _check_compute_losses,
+    "matmul_precision": lambda path, value: _check_name(path, value,
+                                                        MATMUL_PRECISIONS),
     "devices": functools.partial(_check_optional_int, low=1),
     "optimizer": lambda path, value: _check_name(path, value, OPTIMIZERS),
     "weight_decay": functools.partial(_check_number, low=0),

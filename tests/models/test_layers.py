@@ -197,9 +197,24 @@ def test_per_client_kernels_never_lower_to_grouped_convolutions(impl):
 
 
 def test_auto_resolves_by_backend():
-  want = "conv" if jax.default_backend() == "cpu" else "xla"
-  assert layers.resolve_impl("auto") == want
+  on_cpu = jax.default_backend() == "cpu"
+  assert layers.resolve_impl("auto") == ("conv" if on_cpu else "xla")
+  with layers.per_client_training():
+    assert layers.resolve_impl("auto") == ("conv" if on_cpu else "im2col")
+    with layers.per_client_training():
+      pass
+    # Leaving a nested context keeps the outer one.
+    assert layers.resolve_impl("auto") == ("conv" if on_cpu else "im2col")
+  assert layers.resolve_impl("auto") == ("conv" if on_cpu else "xla")
   assert layers.resolve_impl("conv") == "conv"
+
+
+@pytest.mark.parametrize("backend,per_client,want", [
+    ("cpu", False, "conv"), ("cpu", True, "conv"),
+    ("gpu", False, "xla"), ("gpu", True, "im2col"),
+    ("tpu", False, "xla"), ("tpu", True, "im2col")])
+def test_auto_choice_for_every_backend(backend, per_client, want):
+  assert layers.auto_impl(backend, per_client) == want
 
 
 def test_bad_arguments_are_named():

@@ -28,6 +28,8 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from fedjax_agg import tree_math
+
 __all__ = ["FINAL_LAYER_INIT", "Networks", "impact_factors", "make_networks",
     "mlp_apply", "mlp_init", "project_action"]
 
@@ -60,9 +62,12 @@ def mlp_init(key, sizes: Sequence[int]) -> list[dict]:
 
 def mlp_apply(layers: list[dict], x: jax.Array) -> jax.Array:
   """LeakyReLU after every layer but the last. [..., in] -> [..., out]."""
+  # The agent is part of the aggregation: full float32 on every backend.
+  def dense(x, layer):
+    return jnp.matmul(x, layer["w"], precision=tree_math.FULL) + layer["b"]
   for layer in layers[:-1]:
-    x = jax.nn.leaky_relu(x @ layer["w"] + layer["b"])
-  return x @ layers[-1]["w"] + layers[-1]["b"]
+    x = jax.nn.leaky_relu(dense(x, layer))
+  return dense(x, layers[-1])
 
 
 class Networks(NamedTuple):
