@@ -21,6 +21,7 @@ learning rate may be a traced value (sweeps build ``LocalTraining`` inside
 """
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Any, Callable, Optional, Union
@@ -37,7 +38,7 @@ from fedjax_agg.types import LocalObjective, PRNGKey
 __all__ = ["ACCOUNTANTS", "Checkpointing", "EvalSet", "Evaluation",
            "Execution",
            "LocalStepsFn", "LocalTraining", "MATMUL_PRECISIONS", "NonFinite",
-           "OptimizerFactory",
+           "OptimizerFactory", "sgd_momentum",
            "OPTIMIZERS", "Privacy", "SAMPLINGS", "Systems", "client_optimizer"]
 
 OptimizerFactory = Callable[..., optax.GradientTransformation]
@@ -74,7 +75,28 @@ def client_optimizer(name: str = "sgd", momentum: float = 0.0,
       return base
     return optax.chain(optax.add_decayed_weights(weight_decay, mask=decays),
                        base)
+  # What rules that normalise by the local solver read (``sgd_momentum``).
+  make.sgd_momentum = momentum if name == "sgd" else None
   return make
+
+
+def sgd_momentum(optimizer: OptimizerFactory) -> Optional[float]:
+  """The SGD momentum of a ``LocalTraining.optimizer`` (0 for plain SGD),
+  None when it is not SGD or cannot be told (FedNova refuses such runs).
+
+  Known: ``client_optimizer``'s factories, ``optax.sgd`` and
+  ``functools.partial(optax.sgd, momentum=...)``.
+  """
+  if hasattr(optimizer, "sgd_momentum"):
+    return optimizer.sgd_momentum
+  if optimizer is optax.sgd:
+    return 0.0
+  if (isinstance(optimizer, functools.partial) and optimizer.func is optax.sgd
+      and not optimizer.args
+      and set(optimizer.keywords) <= {"momentum", "nesterov"}
+      and not optimizer.keywords.get("nesterov", False)):
+    return float(optimizer.keywords.get("momentum") or 0.0)
+  return None
 LocalStepsFn = Callable[[PRNGKey, jax.Array], jax.Array]
 """``(key, full_steps [K]) -> num_steps [K]``: per-round step budgets."""
 # "auto": per-client losses only where the aggregator reads them.

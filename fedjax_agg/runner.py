@@ -35,6 +35,7 @@ import numpy as np
 from fedjax_agg import aggregators
 from fedjax_agg import clients as clients_lib
 from fedjax_agg import clock
+from fedjax_agg import config as config_lib
 from fedjax_agg import distributed
 from fedjax_agg import engine
 from fedjax_agg import evaluation as evaluation_lib
@@ -42,13 +43,14 @@ from fedjax_agg import loop
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import round_forms
 from fedjax_agg import rounds
+from fedjax_agg import run_context
 from fedjax_agg.config import (LocalTraining, Privacy)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.options import RunOptions
 from fedjax_agg.round_forms import (MEMBER_AXIS, UntraceableGridError,
                                     stack_data)
-from fedjax_agg.types import Aggregator, LocalObjective, Model
+from fedjax_agg.types import Aggregator, LocalObjective, Model, RunContext
 
 __all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "Member", "Plan",
            "UntraceableGridError", "execute", "parts", "resolve_privacy",
@@ -87,8 +89,29 @@ class Plan:
   vmapped: bool = False
 
   def parts_of(self, hparams: dict):
-    """``build(hparams)`` as (aggregator, objective or None)."""
-    return parts(self.build(dict(hparams)))
+    """``build(hparams)`` as (aggregator, objective or None), the rule
+    bound to what the run fixes (``run_context.bind``)."""
+    aggregator, objective = parts(self.build(dict(hparams)))
+    return run_context.bind(aggregator, self.context(hparams, objective)), \
+        objective
+
+  def context(self, hparams: dict, objective=None) -> RunContext:
+    """What this run fixes for a member of grid point ``hparams``."""
+    training = self.training_of(hparams, objective)
+    num_clients = self.data[0].num_clients
+    cohort_size = rounds.num_sampled(num_clients, self.options.participation)
+    privacy = self.options.privacy
+    local_update = self.options.local_update
+    term = training.objective
+    return RunContext(
+        num_clients=num_clients, cohort_size=cohort_size,
+        expected_clients=(float(cohort_size) if privacy is not None
+                          and privacy.sampling == "poisson" else None),
+        learning_rate=training.learning_rate,
+        momentum=config_lib.sgd_momentum(training.optimizer),
+        proximal_mu=0.0 if term is None else term.proximal_mu,
+        client_side=dict(local_update.shared) if local_update is not None
+        else {})
 
   @property
   def members(self) -> list[tuple[int, int]]:
@@ -334,7 +357,7 @@ def execute(plan: Plan) -> list[Member]:
               local_update=options.local_update,
               stream=options.execution.stream)
   model, members = plan.model, plan.members
-  built = [parts(plan.build(dict(point))) for point in plan.points]
+  built = [plan.parts_of(point) for point in plan.points]
   num_clients = plan.data[0].num_clients
   cohort_size = rounds.num_sampled(num_clients, plan.options.participation)
   built = [(clock.server_rule(plan.options.systems, aggregator, cohort_size,

@@ -12,7 +12,7 @@ import optax
 
 __all__ = ["AggregateFn", "Aggregator", "AggregatorState", "Batch",
     "ClientInfo", "INFO_AXES", "LocalObjective", "LocalUpdate", "Metrics",
-    "Model",
+    "Model", "RunContext",
     "PRNGKey", "Params", "StackedParams", "StreamingForm", "empty_init",
     "softmax_cross_entropy", "PAD_TARGET", "target_counts",
     "sequence_cross_entropy"]
@@ -149,6 +149,14 @@ class Aggregator(NamedTuple):
       by one, else None (it divides by the round's real participants).
       Poisson sampling needs the fixed denominator for the accounting to
       hold (the realised cohort size depends on who was drawn).
+    from_run: for a rule built from what a run fixes (the client learning
+      rate, the federation's size, the local solver's momentum, ...),
+      ``from_run(context: RunContext) -> Aggregator``: the rule with the
+      run's values for the arguments its caller left out, refusing (a
+      ``ValueError`` naming the argument) one the caller gave that the run
+      contradicts. Every run calls it before the first round
+      (``fedjax_agg.run_context.bind``); None: the rule needs nothing of
+      the run.
   """
   init: Callable[[Params], AggregatorState]
   aggregate: AggregateFn
@@ -156,6 +164,32 @@ class Aggregator(NamedTuple):
   uses_losses: bool = False
   noise_multiplier: Optional[Any] = None
   expected_clients: Optional[Any] = None
+  from_run: Optional[Callable[["RunContext"], "Aggregator"]] = None
+
+
+class RunContext(NamedTuple):
+  """What a run fixes that a rule may be built from (``Aggregator.from_run``).
+
+  Attributes:
+    num_clients: N, the federation's size.
+    cohort_size: K, the clients drawn per round.
+    expected_clients: q N under Poisson sampling of a private run (the
+      fixed denominator of DP-FedAvg's mean), else None.
+    learning_rate: the client learning rate (a traced scalar in a sweep).
+    momentum: the local solver's SGD momentum (0 for plain SGD); None when
+      the local optimizer is not SGD or is not known.
+    proximal_mu: the local objective's FedProx coefficient (0 without a
+      term); None for a term that is not FedProx's.
+    client_side: what the run's client side (``LocalUpdate.shared``)
+      shares with its server rule, e.g. ``{"feddyn_alpha": 0.01}``.
+  """
+  num_clients: int
+  cohort_size: int
+  expected_clients: Optional[float]
+  learning_rate: Any
+  momentum: Optional[float]
+  proximal_mu: Optional[float]
+  client_side: Mapping[str, Any]
 
 
 def empty_init(state_type: Callable[[], AggregatorState]
@@ -261,6 +295,9 @@ class LocalObjective(NamedTuple):
       step of a term handled implicitly rather than through its gradient
       (Ditto's ``lambda/2 ||v - w||^2``, stable for any lambda). None:
       no such step.
+    proximal_mu: mu when the term is exactly FedProx's ``mu/2 ||w -
+      w_g||^2`` (0 for no term), None for any other term; rules that
+      normalise by the local solver (FedNova) read it from the run.
 
   ``global_params`` is what the engine hands the objective: the round's
   global model, or a per-client reference when the trainer is given one
@@ -269,6 +306,7 @@ class LocalObjective(NamedTuple):
   prepare: Callable[[Params, Params], Any]
   penalty: Callable[[Params, Params, Any], jax.Array]
   proximal: Optional[Callable[[Params, Params, jax.Array], Params]] = None
+  proximal_mu: Optional[Any] = None
 
 
 class LocalUpdate(NamedTuple):
@@ -294,7 +332,12 @@ class LocalUpdate(NamedTuple):
       personal model, FedBN's global model with the client's BatchNorm
       leaves), evaluated on the clients' held-out split as the
       personalised accuracy. None: the clients have no model of their own.
+    shared: the hyperparameters this client side shares with the server
+      rule it must run with, by name (FedDyn: ``{"feddyn_alpha": alpha}``);
+      the run hands them to the rule (``RunContext.client_side``) and
+      refuses a rule that reads none of them.
   """
   init: Callable[[int], Any]
   update: Callable[..., tuple[Any, Any, Metrics]]
   personalize: Optional[Callable[..., Params]] = None
+  shared: Mapping[str, Any] = {}

@@ -181,10 +181,16 @@ def test_bad_grid_values_raise_the_factory_error_before_running():
   with pytest.raises(ValueError, match="one per seed"):
     sweep.run_sweep(lambda h: aggregators.fedavg(), seeds=[0, 1], model=MODEL,
         data=[data], test_data=(x, y), **TRAIN, training=TRAINING)
-  # A hyperparameter that sets a state shape cannot be swept in one call.
-  with pytest.raises(ValueError, match="differs in shape"):
+  # The federation's size is the run's: a rule built for another is
+  # refused before anything runs (run_context.bind).
+  with pytest.raises(ValueError, match="num_clients=6 differs from the "
+                     "federation's number of clients of the run"):
     run(lambda h: aggregators.fedadp(num_clients=int(h["n"])),
         {"n": [5, 6]})
+  # A hyperparameter that sets a state shape cannot be swept in one call.
+  with pytest.raises(ValueError, match="differs in shape"):
+    run(lambda h: aggregators.fedavg()._replace(
+        init=lambda params: jnp.zeros(int(h["n"]))), {"n": [5, 6]})
 
 
 CONFIG = {

@@ -109,6 +109,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._clipped_sums import clipped_update_stats
 from fedjax_agg.aggregators._clipped_sums import summed_client_stats
@@ -145,6 +146,7 @@ def gaussian_noise(key: PRNGKey, tree: Params, stddev) -> Params:
       for leaf_key, leaf in zip(keys, leaves, strict=True)])
 
 
+@run_context.derived_from_run(expected_clients="expected_clients")
 def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
               adaptive: bool = False, target_quantile: float = 0.5,
               clip_learning_rate: float = 0.2,

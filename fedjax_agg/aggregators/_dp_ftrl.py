@@ -79,6 +79,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg.aggregators._clipped_sums import clipped_update_stats
 from fedjax_agg.aggregators._clipped_sums import summed_client_stats
 from fedjax_agg.aggregators._dp_fedavg import gaussian_noise
@@ -147,6 +148,7 @@ def _noise_change(key_data: jax.Array, position: jax.Array, params: Params,
   return total
 
 
+@run_context.derived_from_run(num_participants="cohort_size")
 def dp_ftrl(clip_norm: float = 1.0, noise_multiplier: float = 0.0,
             server_learning_rate: float = 1.0, momentum: float = 0.0, *,
             num_participants: int,

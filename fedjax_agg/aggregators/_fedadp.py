@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg import tree_math
 from fedjax_agg import update_stats
 from fedjax_agg.aggregators._fedavg import client_weights
@@ -161,6 +162,8 @@ def check_hyperparameters(alpha, learning_rate, num_clients, smoothing,
   checks.check_choice("weighting", weighting, WEIGHTINGS)
 
 
+@run_context.derived_from_run(num_clients="num_clients",
+                              learning_rate="learning_rate")
 def fedadp(alpha: float = 5.0, *, num_clients: int,
            learning_rate: float = 1.0, smoothing: str = "participation",
            weighting: str = "num_examples") -> Aggregator:

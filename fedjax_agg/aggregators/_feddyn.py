@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg import tree_math
 from fedjax_agg.types import Aggregator, Params, StreamingForm
 
@@ -58,6 +59,8 @@ class FedDynState(NamedTuple):
   h: Params
 
 
+@run_context.derived_from_run(num_clients="num_clients",
+                              alpha="client_side:feddyn_alpha")
 def feddyn(alpha: float = 0.01, *, num_clients: int) -> Aggregator:
   """FedDyn aggregator (the server step of Algorithm 1, Eqs. (c)-(d)).
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedadp import angle_weighting
 from fedjax_agg.aggregators._fedadp import check_hyperparameters
@@ -53,6 +54,8 @@ def layer_weighted_sum(stacked: StackedParams, weights: jax.Array,
       for leaf, layer in zip(leaves, structure.leaf_to_layer, strict=True)])
 
 
+@run_context.derived_from_run(num_clients="num_clients",
+                              learning_rate="learning_rate")
 def fedlayerwise(alpha: float = 5.0, *, num_clients: int,
                  granularity: str = "layer", learning_rate: float = 1.0,
                  smoothing: str = "participation",

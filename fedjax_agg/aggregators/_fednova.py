@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._clipped_sums import summed_client_stats
 from fedjax_agg.types import Aggregator, ClientInfo, empty_init, StreamingForm
@@ -84,6 +85,24 @@ def _num_steps(info: ClientInfo) -> jax.Array:
   return info.num_steps
 
 
+def _check_local_solver(rule, context, arguments) -> None:
+  """FedNova's normaliser is that of SGD (with momentum) or FedProx."""
+  del rule, arguments
+  if context.momentum is None:
+    raise ValueError(
+        "fednova: the clients' optimizer is not SGD (or its momentum cannot "
+        "be told); FedNova normalises SGD's steps: use "
+        "config.client_optimizer('sgd', momentum=...)")
+  if context.proximal_mu is None:
+    raise ValueError(
+        "fednova: the clients' local objective is neither the plain loss "
+        "nor FedProx's (objectives.fedprox), whose steps FedNova normalises")
+
+
+@run_context.derived_from_run(_check_local_solver,
+                              learning_rate="learning_rate",
+                              momentum="momentum",
+                              proximal_mu="proximal_mu")
 def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
             learning_rate: float = 1.0) -> Aggregator:
   """FedNova aggregator (normalised averaging, Eqs. (a)-(c)).

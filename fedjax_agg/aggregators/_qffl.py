@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg import tree_math
 from fedjax_agg.types import Aggregator, ClientInfo, empty_init
 
@@ -110,6 +111,7 @@ def check_losses(info: ClientInfo) -> None:
         f"(mask 1) of q-FedAvg, got {losses.tolist()}")
 
 
+@run_context.derived_from_run(learning_rate="learning_rate")
 def qffl(q: float = 1.0, lipschitz: Optional[float] = None, *,
          learning_rate: float = 1.0) -> Aggregator:
   """q-FedAvg aggregator (the server step of q-FFL).

@@ -106,7 +106,15 @@ def with_server_optimizer(aggregator: Aggregator,
   stream = None
   if aggregator.stream is not None:
     stream = StreamingForm(aggregator.stream.client_stats, finalize)
+  from_run = None
+  if aggregator.from_run is not None:
+    # What the inner rule takes from the run, under the same optimizer.
+    def from_run(context):
+      return with_server_optimizer(aggregator.from_run(context),
+                                   transformation)
+    from_run.reads = getattr(aggregator.from_run, "reads", frozenset())
   return Aggregator(init, aggregate, stream,
                     uses_losses=aggregator.uses_losses,
                     noise_multiplier=aggregator.noise_multiplier,
-                    expected_clients=aggregator.expected_clients)
+                    expected_clients=aggregator.expected_clients,
+                    from_run=from_run)

@@ -149,4 +149,5 @@ def feddyn(model: Model, training: LocalTraining = LocalTraining(), *,
                       tree_math.client_norms(gradients))
     return local, FedDynClientState(table), {"gradient_state_norm": norms}
 
-  return LocalUpdate(init=init, update=update)
+  return LocalUpdate(init=init, update=update,
+                     shared={"feddyn_alpha": alpha})

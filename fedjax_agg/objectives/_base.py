@@ -37,7 +37,7 @@ def cross_entropy() -> LocalObjective:
     del params, global_params, context
     return jnp.zeros(())
 
-  return LocalObjective(prepare, penalty)
+  return LocalObjective(prepare, penalty, proximal_mu=0.0)
 
 
 def local_loss(model: Model, objective: LocalObjective

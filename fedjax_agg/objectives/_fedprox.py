@@ -37,4 +37,4 @@ def fedprox(mu: float = 0.01) -> LocalObjective:
                       trainable(params), trainable(global_params))
     return 0.5 * mu * sum(jax.tree.leaves(sq))
 
-  return LocalObjective(prepare, penalty)
+  return LocalObjective(prepare, penalty, proximal_mu=mu)

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._feddrl import agent as agent_lib
 from fedjax_agg.aggregators._feddrl import networks as networks_lib
@@ -112,6 +113,7 @@ def reward_cost(losses: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(count > 0, mean + gap, 0.0)
 
 
+@run_context.derived_from_run(num_participants="cohort_size")
 def feddrl(num_participants: int = 10, *,
            config: Optional[agent_lib.AgentConfig] = None,
            explore: bool = True, learn: bool = True, seed: int = 0,
