@@ -77,12 +77,58 @@ def _two_rounds(rule, global_params, clients, info):
   return state, (out1, state1, metrics), (out2, state2)
 
 
-def _assert_same_two_rounds(rule, global_params, cohort, other_cohort):
+def _assert_same_two_rounds(rule, global_params, cohort, other_cohort,
+                            atol=1e-6):
   """Both cohorts give the same models and states over two rounds."""
   _, (out1, state1, _), last = _two_rounds(rule, global_params, *cohort)
   _, (o_out1, o_state1, _), o_last = _two_rounds(rule, global_params,
                                                  *other_cohort)
-  tu.assert_trees_close((o_out1, o_state1, o_last), (out1, state1, last))
+  tu.assert_trees_close((o_out1, o_state1, o_last), (out1, state1, last),
+                        atol=atol)
+
+
+# Rules checked for client order against ``_reordering_bound`` instead of
+# the default tolerance: FedNNNN's second round here is ill-conditioned.
+# (Its variants norm_norm and momentum, whose rounds are not, keep the
+# default; their bounds would be 7e-6 and 4e-6.)
+REORDERING_BOUND = ("fednnnn",)
+
+
+def _reordering_bound(rule, global_params, clients, info):
+  """Float32 bound on what reordering the K clients can change in the two
+  rounds' outputs of FedNNNN (or a variant: the rules that scale the mean
+  update m = sum_k p_k dw_k, of norm N, to the norm beta E, E = sum_k p_k
+  |dw_k|; metrics "N", "E", "norm_scale").
+
+  Each sum of n terms rounds by at most gamma_n = n u / (1 - n u) (u =
+  2^-24) of the sum of its terms' magnitudes, in any order; two orders
+  differ by twice that. Over the K clients, with the weights p_k
+  normalised by such a sum too, the mean m moves by |dm| <= 4 gamma_K E,
+  E by 4 gamma_K E, and N = |m| by |dm| + 2 gamma_P N (its own sum of P
+  squares). The update s m, s = beta E / N, then moves by at most
+  s (|dm| + |m| (|dE| / E + |dN| / N)) <= 4 gamma_K s (2E + N) +
+  2 gamma_P s N. When the clients' updates nearly cancel, N << E: in the
+  second round of this cohort N = 9e-4, E = 0.42 and s = 336 (the first
+  round overshoots by beta E / N = 0.998 of the mean), a condition of
+  E / N = 480, and the bound is 2.7e-4, where a reordering moved the
+  output by up to 9e-7 on a CPU and 8e-6 on an H200. The second round's
+  output adds the first's error twice (the momentum and the model it
+  starts from).
+  """
+  def gamma(n):
+    return n * 2.0**-24 / (1 - n * 2.0**-24)
+  num_clients = len(info.mask)
+  num_params = sum(leaf.size for leaf in jax.tree.leaves(global_params))
+  state = rule.init(global_params)
+  bounds = []
+  for offset in (0, 1):
+    global_params, state, metrics = rule.aggregate(
+        global_params, clients, info._replace(round=info.round + offset),
+        state)
+    scale, e, n = (float(metrics[key]) for key in ("norm_scale", "E", "N"))
+    bounds.append(4 * gamma(num_clients) * scale * (2 * e + n)
+                  + 2 * gamma(num_params) * scale * n)
+  return 2 * bounds[0] + bounds[1]
 
 
 def _assert_finite(tree):
@@ -156,8 +202,11 @@ def test_client_order_does_not_matter(name):
   perm = [2, 0, 3, 1]
   perm_info = tu.make_info(np.asarray(IDS)[perm],
                            np.asarray(NUM_EXAMPLES)[perm])
+  atol = 1e-6
+  if name in REORDERING_BOUND:
+    atol = max(atol, _reordering_bound(rule, global_params, clients, info))
   _assert_same_two_rounds(rule, global_params, (clients, info),
-                          (tu.take_rows(clients, perm), perm_info))
+                          (tu.take_rows(clients, perm), perm_info), atol=atol)
 
 
 @pytest.mark.parametrize("name", PROPERTIES)

@@ -36,18 +36,32 @@ Interpretations:
   coordinate's median lies within the honest values of S, and only the
   beta values nearest it are kept.
 * Distances are whole-model, between the updates w_k - w_t, from one
-  [K, K] matrix computed once (``krum.pairwise_squared_distances``:
-  centred, scaled Gram form); each pick only masks the rows already
-  chosen. Equal scores are systematic: with one neighbour the two members
-  of R's closest pair score the same. They go to the member of smaller sum
-  of squared distances to all of R, then to the earlier cohort position,
-  so the committee does not depend on the order of the clients (but for
-  exact double ties).
+  [K, K] matrix computed once (``krum.pairwise_squared_distances``: per
+  pair sums of squared differences, exactly symmetric); each pick only
+  masks the rows already chosen.
+* Ties. Each pick takes the member of R lowest by the key (s_R(k),
+  t_R(k)), t_R(k) the sum of squared distances from k to all of R, then
+  by the lower cohort position (row index): the tie rule of every
+  selecting rule (``_fedmedian.client_order``: lower score first, then the
+  lower row), with Krum's score extended by t_R. Equal Krum scores are
+  systematic here, not accidental: with one neighbour (the last picks)
+  the two members of R's closest pair score exactly the same (the matrix
+  is exactly symmetric). t_R, a sum over R that does not depend on the
+  order of the clients (a sum of sorted values), splits them, so the
+  committee does not depend on the order of the clients but for exact
+  double ties (duplicated updates), which go to the lower row. The keys
+  are compared by one lexicographic sort with the row as its last key,
+  never by testing a score for equality with their minimum: on an H200
+  that test found no row equal to the minimum (the two were not rounded
+  alike), so an argmin over no candidates took row 0 at every pick.
 * Step 2 runs on the updates too (the median and the distances to it
   commute with a common shift) and is unweighted (number of examples
   unused). With an even |S| the median is the mean of the two middle
   values (both are then among the beta closest). Equal distances at the
-  edge of M[i] go to the earlier cohort position.
+  edge of M[i] go to the lower cohort position (an explicit row key; two
+  equal values tie without consequence, two values mirrored about the
+  median change the mean, e.g. beta = 1 with an even |S|). The distances
+  to the median are elementwise, so Step 2 rounds alike on every backend.
 * f = 0 selects every real participant and keeps every value: the
   unweighted mean.
 * A cohort with no real participant leaves the model unchanged.
@@ -69,10 +83,13 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg import tree_math
+from fedjax_agg.aggregators._fedmedian import client_order
 from fedjax_agg.aggregators._fedmedian import masked_median
 from fedjax_agg.aggregators._krum import krum_scores
 from fedjax_agg.aggregators._krum import pairwise_squared_distances
+from fedjax_agg.aggregators._krum import sorted_distances
 from fedjax_agg.types import Aggregator, empty_init, Params, StackedParams
 
 __all__ = ["BulyanState", "bulyan", "check_cohort_bound", "krum_committee",
@@ -113,9 +130,6 @@ def krum_committee(distances: jax.Array, mask: jax.Array, num_byzantine,
     [K] 1.0 for a selected row, 0.0 otherwise.
   """
   num = mask.shape[0]
-  # Exactly symmetric, so that the two members of a closest pair score
-  # exactly the same (below).
-  distances = 0.5 * (distances + distances.T)
 
   def pick(step, carry):
     remaining, selected = carry
@@ -123,13 +137,12 @@ def krum_committee(distances: jax.Array, mask: jax.Array, num_byzantine,
     # Krum on R: n = |R| - f - 2, clamped to [1, |R| - 1].
     neighbours = jnp.minimum(jnp.maximum(size - num_byzantine - 2, 1),
                              size - 1)
-    scores = krum_scores(distances, remaining, neighbours)
+    nearest = sorted_distances(distances, remaining)
+    scores = krum_scores(nearest, remaining, neighbours)
     # Ties (every pick with n = 1: the closest pair) go to the member
-    # closest to all of R, then to the earlier row.
-    others = (remaining[None, :] > 0) & ~jnp.eye(num, dtype=bool)
-    spread = jnp.sum(jnp.where(others, distances, 0.0), axis=1)
-    tied = scores == jnp.min(scores)
-    chosen = jnp.argmin(jnp.where(tied, spread, jnp.inf))
+    # closest to all of R, then to the lower row (module docstring).
+    spread = jnp.sum(jnp.where(jnp.isfinite(nearest), nearest, 0.0), axis=1)
+    chosen = client_order((scores, spread), remaining)[0]
     take = (step < num_selected) & (jnp.arange(num) == chosen)
     return (jnp.where(take, 0.0, remaining),
             jnp.where(take, 1.0, selected))
@@ -155,16 +168,19 @@ def mean_around_median(stacked: StackedParams, mask: jax.Array,
     rows = real.reshape((-1,) + (1,) * (leaf.ndim - 1))
     values = jnp.where(rows, leaf, jnp.zeros_like(leaf))
     distance = jnp.where(rows, jnp.abs(values - middle[None]), jnp.inf)
-    # Values ordered by their distance to the median (stable: ties go to
-    # the earlier row); the first ``num_kept`` are M[i].
-    _, ordered = jax.lax.sort((distance, values), dimension=0, num_keys=1,
-                              is_stable=True)
+    # Values ordered by their distance to the median, equal distances by
+    # row (an explicit key, not the sort's stability); the first
+    # ``num_kept`` are M[i].
+    row = jax.lax.broadcasted_iota(jnp.int32, leaf.shape, 0)
+    _, _, ordered = jax.lax.sort((distance, row, values), dimension=0,
+                                 num_keys=2)
     rank = jnp.arange(leaf.shape[0]).reshape(rows.shape)
     total = jnp.sum(jnp.where(rank < num_kept, ordered, 0.0), axis=0)
     return (total / jnp.maximum(num_kept, 1)).astype(leaf.dtype)
   return jax.tree.map(leaf_mean, stacked, centre)
 
 
+@run_context.derived_from_run(num_participants="cohort_size")
 def bulyan(num_byzantine: int = 0, *,
            num_participants: Optional[int] = None) -> Aggregator:
   """Bulyan aggregator (over Krum).

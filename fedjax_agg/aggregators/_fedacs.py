@@ -11,7 +11,10 @@ highest-performing clients". What it leaves open, and the choices made here:
   (the updated local parameters exist only then); every sampled client
   trains, the selected ones are averaged;
 * how many: the top ``ceil(fraction * K')`` of the K' real participants by
-  accuracy (ties: earlier cohort position first), at least one;
+  accuracy, at least one. Ties, frequent since an accuracy is a count of
+  hits over M, follow the rule of every selecting rule
+  (``_fedmedian.client_order``): the higher accuracy (lower score -acc)
+  first, then the lower cohort position (row index), by an explicit key;
 * on what: a server-held evaluation set ``(x_eval, y_eval)``, kept in the
   rule's state so it enters the jitted round as an argument;
 * the averaging of the selected models: FedAvg's (``weighting``).
@@ -25,6 +28,7 @@ import jax.numpy as jnp
 from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fedavg import WEIGHTINGS, client_weights
+from fedjax_agg.aggregators._fedmedian import client_ranks
 from fedjax_agg.validation import client_accuracies
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import Aggregator, Model
@@ -38,12 +42,12 @@ class FedACSState(NamedTuple):
 
 def select_top(accuracy: jax.Array, mask: jax.Array, fraction: float
                ) -> jax.Array:
-  """[K] 1.0 for the ceil(fraction * K') most accurate real clients."""
+  """[K] 1.0 for the ceil(fraction * K') most accurate real clients (equal
+  accuracies: the lower row first)."""
   real = mask > 0
   num_real = jnp.sum(real)
   num_kept = jnp.maximum(jnp.ceil(fraction * num_real), 1)
-  order = jnp.argsort(jnp.where(real, -accuracy, jnp.inf), stable=True)
-  rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
+  rank = client_ranks(-accuracy, mask)
   return ((rank < num_kept) & real).astype(jnp.float32)
 
 

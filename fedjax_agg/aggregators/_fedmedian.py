@@ -10,6 +10,15 @@ middle values. Padded clients (mask 0) are excluded; the number of examples
 plays no role (the estimator is unweighted). Because the median commutes
 with a common shift, the median of the models equals w_t plus the median of
 the updates. A cohort with no real participant leaves the model unchanged.
+
+Ties. The median is an order statistic of each coordinate's values: equal
+values may be sorted either way round without changing the sorted values,
+so ties (and the order of the clients) cannot change the result, which is
+bitwise the same for any permutation of the cohort.
+
+This module also holds the one ordering of clients by a score that the
+selecting rules share (``client_order``, ``client_ranks``): lower score
+first, exact ties to the lower cohort position (row index).
 """
 
 from typing import NamedTuple
@@ -34,6 +43,41 @@ def sorted_real_first(leaf: jax.Array, mask: jax.Array) -> jax.Array:
   """
   mask = mask.reshape((-1,) + (1,) * (leaf.ndim - 1))
   return jnp.sort(jnp.where(mask > 0, leaf, jnp.inf), axis=0)
+
+
+def client_order(keys, mask: jax.Array) -> jax.Array:
+  """The cohort's rows ordered by ``keys``, lowest first. [K] int32.
+
+  The one tie rule of the selecting rules (Krum, Bulyan, FedACS): real rows
+  (mask 1) before padding rows, then lexicographically by ``keys``, then
+  by row index, the lower first. The row index is an explicit last key, so
+  that no two rows compare equal and the order depends neither on the
+  backend's sort stability nor on how an argmin or top_k breaks ties.
+
+  Args:
+    keys: a [K] array or a tuple of them; floats compare with -0.0 equal to
+      0.0 and NaN after +inf (padding rows may hold anything).
+    mask: [K], 1 for a real row.
+
+  Returns:
+    [K] the row indices, first the lowest-keyed real row.
+  """
+  keys = keys if isinstance(keys, tuple) else (keys,)
+  num = mask.shape[0]
+  # -0.0 == 0.0 is an exact tie; the sort's total order would split it.
+  keys = tuple(jnp.where(key == 0, jnp.zeros_like(key), key)
+               for key in keys)
+  rows = jnp.arange(num, dtype=jnp.int32)
+  padding = jnp.where(mask > 0, 0, 1).astype(jnp.int32)
+  *_, order = jax.lax.sort((padding, *keys, rows), num_keys=len(keys) + 2)
+  return order
+
+
+def client_ranks(keys, mask: jax.Array) -> jax.Array:
+  """Each row's place in ``client_order(keys, mask)`` (0: the first). [K]."""
+  order = client_order(keys, mask)
+  return jnp.zeros_like(order).at[order].set(
+      jnp.arange(order.shape[0], dtype=order.dtype))
 
 
 def masked_median(stacked: StackedParams, mask: jax.Array) -> Params:

@@ -15,18 +15,24 @@ Interpretations:
   [1, m - 1] (a single real participant gets the score 0 and is selected),
   and ``num_selected`` to m.
 * Distances are taken between whole models (every leaf together) on the
-  updates w_k - w_t (equal differences, smaller magnitudes), centred on
-  their coordinate-wise median over the real participants and divided by a
-  common power of two near the largest centred entry. Distances do not
-  change under a common shift, but their Gram matrix form cancels
-  catastrophically in float32 when every update shares a component much
-  larger than their spread (at a ratio of 1e4 the squared norms are 1e8
-  times the distances they must resolve); centring removes it. The median
-  rather than the mean: one far Byzantine update would drag a mean away
-  from the honest ones and bring the cancellation back. The power of two
-  keeps huge updates from overflowing and tiny ones from rounding away.
+  updates w_k - w_t (equal differences, smaller magnitudes), divided by a
+  common power of two near their largest entry (exactly: huge updates do
+  not overflow, tiny ones do not round away). Each pair's distance is the
+  sum of its squared differences, computed alike for every pair, never
+  through the Gram form |a|^2 + |b|^2 - 2 <a, b>: that form cancels
+  catastrophically in float32 when the updates share a component much
+  larger than their spread, and its rounding depends on how the backend
+  tiles the matrix product. A difference is exact to rounding, so the
+  distances of close updates keep their relative accuracy, two identical
+  updates are exactly 0 apart and get bitwise equal rows of distances, and
+  the matrix is exactly symmetric (its upper triangle mirrored).
 * The selected models are averaged without weights (number of examples
-  unused); equal scores are broken by cohort position (stable order).
+  unused).
+* Ties (one rule for every selecting rule, ``_fedmedian.client_order``):
+  the lower score first, then the lower cohort position (row index); an
+  explicit key, so the choice depends neither on the sort's stability nor
+  on the backend. Exact ties happen with duplicated updates and, with one
+  neighbour (n = 1), for the two members of the closest pair.
 * ``flower_compatible=True`` reproduces Flower's Multi-Krum
   (``aggregate_krum`` in ``flwr/server/strategy/aggregate.py``, called by
   ``Krum.aggregate_fit`` in ``flwr/server/strategy/krum.py``; the same
@@ -35,8 +41,10 @@ Interpretations:
   averaged weighted by ``num_examples``, sum_{k in S} n_k w_k /
   sum_{k in S} n_k, instead of uniformly. Scores and selection are
   unchanged: Flower's are the same (the m - f - 2 nearest, at least 1, on
-  squared distances between whole models), except that its unstable sort
-  may break equal scores otherwise. Krum (``num_selected=1``, Flower's
+  squared distances between whole models), except that its sort
+  (``np.argsort``, not stable) may break equal scores otherwise; its Krum
+  (``np.argmin``) takes the first in list order, as here when the cohort
+  rows are in Flower's order. Krum (``num_selected=1``, Flower's
   ``num_clients_to_keep`` 0 or 1) is the same either way. Where
   ``num_selected`` exceeds m this rule keeps all m models; Flower's slice
   then keeps the num_selected - m best when that is below m (not
@@ -47,10 +55,9 @@ Breakdown point: Krum tolerates f Byzantine clients when 2f + 2 < m, i.e.
 a fraction just under 1/2.
 
 Memory: the rule needs all K updates at once (stacked [K, ...] models, no
-streaming form); the pairwise distances come from a [K, K] Gram matrix
-accumulated leaf by leaf, never a [K, K, params] temporary. The median
-centre sorts each leaf over the client axis (a temporary of the leaf's
-[K, ...] size).
+streaming form); the [K, K] distances are computed one row at a time (a
+loop over the K clients, each step a temporary of the leaves' [K, ...]
+size, never a [K, K, params] one).
 """
 
 from typing import NamedTuple, Optional
@@ -60,10 +67,11 @@ import jax.numpy as jnp
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
-from fedjax_agg.aggregators._fedmedian import masked_median
+from fedjax_agg.aggregators._fedmedian import client_ranks
 from fedjax_agg.types import Aggregator, empty_init, StackedParams
 
-__all__ = ["KrumState", "krum", "krum_scores", "pairwise_squared_distances"]
+__all__ = ["KrumState", "krum", "krum_scores", "pairwise_squared_distances",
+           "sorted_distances"]
 
 
 class KrumState(NamedTuple):
@@ -75,21 +83,20 @@ def pairwise_squared_distances(stacked: StackedParams,
                                ) -> jax.Array:
   """|x_i - x_j|^2 between the K rows of ``stacked`` (all leaves), [K, K].
 
-  From the Gram matrix, |a|^2 + |b|^2 - 2 <a, b>, summed leaf by leaf
-  (never a [K, K, params] temporary). The rows are first centred on their
-  coordinate-wise median over the real rows (the distances do not change,
-  but the Gram form no longer cancels away a large component common to
-  every row), then divided by a common power of two near their largest
-  centred entry (exactly), so the result is the distance divided by that
-  scale squared: only comparisons between the entries are meaningful.
-  Clamped at 0 (rounding may leave a tiny negative value for close rows).
+  Each entry is sum_p (x_j[p] - x_i[p])^2, leaf by leaf in a fixed order,
+  for one row i at a time (never a [K, K, params] temporary). The rows are
+  first divided by a common power of two near their largest entry
+  (exactly), so the result is the distance divided by that scale squared:
+  only comparisons between the entries are meaningful. Every pair is
+  computed the same way, so identical rows are exactly 0 apart and have
+  bitwise equal distances to every other row; the upper triangle is
+  mirrored, so the matrix is exactly symmetric whatever the backend.
 
   Args:
     stacked: [K, ...] rows; the real ones must be finite.
     mask: [K], 1 for a real row; rows with mask 0 (which may hold
-      anything) are left out of the centre and replaced by zeros, so their
-      entries are meaningless and the real rows' are unaffected by them.
-      None: every row is real.
+      anything) are replaced by zeros, so their entries are meaningless
+      and the real rows' are unaffected by them. None: every row is real.
 
   Returns:
     [K, K] squared distances (divided by the common scale squared).
@@ -98,41 +105,41 @@ def pairwise_squared_distances(stacked: StackedParams,
   num = leaves[0].shape[0]
   if mask is None:
     mask = jnp.ones((num,), jnp.float32)
-  real = mask > 0
-  centre = jax.tree.leaves(masked_median(stacked, mask))
-
-  def centred(leaf, middle):
-    rows = leaf.reshape(num, -1)
-    middle = jnp.where(jnp.any(real), middle.reshape(1, -1), 0.0)
-    return jnp.where(real[:, None], rows - middle.astype(rows.dtype),
-                     jnp.zeros_like(rows))
-
-  # Centring leaf by leaf twice (for the scale, then for the Gram matrix)
-  # keeps one leaf's centred rows alive at a time.
-  largest = jnp.max(jnp.stack([
-      jnp.max(jnp.abs(centred(leaf, middle)))
-      for leaf, middle in zip(leaves, centre, strict=True)]))
+  real = (mask > 0)[:, None]
+  rows = [jnp.where(real, leaf.reshape(num, -1), 0.0) for leaf in leaves]
+  largest = jnp.max(jnp.stack([jnp.max(jnp.abs(row)) for row in rows]))
   scale = tree_math.power_of_two_scale(largest)
-  gram = 0.0
-  for leaf, middle in zip(leaves, centre, strict=True):
-    rows = tree_math.divide_by_scale(centred(leaf, middle), scale)
-    gram = gram + jnp.matmul(rows, rows.T,
-                             precision=tree_math.FULL)
-  squares = jnp.diagonal(gram)
-  return jnp.maximum(squares[:, None] + squares[None, :] - 2.0 * gram, 0.0)
+  rows = [tree_math.divide_by_scale(row, scale) for row in rows]
+
+  def distances_from(row):
+    total = 0.0
+    for leaf_rows, leaf_row in zip(rows, row, strict=True):
+      total = total + jnp.sum(jnp.square(leaf_rows - leaf_row[None]), axis=1)
+    return total
+  distances = jax.lax.map(distances_from, rows)
+  below = jnp.arange(num)[:, None] > jnp.arange(num)[None, :]
+  return jnp.where(below, distances.T, distances)
 
 
-def krum_scores(distances: jax.Array, mask: jax.Array,
+def sorted_distances(distances: jax.Array, mask: jax.Array) -> jax.Array:
+  """Each row's distances to the other real rows, ascending, then +inf.
+
+  Sorted, so that a sum over them is the same for any order of the rows
+  (duplicated rows get bitwise equal sums). [K, K] -> [K, K].
+  """
+  num = mask.shape[0]
+  others = (mask > 0)[None, :] & ~jnp.eye(num, dtype=bool)
+  return jnp.sort(jnp.where(others, distances, jnp.inf), axis=1)
+
+
+def krum_scores(nearest: jax.Array, mask: jax.Array,
                 num_neighbours: jax.Array) -> jax.Array:
   """s(k): sum of the ``num_neighbours`` smallest distances to other real
-  rows; +inf for padding rows. [K, K] -> [K]."""
-  num = mask.shape[0]
-  real = mask > 0
-  others = real[None, :] & ~jnp.eye(num, dtype=bool)
-  nearest = jnp.sort(jnp.where(others, distances, jnp.inf), axis=1)
-  taken = jnp.arange(num)[None, :] < num_neighbours
+  rows, from their sorted rows (``sorted_distances``); +inf for padding
+  rows. [K, K] -> [K]."""
+  taken = jnp.arange(mask.shape[0])[None, :] < num_neighbours
   scores = jnp.sum(jnp.where(taken, nearest, 0.0), axis=1)
-  return jnp.where(real, scores, jnp.inf)
+  return jnp.where(mask > 0, scores, jnp.inf)
 
 
 def krum(num_byzantine: int = 0, num_selected: int = 1,
@@ -167,10 +174,11 @@ def krum(num_byzantine: int = 0, num_selected: int = 1,
     # n = m - f - 2, clamped to [1, m - 1] (0 for a single participant).
     num_neighbours = jnp.minimum(
         jnp.maximum(num_real - num_byzantine - 2, 1), num_real - 1)
-    scores = krum_scores(pairwise_squared_distances(updates, info.mask),
-                         info.mask, num_neighbours)
-    order = jnp.argsort(scores, stable=True)
-    rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
+    distances = pairwise_squared_distances(updates, info.mask)
+    scores = krum_scores(sorted_distances(distances, info.mask), info.mask,
+                         num_neighbours)
+    # Ties: the lower score, then the lower row (module docstring).
+    rank = client_ranks(scores, info.mask)
     count = jnp.minimum(num_selected, num_real)
     selected = jnp.where(real & (rank < count), 1.0, 0.0)
     if flower_compatible:

@@ -11,6 +11,12 @@ assumes beta m is an integer, flooring is the general case). Padded clients
 (mask 0) are excluded; the estimator is unweighted (number of examples
 unused). beta = 0 is the unweighted mean. A cohort with no real participant
 leaves the model unchanged.
+
+Ties. No client is selected: each coordinate's values are sorted and a
+range of ranks kept, and equal values may be sorted either way round
+without changing the sorted values. Ties (and the order of the clients)
+therefore cannot change the result, which is bitwise the same for any
+permutation of the cohort.
 """
 
 from typing import NamedTuple

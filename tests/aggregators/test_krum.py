@@ -115,9 +115,10 @@ def test_krum_in_float32_selects_what_float64_krum_selects(
     common, far, num_byzantine, num_selected):
   # The Gram form |a|^2 + |b|^2 - 2<a, b> of the distances cancels in
   # float32 when the updates share a component 1e4 times their spread
-  # (before the rows were centred, Multi-Krum picked the outlier in 10 of
-  # these 20 draws and disagreed with float64 in 19). A reference Krum in
-  # float64 on the same float32 inputs never picks the outlier.
+  # (uncentred, Multi-Krum picked the outlier in 10 of these 20 draws and
+  # disagreed with float64 in 19); the distances are now sums of squared
+  # differences, which do not cancel. A reference Krum in float64 on the
+  # same float32 inputs never picks the outlier.
   for seed in range(20):
     (global_params, clients, info, updates, real, outlier,
      attacker) = _krum_hostile_cohort(seed, common, far)
