@@ -70,15 +70,21 @@ def test_a_server_optimizer_over_dp_is_accounted_as_its_base():
 
 
 def test_poisson_needs_the_fixed_denominator():
-  with pytest.raises(ValueError, match="fixed expected cohort size"):
-    _run(aggregators.dp_fedavg(noise_multiplier=1.0),
-         Privacy(sampling="poisson"))
-  with pytest.raises(ValueError, match="fixed expected cohort size"):
+  # Left out, the denominator is the run's q N (as a config fills it in);
+  # another one is refused by name.
+  with pytest.raises(ValueError, match=r"dp_fedavg: expected_clients=5.0 "
+                     r"differs from the expected cohort size q N of Poisson "
+                     r"sampling of the run \(3.0\)"):
     _run(aggregators.dp_fedavg(noise_multiplier=1.0, expected_clients=5.0),
          Privacy(sampling="poisson"))
   result = _run(aggregators.dp_fedavg(noise_multiplier=1.0,
                                       expected_clients=3.0),
                 Privacy(sampling="poisson"), num_rounds=2)
+  left_out = _run(aggregators.dp_fedavg(noise_multiplier=1.0),
+                  Privacy(sampling="poisson"), num_rounds=2)
+  drop_time = lambda rows: [{k: v for k, v in row.items() if k != "time_s"}
+                            for row in rows]
+  assert drop_time(left_out.history.rows) == drop_time(result.history.rows)
   want = privacy.epsilons(1.0, 2, num_clients=6, cohort_size=3, delta=1e-5,
                           sampling="poisson")
   np.testing.assert_allclose(

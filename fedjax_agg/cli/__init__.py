@@ -200,16 +200,24 @@ def _main(argv: list[str]) -> int:
   print("config: " + json.dumps(jsonio.jsonable(
       experiment.resolve_config(config))), file=sys.stderr, flush=True)
   grid = parse_grid(args.sweep)
-  sweeping = bool(grid) or args.seeds is not None or len(config["seeds"]) > 1
-  _check_execution(args, given, config, algorithm, grid, sweeping)
+  # Several seeds of a config run as one vmapped sweep unless the config
+  # says "vmap_seeds": false (then one after the other, as run_config).
+  sweeping = bool(grid) or args.seeds is not None or (
+      len(config["seeds"]) > 1 and config.get("vmap_seeds", True))
+  _check_execution(args, given, config, algorithm, grid, sweeping,
+                   several=sweeping or len(config["seeds"]) > 1)
   dataset, indices = _load_data(args, given, config)
   prepared = [experiment.prepare_data(config, seed, dataset, indices[seed])
               for seed in config["seeds"]]
-  if _is_writer(args):
+
+  def write_config():
+    if not _is_writer(args):
+      return
     experiment.write_run_config(
         args.out, config, dataset=dataset, indices=indices,
         execution={"algorithm": algorithm, "out": args.out,
                    "sweep": grid or None,
+                   "vmap_seeds": sweeping,
                    "checkpoint_dir": args.checkpoint_dir,
                    "checkpoint_every": args.checkpoint_every,
                    "resume": args.resume, "cpu_devices": args.cpu_devices,
@@ -219,27 +227,58 @@ def _main(argv: list[str]) -> int:
     if args.partition_plot:
       experiment.plot_partition(prepared[0],
                                 os.path.join(args.out, "partition.png"))
+
+  # Nothing is written until the run has passed every check (its rule,
+  # client side, systems, privacy, checkpoint folder and lock): the files
+  # appear with its first row; a refusal before it is one error line.
+  start = _Start(write_config)
   if sweeping:
-    return sweep_main(args, config, algorithm, prepared, grid)
-  return single_main(args, config, algorithm, prepared[0])
+    return sweep_main(args, config, algorithm, prepared, grid, start)
+  if len(config["seeds"]) > 1:
+    return seeds_main(args, config, algorithm, prepared, start)
+  return single_main(args, config, algorithm, prepared[0], start)
+
+
+class _Start:
+  """A callback that writes the run's config with the run's first row (a
+  member's initial evaluation), after everything the run checks up front.
+  """
+
+  def __init__(self, write) -> None:
+    self.write = write
+    self.started = False
+
+  def __call__(self, row: dict, client) -> None:
+    del row, client
+    if not self.started:
+      self.started = True
+      self.write()
+
+  def refused(self, error: Exception) -> "UsageError":
+    """A refusal raised before the first row, as the command's error line
+    (the message names the setting); after it, the error is the run's."""
+    if self.started:
+      raise error
+    return UsageError(str(error))
 
 
 def _check_execution(args, given: set[str], config: dict, algorithm: str,
-                     grid: dict, sweeping: bool) -> None:
-  """The flags of how to run, the devices and the output folder."""
+                     grid: dict, sweeping: bool, several: bool) -> None:
+  """The flags of how to run, the devices and the output folder
+  (``several``: several members, vmapped or one after the other)."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   names = ["config.json", "accuracy.png"] + (
       ["partition.png"] if args.partition_plot else [])
-  if sweeping:
+  if sweeping and (args.devices is not None or args.distributed):
+    raise UsageError("--devices/--distributed: --seeds/--sweep runs use "
+                     "one device")
+  if several:
     if args.checkpoint_every or args.resume or args.checkpoint_dir:
-      raise UsageError("--checkpoint-dir/--checkpoint-every/--resume: "
-                       "--seeds/--sweep runs do not checkpoint")
+      raise UsageError("--checkpoint-dir/--checkpoint-every/--resume: runs "
+                       "of several seeds or grid points do not checkpoint")
     if args.tensorboard is not None:
-      raise UsageError("--tensorboard: --seeds/--sweep runs do not write "
-                       "TensorBoard events (one run at a time does)")
-    if args.devices is not None or args.distributed:
-      raise UsageError("--devices/--distributed: --seeds/--sweep runs use "
-                       "one device")
+      raise UsageError("--tensorboard: runs of several seeds or grid points "
+                       "do not write TensorBoard events (one run does)")
     _check_grid(config, algorithm, grid)
   else:
     names += ["history.csv", "history.json"]
@@ -327,13 +366,14 @@ def _title(config: dict, algorithm: str) -> str:
   return f"{algorithm}: {experiment.setting_title(config)}"
 
 
-def single_main(args, config: dict, algorithm: str, prepared) -> int:
+def single_main(args, config: dict, algorithm: str, prepared,
+                start: _Start) -> int:
   """One run: writes ``history.csv|json`` and ``accuracy.png``."""
   from fedjax_agg import checkpoint  # pylint: disable=g-import-not-at-top
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
   from fedjax_agg import history  # pylint: disable=g-import-not-at-top
-  callbacks = []
+  callbacks = [start]
   if _is_writer(args):
     # The history files stay current as the run goes (a run that dies
     # keeps what it computed).
@@ -348,6 +388,8 @@ def single_main(args, config: dict, algorithm: str, prepared) -> int:
         callbacks=callbacks)
   except checkpoint.CheckpointError as error:
     raise UsageError(f"--resume/--checkpoint-dir: {error}") from None
+  except (ValueError, TypeError) as error:
+    raise start.refused(error) from None
   finally:
     for callback in callbacks:
       if hasattr(callback, "close"):
@@ -367,22 +409,49 @@ def single_main(args, config: dict, algorithm: str, prepared) -> int:
   return 0
 
 
+def seeds_main(args, config: dict, algorithm: str, prepared: list,
+               start: _Start) -> int:
+  """A config's seeds one after the other ("vmap_seeds": false): the
+  sweep's layout and summary, each member a run of its own."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import runner  # pylint: disable=g-import-not-at-top
+  members = []
+  for seed, data in zip(config["seeds"], prepared, strict=True):
+    try:
+      result = experiment.run_algorithm(
+          config, algorithm, seed, data, progress=not args.no_progress,
+          callbacks=[start])
+    except (ValueError, TypeError) as error:
+      raise start.refused(error) from None
+    members.append(runner.Member({}, seed, result.history, result.state))
+  return _save_members(args, config, algorithm, members)
+
+
 def sweep_main(args, config: dict, algorithm: str, prepared: list,
-               grid: dict) -> int:
+               grid: dict, start: _Start) -> int:
   """``--seeds`` / ``--sweep``: every member in one vmapped computation;
   writes the run in the one layout (``history.save_run``:
   ``<out>/<member>/history.csv|json`` for several members),
   ``summary.csv`` and ``accuracy.png``."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
   from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
   try:
     members = experiment.sweep_algorithm(
         config, algorithm, config["seeds"], prepared, grid,
-        progress=not args.no_progress)
+        progress=not args.no_progress, callbacks=[start])
   except sweep.UntraceableGridError as error:
     raise UsageError(f"--sweep: {error}") from None
+  except (ValueError, TypeError) as error:
+    raise start.refused(error) from None
+  return _save_members(args, config, algorithm, members)
+
+
+def _save_members(args, config: dict, algorithm: str, members) -> int:
+  """Writes several members' histories, summary and plot."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
   histories = {sweep.member_name(member.hparams, member.seed):
                member.history for member in members}
   saved = history.save_run(args.out, histories)

@@ -277,10 +277,15 @@ def _check_systems(config: dict) -> None:
              "staleness_args": ("staleness", "concurrency"),
              "max_staleness": ("concurrency",),
              "secagg_clip": ("secagg_bits",)}
-  for key, value in block.items():
+  # Arguments first, each with its name, so that a bad argument is named;
+  # then a name with its arguments ("trace" profiles need their path).
+  for key, value in sorted(block.items(), key=lambda kv: kv[0] not in
+                           parents):
+    related = set(parents.get(key, ())) | {
+        child for child, names in parents.items() if key in names}
     together = {key: value}
-    together.update({parent: block[parent] for parent in parents.get(key, ())
-                     if parent in block})
+    together.update({other: block[other] for other in related
+                     if other in block})
     _built(f"systems.{key}", Systems, **together)
   _built("systems", Systems, **block)
 

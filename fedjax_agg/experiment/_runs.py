@@ -113,7 +113,7 @@ def warn_short_feddrl(config: dict, algorithm: str) -> Optional[str]:
 
 def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
                     prepared: list, grid: Optional[dict] = None,
-                    progress: bool = False) -> list:
+                    progress: bool = False, callbacks=()) -> list:
   """Runs one algorithm of ``config`` for every seed and grid point as ONE
   vmapped sweep (``sweep.run_sweep``). -> list of ``sweep.SweepMember``.
 
@@ -125,6 +125,8 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
     grid: name -> list of values of aggregator/objective arguments or
       "learning_rate" (see ``build_rule``); None: seeds only.
     progress: show a progress bar.
+    callbacks: callables every member's rows are handed to (besides the
+      config's early stopping, fresh per member), as ``run_algorithm``'s.
   """
   if len(prepared) != len(seeds):
     raise ValueError(f"prepared must hold one prepare_data result per seed "
@@ -158,7 +160,7 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
       lambda hparams: build_rule(config, algorithm, num_clients, hparams),
       grid, seeds=seeds, model=built.model, data=[p[0] for p in prepared],
       test_data=built.test_data, options=options,
-      callbacks=lambda member: stopping_callbacks(config))
+      callbacks=lambda member: list(callbacks) + stopping_callbacks(config))
 
 
 def write_summary_csv(summary: dict, path: str) -> str:
