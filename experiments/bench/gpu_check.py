@@ -139,13 +139,14 @@ TINY_ROUND = ("--clients", "2", "--examples-per-client", "32", "--rounds",
               "1")
 
 
-def steps(out: str) -> list[Step]:
-  """The check's steps, in the order they run."""
+def steps(out: str, test_workers: int = 8) -> list[Step]:
+  """The check's steps, in the order they run (``test_workers``: pytest
+  processes of the tests step)."""
   main_out = ("--out", os.path.join(out, "main_job"), "--no-progress")
   tiny_round = TINY_ROUND
   return [
       Step("tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-n",
-                     "8", *GPU_TESTS),
+                     str(test_workers), *GPU_TESTS),
            ("-m", "pytest", "-q", "-p", "no:cacheprovider", *TINY_TESTS),
            200, pytest_summary),
       Step("engine_n100", _bench("--clients", "100", "--rounds", "3"),
@@ -284,10 +285,12 @@ def main(argv=None) -> list[dict]:
                       help="every step at a toy size (for a CPU)")
   parser.add_argument("--budget-s", type=float, default=450.0,
                       help="seconds the whole check may take")
+  parser.add_argument("--test-workers", type=int, default=8,
+                      help="pytest processes of the tests step")
   parser.add_argument("--only", default=None,
                       help="comma-separated step names to run")
   args = parser.parse_args(argv)
-  plan = steps(args.out)
+  plan = steps(args.out, args.test_workers)
   names = [step.name for step in plan]
   only = None if args.only is None else args.only.split(",")
   unknown = sorted(set(only or ()) - set(names))
