@@ -107,8 +107,9 @@ def pytest_summary(stdout: str, out: str) -> dict:
     if found and " in " in line:
       counts = {kind: int(n) for n, kind in found}
       break
-  failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", stdout,
-                                 re.MULTILINE)))
+  # A test id may hold spaces (parameters); " - " starts the reason.
+  failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$",
+                                 stdout, re.MULTILINE)))
   return {"counts": counts, "failed": failed}
 
 
@@ -139,14 +140,15 @@ TINY_ROUND = ("--clients", "2", "--examples-per-client", "32", "--rounds",
               "1")
 
 
-def steps(out: str, test_workers: int = 8) -> list[Step]:
+def steps(out: str, test_workers: int = 8,
+          test_paths: tuple = GPU_TESTS) -> list[Step]:
   """The check's steps, in the order they run (``test_workers``: pytest
-  processes of the tests step)."""
+  processes of the tests step; ``test_paths``: what it runs)."""
   main_out = ("--out", os.path.join(out, "main_job"), "--no-progress")
   tiny_round = TINY_ROUND
   return [
       Step("tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-n",
-                     str(test_workers), *GPU_TESTS),
+                     str(test_workers), *test_paths),
            ("-m", "pytest", "-q", "-p", "no:cacheprovider", *TINY_TESTS),
            200, pytest_summary),
       Step("engine_n100", _bench("--clients", "100", "--rounds", "3"),
@@ -202,6 +204,7 @@ def environment() -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   record = {"step": "environment", "backend": jax.default_backend(),
             "device_kind": jax.devices()[0].device_kind,
+            "platform": jax_platform(jax.devices()[0]),
             "devices": jax.device_count(), "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -220,6 +223,16 @@ def environment() -> dict:
     record["nvidia_smi"] = None
   record["commit"] = os.environ.get("FEDJAX_AGG_COMMIT") or _git_commit()
   return record
+
+
+def jax_platform(device) -> str:
+  """The name ``JAX_PLATFORMS`` takes for ``device``'s backend: "cuda" or
+  "rocm" for a GPU (whose ``platform`` is "gpu", which would ask for
+  both), else its platform ("cpu", "tpu")."""
+  if device.platform != "gpu":
+    return device.platform
+  version = str(getattr(device.client, "platform_version", "")).lower()
+  return "rocm" if "rocm" in version else "cuda"
 
 
 def _git_commit() -> Optional[str]:
@@ -287,10 +300,15 @@ def main(argv=None) -> list[dict]:
                       help="seconds the whole check may take")
   parser.add_argument("--test-workers", type=int, default=8,
                       help="pytest processes of the tests step")
+  parser.add_argument("--tests", default=None,
+                      help="comma-separated test paths instead of the "
+                      "accelerator subset")
   parser.add_argument("--only", default=None,
                       help="comma-separated step names to run")
   args = parser.parse_args(argv)
-  plan = steps(args.out, args.test_workers)
+  plan = steps(args.out, args.test_workers,
+               GPU_TESTS if args.tests is None else tuple(
+                   args.tests.split(",")))
   names = [step.name for step in plan]
   only = None if args.only is None else args.only.split(",")
   unknown = sorted(set(only or ()) - set(names))
@@ -303,9 +321,12 @@ def main(argv=None) -> list[dict]:
              PYTHONPATH=os.pathsep.join(
                  filter(None, [ROOT, os.environ.get("PYTHONPATH", "")])))
   first = environment()
+  tests_env = dict(env)
   if first["backend"] != "cpu":
-    # The test configuration keeps tests on the CPU unless told.
-    env["JAX_PLATFORMS"] = first["backend"]
+    # The test configuration keeps tests on the CPU unless told; "gpu"
+    # would also ask for ROCm, so the platform's own name ("cuda"), with
+    # the CPU for the tests that start CPU processes.
+    tests_env["JAX_PLATFORMS"] = first["platform"] + ",cpu"
   records = [first]
   path = os.path.join(args.out, "gpu_check.jsonl")
   with open(path, "w", encoding="utf-8") as f:
@@ -320,7 +341,8 @@ def main(argv=None) -> list[dict]:
     else:
       print(f"{step.name} ...", file=sys.stderr, flush=True)
       record = run_step(step, args.out, logs, args.tiny,
-                        min(step.timeout_s, left), env)
+                        min(step.timeout_s, left),
+                        tests_env if step.name == "tests" else env)
     records.append(record)
     with open(path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")

@@ -372,8 +372,13 @@ def main(argv=None):
       "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
   }
   if args.mode == "engine":
+    options = engine_options(args)
     out["engine_options"] = {k: (v if k != "mesh" else dict(v.shape))
-                             for k, v in engine_options(args).items()}
+                             for k, v in options.items()}
+    # The vmap width the engine trained with (its default when not given).
+    out["clients_per_step_resolved"] = options.get(
+        "clients_per_step") or distributed.default_clients_per_step(
+            options.get("mesh"), num_params=num_params)
   print(json.dumps(out), flush=True)
   return out
 

@@ -63,12 +63,32 @@ def test_failed_tests_and_summaries_are_read_from_the_output():
   check = load_script("bench", "gpu_check.py")
   summary = check.pytest_summary(
       "FAILED tests/a.py::test_x - AssertionError\n"
+      "FAILED tests/c.py::test_z[(1, 5, 'SAME')-im2col] - Assert...\n"
       "ERROR tests/b.py::test_y\n"
       "2 failed, 726 passed, 1 error in 131.47s (0:02:11)\n", "")
   assert summary == {"counts": {"failed": 2, "passed": 726, "error": 1},
-                     "failed": ["tests/a.py::test_x", "tests/b.py::test_y"]}
+                     "failed": ["tests/a.py::test_x", "tests/b.py::test_y",
+                                "tests/c.py::test_z[(1, 5, 'SAME')-im2col]"]}
   assert check.last_json_line('x\n{"a": 1}\n{bad\nend\n', "") == {"a": 1}
   assert check.last_json_line("no json\n", "") == {}
   names = [step.name for step in check.steps(os.devnull)]
   assert len(names) == len(set(names))
   assert set(TINY_STEPS) <= set(names)
+
+
+def test_the_platform_named_for_the_tests_is_one_jax_platforms_takes():
+  check = load_script("bench", "gpu_check.py")
+
+  class Client:
+    def __init__(self, version):
+      self.platform_version = version
+
+  class Device:
+    def __init__(self, platform, version=""):
+      self.platform, self.client = platform, Client(version)
+
+  # A GPU's platform is "gpu", which JAX_PLATFORMS reads as CUDA and ROCm.
+  assert check.jax_platform(Device("gpu", "PJRT C API\ncuda 13000")) == "cuda"
+  assert check.jax_platform(Device("gpu", "rocm 6.2")) == "rocm"
+  assert check.jax_platform(Device("tpu")) == "tpu"
+  assert check.jax_platform(Device("cpu")) == "cpu"

@@ -28,6 +28,15 @@ CASES = [
     (2, 6, 5, 2, 3, 2, 4, ((1, 0), (2, 3))),
 ]
 TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+@pytest.fixture(autouse=True)
+def _full_precision():
+  # The lowerings are compared with NumPy at float32 rounding; a GPU
+  # computes their products with TF32 unless asked (local training asks:
+  # LocalTraining.matmul_precision), measured 3.4e-2 relative on an H200.
+  with jax.default_matmul_precision("highest"):
+    yield
 # "auto" is one of the others (checked in test_auto_resolves_by_backend).
 IMPLS = tuple(i for i in layers.CONV_IMPLS if i != "auto")
 
