@@ -20,6 +20,7 @@ learning rate may be a traced value (sweeps build ``LocalTraining`` inside
 ``jax.vmap``); its range is then checked on the concrete values first.
 """
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -182,6 +183,13 @@ class LocalTraining:
       checks.check_int("unroll", self.unroll, 1)
     if self.steps_fn is not None and not callable(self.steps_fn):
       raise TypeError(f"steps_fn must be callable, got {self.steps_fn!r}")
+
+  def precision(self):
+    """The context in which local training is traced: its products at
+    ``matmul_precision`` ("default": JAX's own setting)."""
+    if self.matmul_precision == "default":
+      return contextlib.nullcontext()
+    return jax.default_matmul_precision(self.matmul_precision)
 
   def losses_for(self, uses_losses: bool) -> bool:
     """Whether a round computes per-client losses for such an aggregator."""

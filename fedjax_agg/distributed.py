@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 __all__ = ["CLIENT_AXIS", "Devices", "available_cores", "by_client",
-    "ACCELERATOR_MAX_WIDTH", "choose_clients_per_step",
+    "ACCELERATOR_MAX_WIDTH", "check_execution", "choose_clients_per_step",
     "client_mesh", "compile_together", "default_clients_per_step",
     "free_device_memory",
     "local_copy", "prefer_cpu_devices", "replicate", "round_mesh",
@@ -387,6 +387,33 @@ def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,
   free = None if backend == "cpu" else free_device_memory(
       None if mesh is None else mesh.devices.flat[0])
   return choose_clients_per_step(backend, devices, num_params, free)
+
+
+def check_execution(clients_per_step, chunk_loop, mesh, client_axis,
+                    num_params=None) -> int:
+  """Validates the engine's execution options; returns the resolved vmap
+  width (``num_params``: a callable giving the model's size, for the
+  default)."""
+  if clients_per_step is None:
+    clients_per_step = default_clients_per_step(
+        mesh, client_axis, None if num_params is None else num_params())
+  if (isinstance(clients_per_step, bool)
+      or not isinstance(clients_per_step, (int, np.integer))
+      or clients_per_step < 1):
+    raise ValueError(f"clients_per_step must be a positive int, got "
+                     f"{clients_per_step!r}")
+  if chunk_loop not in ("map", "unroll"):
+    raise ValueError(
+        f"chunk_loop must be 'map' or 'unroll', got {chunk_loop!r}")
+  if mesh is not None:
+    if client_axis not in mesh.shape:
+      raise ValueError(f"client_axis {client_axis!r} is not an axis of mesh "
+                       f"{dict(mesh.shape)}")
+    if clients_per_step % mesh.shape[client_axis]:
+      raise ValueError(
+          f"clients_per_step={clients_per_step} must be a multiple of the "
+          f"{mesh.shape[client_axis]} devices of mesh axis {client_axis!r}")
+  return int(clients_per_step)
 
 
 def by_client(client_axis: str) -> jax.sharding.PartitionSpec:

@@ -30,17 +30,16 @@ Two forms share that per-client program:
   10,000 clients needs the memory of ``clients_per_step`` of them.
 """
 
-import contextlib
 import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjax_agg import objectives as objectives_lib
 from fedjax_agg.distributed import by_client as _by_client
+from fedjax_agg.distributed import check_execution
 from fedjax_agg.distributed import default_clients_per_step
 from fedjax_agg.distributed import shard_map_unchecked as _shard_map
 from fedjax_agg.evaluation import mean_client_loss
@@ -107,32 +106,6 @@ class _Row(NamedTuple):
   args: _ClientArgs
   num_examples: jax.Array  # [] as the aggregator sees it (ClientInfo)
   mask: jax.Array  # [] 0 for the rows that pad the last chunk
-
-
-def _check_options(clients_per_step, chunk_loop, mesh, client_axis,
-                   num_params=None) -> int:
-  """Validates the execution options; returns the resolved width
-  (``num_params``: a callable giving the model's size, for the default)."""
-  if clients_per_step is None:
-    clients_per_step = default_clients_per_step(
-        mesh, client_axis, None if num_params is None else num_params())
-  if (isinstance(clients_per_step, bool)
-      or not isinstance(clients_per_step, (int, np.integer))
-      or clients_per_step < 1):
-    raise ValueError(f"clients_per_step must be a positive int, got "
-                     f"{clients_per_step!r}")
-  if chunk_loop not in ("map", "unroll"):
-    raise ValueError(
-        f"chunk_loop must be 'map' or 'unroll', got {chunk_loop!r}")
-  if mesh is not None:
-    if client_axis not in mesh.shape:
-      raise ValueError(f"client_axis {client_axis!r} is not an axis of mesh "
-                       f"{dict(mesh.shape)}")
-    if clients_per_step % mesh.shape[client_axis]:
-      raise ValueError(
-          f"clients_per_step={clients_per_step} must be a multiple of the "
-          f"{mesh.shape[client_axis]} devices of mesh axis {client_axis!r}")
-  return int(clients_per_step)
 
 
 def _client_trainer(model: Model, training: LocalTraining):
@@ -237,30 +210,17 @@ def _chunk_trainer(model, training, *, clients_per_step, chunk_loop, mesh,
   if not isinstance(training, LocalTraining):
     raise TypeError(f"training must be a config.LocalTraining, got "
                     f"{type(training).__name__}")
-  clients_per_step = _check_options(
-      clients_per_step, chunk_loop, mesh, client_axis,
-      lambda: _num_params(model))
+  clients_per_step = check_execution(clients_per_step, chunk_loop, mesh,
+                                     client_axis, model.num_params)
   train_chunk = jax.vmap(_client_trainer(model, training),
                          in_axes=(None, None, None, 0))
 
   def traced(*args):
     # Both decide what is traced: the precision of every product of local
     # training, and the per-client convolution lowering of "auto".
-    with layers.per_client_training(), _precision(training):
+    with layers.per_client_training(), training.precision():
       return train_chunk(*args)
   return clients_per_step, traced
-
-
-def _precision(training: LocalTraining):
-  if training.matmul_precision == "default":
-    return contextlib.nullcontext()
-  return jax.default_matmul_precision(training.matmul_precision)
-
-
-def _num_params(model: Model) -> int:
-  """The model's parameter count, from shapes only (nothing computed)."""
-  shapes = jax.eval_shape(model.init, jax.random.key(0))
-  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
 
 
 class _Layout(NamedTuple):

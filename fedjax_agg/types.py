@@ -4,6 +4,7 @@ Shapes in docstrings: ``K`` is the number of clients in a cohort (the leading
 axis of stacked pytrees), ``N`` the number of clients in the federation.
 """
 
+import math
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol
 
 import jax
@@ -274,6 +275,12 @@ class Model(NamedTuple):
   init: Callable[[PRNGKey], Params]
   apply: Callable[..., tuple[jax.Array, Params]]
   loss: Callable[[jax.Array, jax.Array], jax.Array] = softmax_cross_entropy
+
+  def num_params(self) -> int:
+    """The number of scalars ``init`` returns (every collection), from
+    shapes only: nothing is computed."""
+    shapes = jax.eval_shape(self.init, jax.random.key(0))
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
 
 
 class LocalObjective(NamedTuple):
