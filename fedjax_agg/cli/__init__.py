@@ -388,7 +388,7 @@ def single_main(args, config: dict, algorithm: str, prepared,
         callbacks=callbacks)
   except checkpoint.CheckpointError as error:
     raise UsageError(f"--resume/--checkpoint-dir: {error}") from None
-  except (ValueError, TypeError) as error:
+  except (ValueError, TypeError, OSError) as error:
     raise start.refused(error) from None
   finally:
     for callback in callbacks:
@@ -421,7 +421,7 @@ def seeds_main(args, config: dict, algorithm: str, prepared: list,
       result = experiment.run_algorithm(
           config, algorithm, seed, data, progress=not args.no_progress,
           callbacks=[start])
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, OSError) as error:
       raise start.refused(error) from None
     members.append(runner.Member({}, seed, result.history, result.state))
   return _save_members(args, config, algorithm, members)
@@ -441,7 +441,7 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
         progress=not args.no_progress, callbacks=[start])
   except sweep.UntraceableGridError as error:
     raise UsageError(f"--sweep: {error}") from None
-  except (ValueError, TypeError) as error:
+  except (ValueError, TypeError, OSError) as error:
     raise start.refused(error) from None
   return _save_members(args, config, algorithm, members)
 
