@@ -377,15 +377,20 @@ def free_device_memory(device: Optional[jax.Device] = None) -> Optional[int]:
 
 def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,
                              client_axis: str = "clients",
-                             num_params: Optional[int] = None) -> int:
+                             num_params=None) -> int:
   """The vmap width the engine uses when ``clients_per_step`` is None (see
   ``engine.make_local_trainer``; also ``engine.default_clients_per_step``):
-  ``choose_clients_per_step`` for this backend, its devices and memory.
+  ``choose_clients_per_step`` for this backend, its devices and memory
+  (``num_params``: the model's size, or a callable giving it, asked only
+  on an accelerator).
   """
   devices = 1 if mesh is None else mesh.shape[client_axis]
   backend = jax.default_backend()
-  free = None if backend == "cpu" else free_device_memory(
-      None if mesh is None else mesh.devices.flat[0])
+  if backend == "cpu":
+    return choose_clients_per_step(backend, devices)
+  if callable(num_params):
+    num_params = num_params()
+  free = free_device_memory(None if mesh is None else mesh.devices.flat[0])
   return choose_clients_per_step(backend, devices, num_params, free)
 
 
@@ -395,8 +400,8 @@ def check_execution(clients_per_step, chunk_loop, mesh, client_axis,
   width (``num_params``: a callable giving the model's size, for the
   default)."""
   if clients_per_step is None:
-    clients_per_step = default_clients_per_step(
-        mesh, client_axis, None if num_params is None else num_params())
+    clients_per_step = default_clients_per_step(mesh, client_axis,
+                                                num_params)
   if (isinstance(clients_per_step, bool)
       or not isinstance(clients_per_step, (int, np.integer))
       or clients_per_step < 1):

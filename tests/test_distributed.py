@@ -61,3 +61,24 @@ def test_free_memory_is_unknown_on_the_cpu():
   if jax.default_backend() != "cpu":
     pytest.skip("CPU only")
   assert distributed.free_device_memory() is None
+
+
+def test_the_model_size_is_asked_only_on_an_accelerator(monkeypatch):
+  asked = []
+
+  def num_params():
+    asked.append(1)
+    return 1_663_370
+  if jax.default_backend() == "cpu":
+    # The CPU's width does not depend on the model: nothing is traced.
+    assert distributed.default_clients_per_step(None, "clients",
+                                                num_params) == 2
+    assert not asked
+  # As a GPU with 16 GiB free: the size is asked for once, and a quarter
+  # of the memory at 24 bytes a parameter a client bounds the width.
+  monkeypatch.setattr(distributed.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(distributed, "free_device_memory",
+                      lambda device=None: 16 << 30)
+  assert distributed.default_clients_per_step(
+      None, "clients", num_params) == (16 << 30) // 4 // (24 * 1_663_370)
+  assert asked == [1]
