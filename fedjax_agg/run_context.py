@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from fedjax_agg import checks
 from fedjax_agg.types import Aggregator, RunContext
 
 __all__ = ["RUN_SETTINGS", "bind", "derived_from_run"]
@@ -43,14 +44,8 @@ RUN_SETTINGS = {
 each is in the run (for the refusals)."""
 
 
-def _is_traced(value) -> bool:
-  # Here rather than from ``checks``, which imports the package's config.
-  import jax  # pylint: disable=g-import-not-at-top
-  return isinstance(value, jax.core.Tracer)
-
-
 def _same(given, run_value) -> bool:
-  if _is_traced(given) or _is_traced(run_value):
+  if checks.is_traced(given) or checks.is_traced(run_value):
     return True
   if isinstance(given, (int, float, np.number)) and isinstance(
       run_value, (int, float, np.number)):
