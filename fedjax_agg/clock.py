@@ -4,7 +4,8 @@ The run (``fedjax_agg.runner``) asks this module four things:
 
 * ``check(systems, plan)``: what a run with systems refuses (a vmapped
   sweep; privacy accounting when the clock selects the clients, since the
-  accountant assumes uniform cohorts of m);
+  accountant assumes uniform cohorts of m; privacy accounting on a secure
+  sum, whose rounding after the rule's clipping raises the sensitivity);
 * ``server_rule(...)``: the rule on a simulated secure sum
   (``Systems.secagg_bits``) and, asynchronously, keeping the versions;
 * ``uplink(systems, params)``: how the clients' local update is wrapped so
@@ -58,6 +59,19 @@ def check(systems: Optional[Systems], *, vmapped: bool, privacy,
         f"{systems.over_selection}, deadline_s={systems.deadline_s}, "
         f"concurrency={systems.concurrency}) or Poisson cohorts break that; "
         "drop one of them")
+  if privacy is not None and systems.secagg_bits is not None:
+    # secagg.py: stochastic rounding after the rule's L2 clip moves each
+    # coordinate by up to one level R / L, so a client's decoded update
+    # can reach ||clip_C(x)|| + (R / L) sqrt(d), far above the clip norm C
+    # the accountant's sensitivity assumes (C = 0.5 spread over 10^5
+    # coordinates, 8 bits, 10 clients: about 3.6).
+    raise ValueError(
+        f"systems.secagg_bits={systems.secagg_bits} with privacy: secure "
+        "aggregation rounds each client's clipped update stochastically "
+        "after the rule's clipping, which can move it by up to one level "
+        "per coordinate, above the clip norm the privacy accountant takes "
+        "as the sensitivity; the epsilon would not hold. Drop privacy or "
+        "secagg_bits")
   if systems.asynchronous:
     if local_update is not None:
       raise ValueError(
@@ -81,7 +95,8 @@ def server_rule(systems: Optional[Systems], aggregator: Aggregator,
     return aggregator
   if systems.secagg_bits is not None:
     rows = (cohort_size if systems.asynchronous else
-            systems_lib.num_selected(cohort_size, systems.over_selection))
+            systems_lib.num_selected(cohort_size, systems.over_selection,
+                                     data.num_clients))
     try:
       aggregator = secagg.secure_aggregation(
           aggregator, bits=systems.secagg_bits, clip=systems.secagg_clip,
@@ -117,7 +132,11 @@ def model_bytes(params: Params) -> int:
                  for leaf in jax.tree.leaves(params)))
 
 
-def _update_bytes(systems: Systems, params: Params) -> int:
+def _update_bytes(systems: Systems, params: Params,
+                  rule: Optional[Aggregator]) -> int:
+  if systems.secagg_bits is not None:
+    # The secure sum's b-bit message replaces whatever the codec sent.
+    return secagg.message_bytes(rule, params, systems.secagg_bits)
   codec = systems.build_codec()
   if codec is None:
     return model_bytes(jax.tree.map(
@@ -140,10 +159,13 @@ def uplink(systems: Optional[Systems], params: Params
 
 
 def build_system(systems: Systems, params: Params, data: FederatedData,
-                 training: LocalTraining) -> systems_lib.System:
+                 training: LocalTraining,
+                 rule: Optional[Aggregator] = None) -> systems_lib.System:
   """The population's ``System``: profiles and availability from the
   config (seeded by ``systems.seed``) and each client's task: all its
-  epochs of full batches, the model down and the (coded) update up."""
+  epochs of full batches, the model down and the update up (coded, or
+  under secure aggregation the b-bit message of ``rule``'s statistics:
+  ``rule`` is the run's rule before the systems wrap it)."""
   num_clients = data.num_clients
   if systems.profiles == "trace":
     profiles = systems_lib.read_profiles(systems.profile_args["path"],
@@ -161,7 +183,7 @@ def build_system(systems: Systems, params: Params, data: FederatedData,
   workload = systems_lib.Workload(
       examples=examples.astype(np.float64),
       down_bytes=float(model_bytes(params)),
-      up_bytes=float(_update_bytes(systems, params)))
+      up_bytes=float(_update_bytes(systems, params, rule)))
   return systems_lib.System(profiles, availability, workload)
 
 

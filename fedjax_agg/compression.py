@@ -28,10 +28,13 @@ Portnoy, Mendelson, Ben-Itzhak, Mitzenmacher, "DRIVE: One-bit Distributed
 Mean Estimation", NeurIPS 2021 (and EDEN, ICML 2022): the random rotation.
 
 Scale. The quantisers work on x divided by a power of two near max |x_i|
-(``tree_math.power_of_two_scale``, exact), so a finite update whose l2 norm
-fits in float32 (1e-30 as 1e30) decodes to a finite one, and scaling x by
-a power of two scales x_hat by it exactly (entries below float32's normal
-range, 1.2e-38, are flushed to 0 on CPU).
+(``tree_math.power_of_two_scale``, exact), the rotation too once max |x_i|
+> 2^64, so scaling x by a power of two scales x_hat by it exactly (entries
+below float32's normal range, 1.2e-38, are flushed to 0 on CPU). Range:
+for finite x with ||x||_2 <= float32's max (3.4e38), every codec's
+decode(encode(x, key), d) is finite, for any key, jitted or not. Values
+past the range saturate at +-3.4e38: random_k's x_i d / k (biased there),
+and entries that rounding, or hadamard's inverse rotation, takes past it.
 
 Non-finite updates. The codecs are defined for finite x (a NaN may vanish,
 e.g. when top_k does not pick it); ``compress_tree`` decodes a leaf with a
@@ -63,6 +66,8 @@ __all__ = ["CODECS", "CODEC_STREAM", "Codec", "CompressionState",
            "rotate", "sign", "top_k", "uniform", "unrotate",
            "walsh_hadamard", "with_codec"]
 
+_MAX = np.finfo(np.float32).max
+_SAFE_MAGNITUDE = np.float32(2.0**64)  # H x of 2^64 such entries fits.
 CODEC_STREAM = 2**31 - 2
 """The ``fold_in`` data of the codecs' key stream in the round: neither a client
 id (< N) nor the attacks' stream (2^31 - 1), so training keys are unchanged."""
@@ -171,7 +176,8 @@ def uniform(bits: int = 8) -> Codec:
     del d
     low, high, levels = payload
     scale, z_low, span = _in_scale(low, high)
-    return (z_low + (levels.astype(jnp.float32) / num) * span) * scale
+    x_hat = (z_low + (levels.astype(jnp.float32) / num) * span) * scale
+    return jnp.clip(x_hat, -_MAX, _MAX)  # Rounded past 3.4e38: max.
   return Codec(f"uniform(bits={bits})", encode, decode,
                lambda d: bits * _checked_size(d) + 64, True)
 
@@ -196,7 +202,8 @@ def qsgd(bits: int = 8) -> Codec:
     scaled_norm = jnp.sqrt(squares.scaled)
     unit = (jnp.abs(tree_math.divide_by_scale(x, squares.scale))
             / jnp.where(scaled_norm > 0, scaled_norm, 1.0))
-    return squares.norm(), x < 0, _stochastic_round(unit * num, top, key)
+    norm = jnp.minimum(squares.norm(), _MAX)  # Rounded past 3.4e38: max.
+    return norm, x < 0, _stochastic_round(unit * num, top, key)
 
   def decode(payload, d):
     del d
@@ -246,7 +253,8 @@ def _random_index(seed: jax.Array, d: int, k: int) -> jax.Array:
 
 def random_k(fraction: float = 0.1) -> Codec:
   """k = max(1, ceil(fraction d)) coordinates drawn uniformly without
-  replacement, times d / k (each is kept with probability k / d).
+  replacement, times d / k (each is kept with probability k / d), sent
+  as +-3.4e38 where x_i d / k is past float32's range (biased there).
 
   Payload: the k scaled values (float32) and the 32-bit seed the server
   redraws the indices from.
@@ -260,7 +268,8 @@ def random_k(fraction: float = 0.1) -> Codec:
     d = x.shape[0]
     k = _num_kept(fraction, d)
     seed = jax.random.bits(key, (), jnp.uint32)
-    return x[_random_index(seed, d, k)] * np.float32(d / k), seed
+    values = x[_random_index(seed, d, k)] * np.float32(d / k)
+    return jnp.clip(values, -_MAX, _MAX), seed  # Saturates past 3.4e38.
 
   def decode(payload, d):
     values, seed = payload
@@ -308,6 +317,13 @@ def walsh_hadamard(x: jax.Array) -> jax.Array:
   return x
 
 
+def _transform_scale(x: jax.Array) -> jax.Array:
+  """1, or a power of two near max |x_i| > 2^64 (H x / s fits; exact)."""
+  top = jnp.max(jnp.abs(x))
+  return jnp.where(top > _SAFE_MAGNITUDE, tree_math.power_of_two_scale(top),
+                   np.float32(1))
+
+
 def rotate(x: jax.Array, key: PRNGKey) -> jax.Array:
   """y = H D x / sqrt(n): x [d] zero-padded to n (the next power of two),
   D the diagonal of +-1 signs drawn from ``key``. -> [n], ||y|| = ||x||."""
@@ -315,14 +331,18 @@ def rotate(x: jax.Array, key: PRNGKey) -> jax.Array:
   n = _padded_size(d)
   padded = jnp.pad(x.astype(jnp.float32), (0, n - d))
   signs = jax.random.rademacher(key, (n,), jnp.float32)
-  return walsh_hadamard(signs * padded) / np.float32(math.sqrt(n))
+  scale = _transform_scale(padded)
+  y = walsh_hadamard(signs * (padded / scale)) / np.float32(math.sqrt(n))
+  return jnp.clip(y * scale, -_MAX, _MAX)
 
 
 def unrotate(y: jax.Array, key: PRNGKey, d: int) -> jax.Array:
   """The inverse of ``rotate``: D H y / sqrt(n), its first ``d`` entries."""
   n = y.shape[0]
   signs = jax.random.rademacher(key, (n,), jnp.float32)
-  return (signs * walsh_hadamard(y) / np.float32(math.sqrt(n)))[:d]
+  scale = _transform_scale(y)
+  x = signs * walsh_hadamard(y / scale) / np.float32(math.sqrt(n))
+  return jnp.clip(x[:d] * scale, -_MAX, _MAX)
 
 
 def hadamard(inner: Codec | str = "uniform", **inner_args) -> Codec:

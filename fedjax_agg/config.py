@@ -443,9 +443,11 @@ class Systems:
     profile_args: the profile factory's arguments (e.g. ``speed_sigma``).
     availability: when clients are online: a ``systems.AVAILABILITY``
       name ("always", "markov", "diurnal", "intervals" with a ``path``).
-    availability_args: its arguments (e.g. ``mean_online_s``).
-    over_selection: x >= 0: select ceil(m (1 + x)) clients, aggregate the
-      first m to finish.
+    availability_args: its arguments (e.g. ``mean_online_s``); these and
+      ``profile_args`` are checked here (``systems.check_model_arguments``).
+    over_selection: x in [0, ``systems.MAX_OVER_SELECTION`` = 100]: select
+      ceil(m (1 + x)) clients (all online ones if that exceeds N),
+      aggregate the first m to finish.
     deadline_s: drop clients that finish later than this after the round's
       start (None: no deadline).
     codec: the uplink codec (a ``compression.CODECS`` name; None: float32
@@ -506,16 +508,12 @@ class Systems:
     for name in ("profile_args", "availability_args", "codec_args",
                  "staleness_args"):
       _check_arguments(name, getattr(self, name))
-    if self.profiles == "trace":
-      if set(self.profile_args) != {"path"}:
-        raise ValueError("profile_args: profiles='trace' takes exactly "
-                         f"{{'path': csv}}, got {self.profile_args!r}")
-    else:
-      systems.PROFILES.check_arguments(self.profiles, self.profile_args,
-                                       "profile_args")
-    systems.AVAILABILITY.check_arguments(
-        self.availability, self.availability_args, "availability_args")
-    checks.check_range("over_selection", self.over_selection, 0)
+    checks.check_int("seed", self.seed, 0, 2**32 - 1)
+    # The models' own argument checks, before the run knows N.
+    systems.check_model_arguments(self.profiles, self.profile_args,
+                                  self.availability, self.availability_args,
+                                  self.seed)
+    systems.check_over_selection(self.over_selection)
     if self.deadline_s is not None:
       checks.check_range("deadline_s", self.deadline_s, 0, low_open=True)
       if not math.isfinite(self.deadline_s):
@@ -529,7 +527,6 @@ class Systems:
     if self.error_feedback and self.codec is None:
       raise ValueError("error_feedback=True needs a codec (the residual of "
                        "an uncompressed update is 0)")
-    checks.check_int("seed", self.seed, 0, 2**32 - 1)
     checks.check_choice("staleness", self.staleness, systems.STALENESS.names)
     systems.STALENESS.check_arguments(self.staleness, self.staleness_args,
                                       "staleness_args")

@@ -21,6 +21,12 @@ run of S > 1 members (seeds x grid points) one subfolder per member
 ``seed0`` or ``alpha5_seed0``) and a ``summary.csv``. ``member_folder``
 says where a member's files go, ``save_run`` writes them and
 ``load_saved`` reads one back.
+
+Runs never overwrite runs: a folder that already holds a run's files
+(``RUN_FILES`` at its top or in its member folders) is refused by
+``check_fresh`` and by ``save_run`` unless ``overwrite`` is given, and
+``clear_run`` removes exactly those files before a run replaces them, so
+a sweep never mixes with an earlier single run's files.
 """
 
 import csv
@@ -33,9 +39,68 @@ import numpy as np
 
 from fedjax_agg import jsonio
 
-__all__ = ["History", "HistoryWriter", "TensorBoardWriter", "client_row",
+__all__ = ["History", "HistoryWriter", "RUN_FILES", "TensorBoardWriter",
+           "check_fresh", "clear_run", "client_row", "earlier_run",
            "load_saved", "member_folder", "round_scalars",
-           "rounds_to_target", "save_run"]
+           "rounds_to_target", "save_run", "write_run"]
+
+RUN_FILES = ("config.json", "history.csv", "history.json", "summary.csv",
+             "summary.json", "accuracy.png", "partition.png", "curves.png")
+"""The files a run writes in its folder and its member folders; the first
+five mark a folder as holding a run."""
+_MARKERS = RUN_FILES[:5]
+# Sub-folders a run keeps for itself (resume reads them): never cleared.
+_KEPT = ("checkpoint", "checkpoints")
+
+
+def _run_files(run_dir: str, names) -> list[str]:
+  """``names`` in ``run_dir`` and in its sub-folders (member folders, an
+  algorithm's seeds), relative paths, sorted."""
+  found = []
+  if not os.path.isdir(run_dir):
+    return found
+  for folder, subfolders, files in os.walk(run_dir):
+    subfolders[:] = sorted(d for d in subfolders if d not in _KEPT)
+    relative = os.path.relpath(folder, run_dir)
+    if relative != "." and relative.count(os.sep) >= 2:
+      subfolders[:] = []  # <run>/<algorithm>/<member> is the deepest
+    found += [os.path.normpath(os.path.join(relative, name))
+              for name in sorted(files) if name in names]
+  return found
+
+
+def earlier_run(run_dir: str) -> list[str]:
+  """The files of a run already in ``run_dir`` (``config.json``,
+  ``history.csv|json``, ``summary.csv`` at its top or in its member
+  folders), relative paths; [] for a fresh or missing folder."""
+  return _run_files(run_dir, _MARKERS)
+
+
+def check_fresh(run_dir: str, overwrite: bool = False) -> None:
+  """Refuses ``run_dir`` if it holds a run and ``overwrite`` is false
+  (ValueError naming the folder and what is in it)."""
+  if not isinstance(overwrite, bool):
+    raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
+  files = earlier_run(run_dir)
+  if files and not overwrite:
+    shown = ", ".join(files[:4]) + (" ..." if len(files) > 4 else "")
+    raise ValueError(
+        f"{run_dir} already holds a run ({shown}); choose another folder, "
+        "or overwrite it explicitly (--overwrite, overwrite=True)")
+
+
+def clear_run(run_dir: str) -> None:
+  """Removes an earlier run's files (``RUN_FILES``, at the top and in the
+  member folders; checkpoints are kept) and the member folders they leave
+  empty."""
+  for name in sorted(_run_files(run_dir, RUN_FILES), reverse=True):
+    os.remove(os.path.join(run_dir, name))
+    folder = os.path.dirname(os.path.join(run_dir, name))
+    while os.path.normpath(folder) != os.path.normpath(run_dir):
+      if os.listdir(folder):
+        break
+      os.rmdir(folder)
+      folder = os.path.dirname(folder)
 
 
 @dataclasses.dataclass
@@ -56,6 +121,22 @@ class History:
     without it (or with None)."""
     return np.array([np.nan if row.get(name) is None else row[name]
                      for row in self.rows], np.float64)
+
+  @classmethod
+  def load(cls, directory: str, name: str = "history") -> "History":
+    """The History ``save`` wrote to ``directory`` (from its JSON)."""
+    path = os.path.join(directory, f"{name}.json")
+    try:
+      with open(path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as error:
+      raise ValueError(f"{path}: not a saved history ({error})") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("rows"),
+                                                     list):
+      raise ValueError(f"{path}: not a saved history (no rows)")
+    # Non-finite numbers were saved as null; ``column`` reads them as NaN.
+    return cls(saved["rows"], saved.get("clients") or [],
+               saved.get("config") or {})
 
   def save(self, directory: str, name: str = "history") -> dict[str, str]:
     """Writes ``<name>.csv`` (rows) and ``<name>.json`` (everything)."""
@@ -83,10 +164,24 @@ def member_folder(run_dir: str, member: str, num_members: int) -> str:
   return run_dir if num_members == 1 else os.path.join(run_dir, member)
 
 
-def save_run(run_dir: str, histories: Mapping[str, "History"]
-             ) -> dict[str, dict[str, str]]:
+def save_run(run_dir: str, histories: Mapping[str, "History"],
+             overwrite: bool = False) -> dict[str, dict[str, str]]:
   """Writes a run's member histories (member name -> History) in the one
-  layout (module docstring). -> member -> its ``{"csv", "json"}`` paths."""
+  layout (module docstring). -> member -> its ``{"csv", "json"}`` paths.
+
+  A folder that already holds a run is refused (``check_fresh``) unless
+  ``overwrite``; then the earlier run's files are removed first."""
+  check_fresh(run_dir, overwrite)
+  if overwrite:
+    clear_run(run_dir)
+  return write_run(run_dir, histories)
+
+
+def write_run(run_dir: str, histories: Mapping[str, "History"]
+              ) -> dict[str, dict[str, str]]:
+  """``save_run`` for an entry point that claimed ``run_dir`` when it
+  started (``check_fresh``, then ``clear_run`` before its first file):
+  writes beside the files the run itself wrote, checking nothing."""
   if not histories:
     raise ValueError("histories: a run has at least one member")
   return {name: history.save(member_folder(run_dir, name, len(histories)))

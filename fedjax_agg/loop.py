@@ -313,8 +313,8 @@ class Driver:
       self.stopped_at = first_round  # A resumed run that had stopped.
       return state
     hooked = self._hooked("after_round")
-    bar = tqdm.trange(first_round, num_rounds, disable=not self.progress,
-                      desc=desc)
+    bar = tqdm.trange(first_round, num_rounds, desc=desc,
+                      disable=not self.progress or first_round >= num_rounds)
     for r in bar:
       start = time.perf_counter()
       state, outputs = self.round_step(state, self.sample(r))

@@ -15,8 +15,17 @@ import numpy as np
 
 from fedjax_agg.history import History
 
-__all__ = ["curves_figure", "plot_client_sizes", "plot_history",
-           "plot_mean_curves"]
+__all__ = ["axis_label", "curves_figure", "plot_client_sizes",
+           "plot_history", "plot_mean_curves"]
+
+_WORDS = {"test_accuracy": "test accuracy", "test_loss": "test loss",
+          "train_loss": "training loss", "round": "round",
+          "sim_time_s": "simulated time (s)", "uplink_bytes": "uplink (MB)"}
+
+
+def axis_label(column: str) -> str:
+  """A history column as an axis label: in words, with its unit."""
+  return _WORDS.get(column, column.replace("_", " "))
 
 
 def plot_history(histories: Mapping[str, History], path: str,
@@ -57,8 +66,11 @@ def curves_figure(histories: Mapping[str, Sequence[History]],
         ax.fill_between(rounds[keep], (mean - std)[keep], (mean + std)[keep],
                         alpha=0.2)
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel(metric)
+    last = max((float(np.nanmax(runs[0].column("round")))
+                for runs in histories.values() if runs), default=0.0)
+    ax.set_xlim(0, max(last, 1.0))  # no tick past the last round
+    ax.set_xlabel(axis_label("round"))
+    ax.set_ylabel(axis_label(metric))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend()

@@ -114,7 +114,8 @@ def unvmapped(plan, state, built, cohort_size: int,
   compiled = []
   timeline = None
   if systems is not None:
-    system = clock.build_system(systems, state.params, data, training)
+    system = clock.build_system(systems, state.params, data, training,
+                                plan.parts_of(plan.points[0])[0])
     timeline = (
         clock.async_plan(systems, system, num_rounds, cohort_size,
                          plan.seeds[0]) if asynchronous else

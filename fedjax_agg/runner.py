@@ -25,6 +25,7 @@ Only the round itself has two forms (``Plan.vmapped``; see
 """
 
 import dataclasses
+import sys
 import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -111,7 +112,10 @@ class Plan:
         momentum=config_lib.sgd_momentum(training.optimizer),
         proximal_mu=0.0 if term is None else term.proximal_mu,
         client_side=dict(local_update.shared) if local_update is not None
-        else {})
+        else {},
+        batch_size=training.batch_size,
+        max_examples=max(int(np.max(np.asarray(data.num_examples)))
+                         for data in self.data))
 
   @property
   def members(self) -> list[tuple[int, int]]:
@@ -436,6 +440,10 @@ def execute(plan: Plan) -> list[Member]:
                                 len(members)) if plan.vmapped
         else ([snapshot.rows], [snapshot.client_rows]))
     driver.replay(rows, client_rows)
+    done = len(rows[0]) - 1  # say where the run picks up
+    print(f"resumed from round {done} of {num_rounds}" + (
+        " (already finished)" if done >= num_rounds else ""),
+          file=sys.stderr, flush=True)
   if checkpointer is not None:
     driver.callbacks[0].append(loop.Checkpoints(
         checkpointer, run_key, num_rounds, rows, client_rows, pack))

@@ -101,7 +101,8 @@ from fedjax_agg.types import (Aggregator, ClientInfo, INFO_AXES, PRNGKey,
                               StreamingForm)
 
 __all__ = ["MAX_SUMMANDS", "SECAGG_STREAM", "SecAggStats", "decode",
-           "encode", "levels", "modular_sum", "secure_aggregation"]
+           "encode", "levels", "message_bytes", "modular_sum",
+           "secure_aggregation"]
 
 SECAGG_STREAM = 2**31 - 3
 """The ``fold_in`` data of the rounding keys in the round's aggregation key:
@@ -279,6 +280,37 @@ def _probe_info(info: ClientInfo, max_examples) -> ClientInfo:
       loss_before=jnp.zeros((), info.loss_before.dtype),
       loss_after=jnp.zeros((), info.loss_after.dtype),
       round=info.round, key=info.key)
+
+
+def message_bytes(aggregator: Aggregator, params, bits: int) -> int:
+  """Bytes of one client's masked message: ``bits`` for each coordinate
+  of the wrapped rule's statistics, packed, ceil(b n / 8).
+
+  What a client sends in the protocol is its b-bit integers plus the
+  pairwise masks' key agreement; the keys (a few hundred bytes a client
+  a round, independent of the model) are not counted.
+
+  Args:
+    aggregator: the rule secure aggregation wraps (with a streaming form).
+    params: the global model (arrays or ``jax.ShapeDtypeStruct``).
+    bits: b in [1, 32].
+  """
+  checks.check_int("bits", bits, 1, 32)
+  if aggregator.stream is None:
+    raise ValueError("secure aggregation needs a rule with a streaming "
+                     "form (aggregator.stream)")
+  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)
+  info = ClientInfo(client_ids=scalar(jnp.int32),
+                    num_examples=scalar(jnp.float32),
+                    mask=scalar(jnp.float32),
+                    loss_before=scalar(jnp.float32),
+                    loss_after=scalar(jnp.float32), round=scalar(jnp.int32),
+                    key=jax.ShapeDtypeStruct((2,), jnp.uint32),
+                    num_steps=scalar(jnp.int32))
+  stats = jax.eval_shape(aggregator.stream.client_stats, params, params,
+                         info)
+  count = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(stats))
+  return -(-count * bits // 8)
 
 
 def _check_float_leaves(stats) -> None:

@@ -102,7 +102,8 @@ _STOPPING_MODES = _names("fedjax_agg.loop", "STOPPING_MODES")
 def _registry(module: str):
   def get():
     import importlib  # pylint: disable=g-import-not-at-top
-    return tuple(importlib.import_module(module).REGISTRY.names)
+    # Registry.names: also holds "module:factory" names (user components).
+    return importlib.import_module(module).REGISTRY.names
   return get
 
 
@@ -226,7 +227,12 @@ class AlgorithmSpec:
       choices=_registry("fedjax_agg.aggregators"), preset="fedavg"))
   aggregator_args: dict = _field({}, Flag(
       "--agg-arg", "argument of the aggregator (repeatable; see --list "
-      "aggregators)", kind="pairs"))
+      "aggregators)", kind="pairs"), Flag(
+          "--dp-noise-multiplier", "with dp_fedavg/dp_ftrl: the noise "
+          "multiplier z", type=float, kind="subkey",
+          subkey="noise_multiplier"), Flag(
+              "--dp-clip-norm", "with dp_fedavg/dp_ftrl: the clip norm C",
+              type=float, kind="subkey", subkey="clip_norm"))
   objective: str = _field("cross_entropy", Flag(
       "--objective", "local objective",
       choices=_registry("fedjax_agg.objectives"), preset="cross_entropy"))

@@ -183,6 +183,9 @@ class RunContext(NamedTuple):
       term); None for a term that is not FedProx's.
     client_side: what the run's client side (``LocalUpdate.shared``)
       shares with its server rule, e.g. ``{"feddyn_alpha": 0.01}``.
+    batch_size: B, the clients' local batch size (None: not known).
+    max_examples: the examples of the federation's largest client (None:
+      not known).
   """
   num_clients: int
   cohort_size: int
@@ -191,6 +194,8 @@ class RunContext(NamedTuple):
   momentum: Optional[float]
   proximal_mu: Optional[float]
   client_side: Mapping[str, Any]
+  batch_size: Optional[int] = None
+  max_examples: Optional[int] = None
 
 
 def empty_init(state_type: Callable[[], AggregatorState]

@@ -1,241 +1,42 @@
-"""The API reference: pdoc builds it cleanly from the docstrings.
+"""The documentation site: the user guide and the API reference, built
+together by ``docs/build.py``, cleanly.
 
 The reference documents every public module of ``fedjax_agg`` (no part of
 its name starts with an underscore) with pdoc's Google docstring format; its
 front page is the package docstring, which includes the README's opening
-sections. The tests fail on
+sections. The guide's Markdown pages (``docs/``, the README, the
+experiments' READMEs and RESULTS) are rendered beside it. The tests fail on
 
 * a warning of pdoc (an unreadable docstring, a module that does not
   import, an include that does not resolve), except the known limitations
-  of pdoc listed in ``_PDOC_LIMITATIONS``;
-* a broken link in the site, a module page no link leads to from the front
-  page, or a code reference to a ``fedjax_agg`` name that does not exist;
+  of pdoc listed in ``docs/build.py``'s ``PDOC_LIMITATIONS``;
+* a broken link anywhere in the site (a page, file or anchor that is not
+  there), a module page no link leads to from the front page, or a code
+  reference to a ``fedjax_agg`` name that does not exist;
 * a public name (in a public module's ``__all__``, or a public method of
   a public class) without a docstring.
 
-Run as a script, this file builds the site (the README's command):
+The site itself is built by the documented command:
 
-  python -m tests.test_api_reference docs_build
+  python docs/build.py --out docs_build
 """
 
-import collections
 import dataclasses
 import functools
-import html
 import importlib
-import inspect
 import os
 import pathlib
 import pkgutil
-import re
 import sys
-import types
-import warnings
 
-import pdoc
 import pdoc.doc
 import pdoc.doc_ast
-import pdoc.render
 
 import fedjax_agg
+from tests._docs_util import load_docs_build
 
-# Warnings pdoc gives on valid code: (pattern, why it is not a defect).
-_PDOC_LIMITATIONS = (
-    (re.compile(r"Error parsing type annotation .* for (?P<owner>[\w.]+)"
-                r"\.__init__\. Import of \w+ failed", re.S),
-     "a forward reference in a NamedTuple's field: its generated "
-     "constructor belongs to no module pdoc can evaluate it in"),
-    (re.compile(r"ForwardRef\('ArrayTree'\).* Import of ArrayTree failed",
-                re.S),
-     "optax.OptState is chex's recursive ArrayTree alias, whose forward "
-     "reference resolves in chex only"),
-)
-
-# Inline code ending so names a file, not an attribute (``config.json``).
-_FILE_SUFFIXES = frozenset({
-    "csv", "json", "jsonl", "md", "npy", "npz", "pdf", "png", "py", "txt",
-    "yaml"})
-
-_DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+(?:\(\))?")
-# pdoc renders a resolved reference as <a ...><code>x</code></a> or
-# <code><a ...>x</a></code>; an unresolved one is a bare <code>x</code>.
-_CODE_SPAN = re.compile(r"(<a [^>]*>)?<code>([^<]*)</code>")
-# Links, and the redirect of index.html to the front page.
-_HREF = re.compile(r'(?:href="|http-equiv="refresh" content="0; url=)([^"]*)"')
-_ID = re.compile(r'id="([^"]*)"')
-
-
-def public_modules():
-  """Names of the modules of the reference: no part starts with ``_``."""
-  names = ["fedjax_agg"]
-  for info in pkgutil.walk_packages(fedjax_agg.__path__, "fedjax_agg."):
-    if not any(part.startswith("_") for part in info.name.split(".")):
-      names.append(info.name)
-  return names
-
-
-def _is_pdoc_warning(record):
-  """True for a warning pdoc itself gives (not one from an import)."""
-  return pathlib.Path(pdoc.__file__).parent in pathlib.Path(
-      record.filename).parents
-
-
-def _is_pdoc_limitation(message):
-  for pattern, _ in _PDOC_LIMITATIONS:
-    match = pattern.search(message)
-    if match is None:
-      continue
-    owner = match.groupdict().get("owner")
-    if owner is None:
-      return True
-    try:
-      cls = pkgutil.resolve_name(owner)
-    except (ImportError, AttributeError, ValueError):
-      continue
-    if inspect.isclass(cls) and issubclass(cls, tuple) and hasattr(
-        cls, "_fields"):
-      return True
-  return False
-
-
-def build(output_directory):
-  """Writes the reference into ``output_directory``.
-
-  Args:
-    output_directory: the folder of the site (created if missing).
-
-  Returns:
-    The messages of pdoc's warnings that are not known limitations.
-  """
-  pdoc.render.configure(docformat="google")
-  with warnings.catch_warnings(record=True) as records:
-    warnings.simplefilter("always")
-    pdoc.pdoc(*public_modules(),
-              output_directory=pathlib.Path(output_directory))
-  messages = [str(r.message) for r in records if _is_pdoc_warning(r)]
-  return [m for m in messages if not _is_pdoc_limitation(m)]
-
-
-def _class_fields(cls):
-  names = set(getattr(cls, "__dataclass_fields__", {}))
-  names |= set(getattr(cls, "_fields", ()))
-  names |= set(getattr(cls, "__annotations__", {}))
-  return names
-
-
-class _Names:
-  """What a code span may refer to: public modules, classes, fields."""
-
-  def __init__(self):
-    self.modules = {}   # last part of the name -> module
-    self.classes = {}   # name -> public class
-    self.fields = set()  # names of the fields of public classes
-    for name in public_modules():
-      module = importlib.import_module(name)
-      self.modules[name.rpartition(".")[2]] = module
-      for member in getattr(module, "__all__", ()):
-        value = getattr(module, member, None)
-        if inspect.isclass(value):
-          self.classes[member] = value
-          self.fields |= _class_fields(value)
-
-  def is_broken(self, text):
-    """Whether inline code ``text`` names a ``fedjax_agg`` name that is not.
-
-    A reference starts at ``fedjax_agg``, at a public module's last name
-    (``simulation.run``) or at a public class (``Execution.devices``);
-    other dotted code (``jax.vmap``, ``info.round``) is not a reference.
-    ``module.field`` with a field of a public class reads an instance's
-    attribute (``options.num_rounds``) and is not broken either.
-
-    Args:
-      text: the code span's text.
-
-    Returns:
-      True for a reference whose path does not resolve.
-    """
-    parts = text.removesuffix("()").split(".")
-    if parts[-1] in _FILE_SUFFIXES:
-      return False
-    if parts[0] == "fedjax_agg":
-      value = fedjax_agg
-    elif parts[0] in self.modules:
-      value = self.modules[parts[0]]
-    elif parts[0] in self.classes:
-      value = self.classes[parts[0]]
-    else:
-      return False
-    for part in parts[1:]:
-      if inspect.isclass(value) and part in _class_fields(value):
-        return False  # a field: its value's attributes are not known here
-      if hasattr(value, part):
-        value = getattr(value, part)
-        continue
-      if isinstance(value, types.ModuleType):
-        try:
-          value = importlib.import_module(f"{value.__name__}.{part}")
-          continue
-        except ImportError:
-          pass
-      # ``data.validation`` reads a field of a FederatedData named ``data``.
-      return not (len(parts) == 2 and parts[0] != "fedjax_agg"
-                  and parts[0] in self.modules and part in self.fields)
-    return False
-
-
-def site_problems(output_directory):
-  """Broken links, unreachable module pages and broken code references.
-
-  Args:
-    output_directory: a site written by ``build``.
-
-  Returns:
-    One line per problem.
-  """
-  root = pathlib.Path(output_directory)
-  pages = {p.resolve(): p.read_text("utf8") for p in root.rglob("*.html")}
-  ids = {page: set(_ID.findall(text)) for page, text in pages.items()}
-  problems = []
-  links = collections.defaultdict(set)
-  for page, text in pages.items():
-    shown = page.relative_to(root.resolve())
-    for href in set(_HREF.findall(text)):
-      href = html.unescape(href)
-      if re.match(r"[a-z]+:", href) or "${" in href:
-        continue  # http:, https:, data:; the search box's script template
-      path, _, anchor = href.partition("#")
-      target = (page.parent / path).resolve() if path else page
-      if target.suffix == ".html":
-        links[page].add(target)
-      if not target.exists():
-        problems.append(f"{shown}: link to missing {href}")
-      elif anchor and target in ids and anchor not in ids[target]:
-        problems.append(f"{shown}: link to missing anchor {href}")
-  seen = set()
-  todo = [(root / "index.html").resolve()]
-  while todo:
-    page = todo.pop()
-    if page not in seen:
-      seen.add(page)
-      todo.extend(links[page])
-  for name in public_modules():
-    page = (root / (name.replace(".", "/") + ".html")).resolve()
-    if page not in pages:
-      problems.append(f"{name}: no page")
-    elif page not in seen:
-      problems.append(f"{name}: no link leads to its page from the front "
-                      f"page")
-  names = _Names()
-  broken = collections.defaultdict(set)
-  for page, text in pages.items():
-    for match in _CODE_SPAN.finditer(text):
-      code = html.unescape(match.group(2))
-      if (match.group(1) is None and _DOTTED_NAME.fullmatch(code)
-          and names.is_broken(code)):
-        broken[code].add(str(page.relative_to(root.resolve())))
-  for code, where in sorted(broken.items()):
-    problems.append(f"`{code}` names nothing (in {', '.join(sorted(where))})")
-  return problems
+BUILD = load_docs_build()
+public_modules = BUILD.public_modules
 
 
 def _own_class_doc(cls):
@@ -327,10 +128,32 @@ def _listing(names, kind):
 def test_reference_builds_without_warnings_or_broken_references(tmp_path):
   # FEDJAX_AGG_DOCS_DIR: where to keep the site (``.ci/run`` keeps it in
   # the ignored docs_build/ instead of building it a second time).
-  output = os.environ.get("FEDJAX_AGG_DOCS_DIR") or tmp_path
-  problems = [f"pdoc: {m}" for m in build(output)]
-  problems += site_problems(output)
+  output = os.environ.get("FEDJAX_AGG_DOCS_DIR") or tmp_path / "site"
+  problems = [f"pdoc: {m}" for m in BUILD.build_site(output)]
+  problems += BUILD.site_problems(output)
   assert not problems, "\n".join(problems)
+  # One site: the guide's pages, the README and the reference, linked from
+  # its index.
+  index = (pathlib.Path(output) / "index.html").read_text("utf8")
+  for page in ("docs/index.html", "README.html", "fedjax_agg.html"):
+    assert f'href="{page}"' in index, page
+  for page in ("docs/getting-started.html", "docs/howto/resume.html",
+               "experiments/robustness/README.html"):
+    assert (pathlib.Path(output) / page).is_file(), page
+
+
+def test_site_check_finds_broken_links_and_anchors(tmp_path):
+  (tmp_path / "index.html").write_text(
+      '<a href="fedjax_agg.html">x</a> <a href="gone.html">y</a> '
+      '<img src="img/none.png"> <a href="page.html#nowhere">z</a> '
+      '<a href="page.html#here">ok</a>')
+  (tmp_path / "page.html").write_text('<h2 id="here">Here</h2>')
+  problems = BUILD.site_problems(tmp_path)
+  for expected in ("index.html: link to missing gone.html",
+                   "index.html: link to missing img/none.png",
+                   "index.html: link to missing anchor page.html#nowhere"):
+    assert expected in problems, problems
+  assert not any("#here" in p for p in problems)
 
 
 def test_public_modules_classes_and_functions_have_docstrings():
@@ -343,18 +166,3 @@ def test_public_variables_have_docstrings():
   assert not listing, (
       "without a docstring (a string literal after the assignment):\n"
       + listing)
-
-
-def main(argv):
-  """Builds the site into ``argv[1]``; exits with 1 on pdoc's warnings."""
-  if len(argv) != 2:
-    sys.exit("usage: python -m tests.test_api_reference OUTPUT_DIRECTORY")
-  messages = build(argv[1])
-  for message in messages:
-    print(f"pdoc warning: {message}", file=sys.stderr)
-  print(f"API reference: {pathlib.Path(argv[1]) / 'index.html'}")
-  sys.exit(1 if messages else 0)
-
-
-if __name__ == "__main__":
-  main(sys.argv)

@@ -137,6 +137,39 @@ def test_over_selection_aggregates_the_fastest_and_ends_with_them():
     assert result.history.rows[r + 1]["dropped"] == 0
 
 
+def test_over_selection_is_bounded_and_beyond_n_selects_everyone():
+  """An over-selection too large to be a number of clients is refused by
+  name when the Systems is built (not as numpy's "maximum allowed
+  dimension" in the run); one that asks for more than the N = 8 clients
+  selects all of them: 8 rows a round, the run of x = 1 (m = 4, 8 rows)."""
+  for bad in (1e300, 150.0):
+    with pytest.raises(ValueError, match=r"^over_selection must be .*"
+                       r"MAX_OVER_SELECTION = 100\]"):
+      _run(Systems(over_selection=bad))
+  profiles = {"speed_median": 20.0, "speed_sigma": 1.5}
+  beyond = _run(Systems(profiles="lognormal", profile_args=profiles,
+                        over_selection=100.0, seed=1))
+  exactly = _run(Systems(profiles="lognormal", profile_args=profiles,
+                         over_selection=1.0, seed=1))
+  for clients in beyond.history.client_rows:
+    assert len(clients["client_ids"]) == len(SIZES)
+    assert (_mask(clients) > 0).sum() == 4
+  for got, want in zip(beyond.history.client_rows,
+                       exactly.history.client_rows, strict=True):
+    assert got.keys() == want.keys()
+    for key in got:
+      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  assert _strip(beyond.history.rows, ("time_s",)) == _strip(
+      exactly.history.rows, ("time_s",))
+
+
+def test_fednova_on_a_secure_sum_is_refused_with_the_cause_first():
+  with pytest.raises(ValueError, match=r"^secure aggregation cannot run "
+                     r"fednova: "):
+    _run(Systems(secagg_bits=16),
+         aggregator=aggregators.fednova(learning_rate=0.1), rounds=1)
+
+
 def test_deadline_drops_the_late_and_availability_the_offline():
   systems = Systems(profiles="lognormal",
                     profile_args={"speed_median": 5.0, "speed_sigma": 1.0},

@@ -3,6 +3,10 @@
 import functools
 import math
 
+from hypothesis import example
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -501,3 +505,106 @@ def test_a_run_with_error_feedback():
   assert len(errors) == 2 and all(0 < e < 1 for e in errors)
   assert compression.message_bits(codec, params) == sum(
       codec.bits(leaf.size) for leaf in jax.tree.leaves(params))
+
+
+# Every codec of the module's table at its extremes, and the rotation
+# around the inner codecs that handle magnitudes differently.
+_PLAIN = [compression.identity(), compression.uniform(1),
+          compression.uniform(32), compression.qsgd(2), compression.qsgd(32),
+          compression.top_k(0.1), compression.random_k(0.01),
+          compression.random_k(0.5), compression.sign()]
+EVERY_CODEC = _PLAIN + [
+    compression.hadamard(c) for c in (
+        compression.identity(), compression.uniform(1), compression.qsgd(2),
+        compression.top_k(0.1), compression.random_k(0.5),
+        compression.sign())]
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@functools.lru_cache(maxsize=None)
+def _every_roundtrip():
+  return jax.jit(lambda v, k: [c.decode(c.encode(v, k), v.shape[0])
+                               for c in EVERY_CODEC])
+
+
+@st.composite
+def _extreme_vectors(draw):
+  """[d] float32 over float32's whole range, subnormals to 3e38, with
+  ||x||_2 <= float32's max (exact, in float64)."""
+  d = draw(st.sampled_from([2, 7, 300]))  # One compilation each.
+  rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+  low = draw(st.integers(-149, 127))
+  high = draw(st.integers(low, 127))
+  x = (rng.choice([-1.0, 1.0], d) * rng.uniform(1.0, 2.0, d)
+       * np.exp2(rng.integers(low, high + 1, d).astype(np.float64)))
+  for i, value in draw(st.lists(st.tuples(
+      st.integers(0, d - 1),
+      st.floats(-FLOAT32_MAX, FLOAT32_MAX, width=32) | st.sampled_from(
+          [3e38, -3e38, 2e38, FLOAT32_MAX, 1e-45, -1.2e-38, 0.0])),
+                                max_size=4)):
+    x[i] = value
+  x = np.clip(x, -FLOAT32_MAX, FLOAT32_MAX).astype(np.float32)
+  norm = np.linalg.norm(x.astype(np.float64))
+  # Scaled down into range (or onto its edge), rounding toward 0.
+  if norm > FLOAT32_MAX or (norm > 0 and draw(st.booleans())):
+    target = x.astype(np.float64) * (FLOAT32_MAX / norm * (1 - 2.0**-30))
+    x = target.astype(np.float32)
+    x = np.where(np.abs(x) > np.abs(target), np.nextafter(x, np.float32(0)),
+                 x)
+  assert np.linalg.norm(x.astype(np.float64)) <= FLOAT32_MAX
+  return x
+
+
+@settings(max_examples=40)
+@given(x=_extreme_vectors(), seed=st.integers(0, 2**31 - 1))
+@example(x=np.float32([2e38, 0]), seed=0)  # random_k(0.5): 4e38 sent.
+@example(x=np.float32([2e38, 2e38]), seed=0)  # H D x: 4e38.
+@example(x=np.full(300, 3e38 / math.sqrt(300), np.float32), seed=1)
+def test_every_codec_decodes_a_float32_norm_finite(x, seed):
+  # The module's promise: ||x||_2 <= float32's max -> finite decode,
+  # values beyond the range saturating at +-max.
+  outputs = _every_roundtrip()(jnp.asarray(x), jax.random.key(seed))
+  for codec, got in zip(EVERY_CODEC, outputs, strict=True):
+    got = np.asarray(got)
+    assert got.shape == x.shape and got.dtype == np.float32, codec.name
+    assert np.all(np.isfinite(got)), (codec.name, x, got)
+  # The identity and the rotation around it give x back, however large x
+  # is: to float32 rounding of ||x||, and entries flushed below 1.2e-38.
+  atol = 1e-5 * np.linalg.norm(x.astype(np.float64)) + 1e-36
+  for name in ("identity", "hadamard(identity)"):
+    got = np.asarray(outputs[[c.name for c in EVERY_CODEC].index(name)])
+    np.testing.assert_allclose(got, x, rtol=0, atol=atol)
+
+
+def test_random_k_saturates_an_unrepresentable_unbiased_value():
+  # Kept with probability 1/2, 2e38 would be sent as 4e38: it is sent as
+  # float32's max, sign kept; the other keys send the 0.
+  codec = compression.random_k(0.5)
+  seen = set()
+  for seed in range(8):
+    for sign_ in (1, -1):
+      got = _roundtrip(codec, np.float32([sign_ * 2e38, 0]),
+                       jax.random.key(seed))
+      assert got.tolist() in ([sign_ * FLOAT32_MAX, 0.0], [0.0, 0.0]), got
+      seen.add(got[0] != 0)
+  assert seen == {True, False}
+  # Representable values are sent as before: x_i d / k.
+  got = _roundtrip(codec, np.float32([1e38, 0]), jax.random.key(3))
+  assert got.tolist() in ([np.float32(1e38) * 2, 0.0], [0.0, 0.0])
+
+
+def test_rotation_of_extreme_vectors_is_exact_scaling():
+  # Powers of two scale the rotation exactly, up to float32's max.
+  x = _vector(300, seed=7)
+  x = x / np.abs(x).max()
+  rotate = jax.jit(compression.rotate)
+  unrotate = jax.jit(compression.unrotate, static_argnums=2)
+  base = np.asarray(rotate(x, KEY))
+  for power in (-100, 0, 100, 120, 127):
+    scaled = (x * np.float32(2.0**power)).astype(np.float32)
+    y = np.asarray(rotate(scaled, KEY))
+    assert np.all(np.isfinite(y)), power
+    np.testing.assert_array_equal(y, base * np.float32(2.0**power))
+    back = np.asarray(unrotate(jnp.asarray(y), KEY, 300))
+    np.testing.assert_allclose(back, scaled, rtol=0,
+                               atol=1e-6 * np.abs(scaled).max())

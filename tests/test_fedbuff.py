@@ -48,7 +48,7 @@ def _column(result, name):
   return [np.asarray(row[name]) for row in result.history.client_rows]
 
 
-def _numpy_fedbuff(client_rows, sizes, weight, num_steps):
+def _numpy_fedbuff(client_rows, sizes, weight, num_steps, equal=False):
   """FedBuff from the recorded events: each client trained alone from the
   version it started from (a Python loop of SGD steps), the server step
   x_{t+1} = x_t + sum_k p_k w(s_k) (x_k - x_{v_k}) in float64."""
@@ -62,7 +62,8 @@ def _numpy_fedbuff(client_rows, sizes, weight, num_steps):
     staleness = np.asarray(client_rows[r]["staleness"])
     np.testing.assert_array_equal(staleness, r - starts)
     counts = np.asarray([sizes[i] for i in ids], np.float64)
-    p = counts / counts.sum()
+    p = (np.full(len(ids), 1.0 / len(ids)) if equal  # the paper's 1 / K
+         else counts / counts.sum())
     current = versions[-1]
     total = jax.tree.map(lambda a: np.zeros(a.shape, np.float64), current)
     for k, client in enumerate(ids):
@@ -100,6 +101,21 @@ def test_server_steps_match_numpy_over_the_recorded_events():
     assert row["staleness_max"] == s.max()
   times = [row["sim_time_s"] for row in rows]
   assert times == sorted(times) and times[0] > 0
+
+
+def test_the_papers_equal_weighting_is_fedavg_uniform():
+  # FedBuff (Nguyen et al. 2022, Alg. 1) averages the buffer with 1 / K;
+  # the async mode keeps the run's rule, so that weighting is
+  # fedavg(weighting="uniform") (README, "Asynchronous buffered
+  # aggregation").
+  systems = Systems(concurrency=6, profiles="lognormal", profile_args=SPEEDS)
+  result = _run(systems, aggregators.fedavg(weighting="uniform"),
+                num_rounds=4)
+  expected = _numpy_fedbuff(result.history.client_rows, SIZES,
+                            lambda s: (1.0 + s) ** -0.5, 4, equal=True)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                       atol=1e-6),
+               result.state.params, expected)
 
 
 def test_equal_tasks_and_c_equal_to_k_is_the_synchronous_round():

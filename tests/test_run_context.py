@@ -137,6 +137,24 @@ def test_feddyn_is_sized_and_paired_by_the_run():
     _python_run(aggregators.fedavg(), local_update=pair(0.01))
 
 
+def test_fednova_tau_eff_from_a_config():
+  """FedNova's ``tau_eff`` ("steps": the authors' code's tau_eff with a
+  proximal term) reaches the rule from a config's aggregator_args as from
+  Python, changes the run, and a misspelt value is refused by name."""
+  prox = LocalTraining(batch_size=50, learning_rate=LR,
+                       objective=objectives.fedprox(0.5))
+  want = _python_run(aggregators.fednova(tau_eff="steps"), prox)
+  _assert_same(_config_run({"aggregator": "fednova", "objective": "fedprox",
+                            "objective_args": {"mu": 0.5},
+                            "aggregator_args": {"tau_eff": "steps"}}), want)
+  assert not np.allclose(
+      _python_run(aggregators.fednova(), prox).column("test_loss"),
+      want.column("test_loss"), rtol=1e-5)
+  with pytest.raises(ValueError, match="tau_eff must be one of"):
+    _config_run({"aggregator": "fednova",
+                 "aggregator_args": {"tau_eff": "step"}})
+
+
 def _context(**fields):
   base = dict(num_clients=10, cohort_size=5, expected_clients=None,
               learning_rate=0.1, momentum=0.0, proximal_mu=0.0,

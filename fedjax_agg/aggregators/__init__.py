@@ -120,7 +120,8 @@ __all__ = [
     "fedadam", "fedadp", "fedavg", "fedavgm", "feddrl", "feddyn",
     "fedlayerwise", "fedmedian", "fednnnn", "fednova", "fedopt", "fedsgd",
     "fedyogi", "geometric_median", "get", "gompertz", "krum", "momentum",
-    "norm_bounding", "norm_norm", "qffl", "scale_by_reddi", "select_top",
+    "norm_bounding", "norm_norm", "qffl", "register", "scale_by_reddi",
+    "select_top",
     "takes_num_clients", "trimmed_mean", "with_server_optimizer",
 ]
 
@@ -150,12 +151,58 @@ REGISTRY = Registry("aggregator", {
     "qffl": qffl,
     "fednova": fednova,
     "feddyn": feddyn,
-}, context=("num_clients", "model", "x_eval", "y_eval"))
+}, context=("num_clients", "model", "x_eval", "y_eval"),
+   check=lambda name, factory: _conformance(name, factory))
 """Every aggregator factory by the name the CLI and the conformance suite use:
 name -> factory of an ``Aggregator``. Factories are called with keyword
 arguments only; each has defaults for every argument except the context ones,
 which ``build`` passes only to the factories that declare them: ``num_clients``
 (rules with per-client state) and FedACS's ``model``, ``x_eval``, ``y_eval``."""
+
+
+def _conformance(name: str, factory, symmetric: bool = True) -> None:
+  """Builds ``factory`` at its defaults and runs the conformance kit
+  (``testing.check_aggregator``); ValueError naming the property broken."""
+  from fedjax_agg import testing  # pylint: disable=g-import-not-at-top
+  parameters = inspect.signature(factory).parameters
+  required = [arg for arg, p in parameters.items()
+              if p.default is inspect.Parameter.empty
+              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+              and arg not in REGISTRY.context]
+  if required:
+    raise ValueError(f"aggregator {name!r}: configs build rules by keyword "
+                     f"from their defaults; {required} have none")
+  kwargs = {"num_clients": 7} if "num_clients" in parameters else {}
+  try:
+    rule = factory(**kwargs)
+    testing.check_aggregator(rule, num_clients=7, symmetric=symmetric)
+  except (AssertionError, TypeError, ValueError) as error:
+    raise ValueError(f"aggregator {name!r} fails the conformance kit "
+                     f"(fedjax_agg.testing.check_aggregator): {error}"
+                     ) from None
+
+
+def register(name: str, factory, *, replace: bool = False,
+             symmetric: bool = True):
+  """Adds a rule factory to ``REGISTRY``, so that configs, the command line
+  and ``run_config`` run it by ``name`` as a built-in one.
+
+  The factory is built at its defaults (plus ``num_clients`` if it
+  declares it) and must pass the conformance kit
+  (``testing.check_aggregator``; ``symmetric`` False skips the
+  client-permutation property, for rules that read cohort positions).
+  A rule in an importable module can also be named ``module:factory`` in
+  a config or on the command line, without registering it.
+
+  Raises:
+    ValueError: a taken name (``replace`` replaces your own), a built-in
+      name, or a rule the conformance kit refuses (naming the property).
+  """
+  if not isinstance(name, str) or name in REGISTRY._builtin:  # pylint: disable=protected-access
+    return REGISTRY.register(name, factory, replace=replace)  # its refusal
+  if callable(factory):
+    _conformance(name, factory, symmetric)
+  return REGISTRY.register(name, factory, replace=replace, check=False)
 
 
 def takes_num_clients(factory) -> bool:

@@ -82,9 +82,13 @@ required: it is Flower's ``num_sampled_clients``. What changes:
 * Adaptive step: Flower counts the clipped clients (|dw_k| > C, its
   "norm bit") where Alg. 1 (2021) counts the unclipped ones, with
   Alg. 1's sign, C <- C exp(-eta_C ((sum_k 1[|dw_k| > C]
-  + N(0, sigma_b^2)) / m - gamma)), and divides by the round's m rather
-  than D. So C moves the other way: a cohort clipped more often than
-  gamma (Flower's ``target_clipped_quantile``) shrinks C further.
+  + N(0, sigma_b^2)) / m - (1 - gamma))), and divides by the round's m rather
+  than D. ``target_quantile`` keeps its one meaning, the fraction of
+  unclipped updates C aims at: Flower's ``target_clipped_quantile`` is
+  1 - gamma, and the step is C <- C exp(-eta_C (clipped / m - (1 -
+  gamma))), so both modes rest where a fraction gamma is unclipped. From
+  there C moves the other way: a cohort clipped more often than 1 - gamma
+  shrinks C further.
 * ``clipped_count_stddev`` defaults to qN / 20 (0 when z = 0), Flower's
   default, instead of 5 z; sigma_dw is computed as above (Thm. 1).
 Flower's weighted mean bounds one client's influence by C n_k / sum n,
@@ -159,7 +163,10 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
     clip_norm: C > 0, the (initial, when adaptive) clip norm.
     noise_multiplier: z >= 0, the round's noise multiplier for accounting.
     adaptive: update C toward the ``target_quantile`` of the update norms.
-    target_quantile: gamma in [0, 1], the quantile of norms C tracks.
+    target_quantile: gamma in [0, 1], the quantile of norms C tracks
+      (the fraction of unclipped updates it aims at), in both modes: with
+      ``flower_compatible`` it is Flower's ``target_clipped_quantile``
+      = 1 - gamma.
     clip_learning_rate: eta_C >= 0, the geometric step of C.
     clipped_count_stddev: sigma_b >= 0, the noise of the clipped count
       (used when adaptive; default 5 z, see the module docstring).
@@ -247,9 +254,10 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
       # Noised fraction of clipped clients over the m results, C stepped.
       clipped = (stats.num_clipped
                  + count_stddev * jax.random.normal(count_key))
+      # Flower's target_clipped_quantile is 1 - gamma (module docstring).
       stepped = clip * jnp.exp(-clip_learning_rate
                                * (clipped / jnp.maximum(num_real, 1.0)
-                                  - target_quantile))
+                                  - (1.0 - target_quantile)))
       new_clip = jnp.where(any_real, stepped, clip)
     # compute_stdv(z, C', num_sampled_clients), none in an empty round.
     stddev = jnp.where(

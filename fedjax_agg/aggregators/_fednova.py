@@ -24,6 +24,23 @@ eta the client learning rate):
 With every tau_i equal (and one solver), ||a_i||_1 is the same for all i,
 tau_eff equals it and Eq. (c) is FedAvg: x+ = sum_i p_i x_i.
 
+The effective number of steps (option ``tau_eff``). In the paper's
+general update the weights p_i of the normalised updates decide which
+objective the iterates approach; tau_eff only scales the server's step
+(the effective number of local steps), so either choice below keeps the
+objective consistent, and they differ in the step's length:
+
+  Eq. (b):  tau_eff = sum_i p_i ||a_i||_1   ("normalized", the default)
+  Eq. (b'): tau_eff = sum_i p_i tau_i       ("steps")
+
+Eq. (b) is the paper's FedNova: it makes Eq. (c) FedAvg whenever the
+clients ran equal solvers for equal steps. Eq. (b') is what the authors'
+released code uses when the clients carry a proximal term: with FedProx
+||a_i||_1 = (1 - (1 - eta mu)^tau_i) / (eta mu) < tau_i, so (b') takes a
+longer server step than (b), the length of tau_i unshrunk steps. With
+momentum ||a_i||_1 > tau_i and (b') is the shorter. For plain SGD
+(||a_i||_1 = tau_i) the two are the same rule.
+
 Interpretations:
 * tau_i is the number of steps client i actually took
   (``info.num_steps``: stragglers, ADCT budgets and padding are counted as
@@ -38,7 +55,9 @@ Interpretations:
 * A cohort with no real participant leaves the model unchanged.
 
 Memory: a sum over clients, so it has a streaming form (the running sums of
-n_i d_i, n_i ||a_i||_1 and n_i).
+n_i d_i, n_i ||a_i||_1 (or n_i tau_i) and n_i). Secure aggregation cannot
+run it: those sums grow with the steps taken, which a fixed-point sum
+would have to bound before the round.
 """
 
 from typing import NamedTuple
@@ -74,14 +93,25 @@ def normalizer(num_steps, momentum=0.0, proximal_mu=0.0,
   return jnp.where(shrink > 0, proximal, with_momentum)
 
 
-def _num_steps(info: ClientInfo) -> jax.Array:
+# The choices of fednova's tau_eff: Eq. (b) or Eq. (b').
+_TAU_EFF = ("normalized", "steps")
+
+_NO_STEPS = ("fednova reads info.num_steps (each client's local steps), "
+             "which is None; the rounds fill it in (build ClientInfo with "
+             "num_steps when calling the rule directly)")
+# Secure aggregation probes a rule's client statistics for their range with
+# a ClientInfo that holds no steps: the streaming form's None is that probe.
+_NO_SECURE_SUM = (
+    "secure aggregation cannot run fednova: its client statistics grow "
+    "with the local steps each client took, which the fixed-point sum must "
+    "bound before the round (its probe of their range has no steps: "
+    "info.num_steps is None). Run fednova without secure aggregation "
+    "(Systems.secagg_bits None)")
+
+
+def _num_steps(info: ClientInfo, missing: str = _NO_STEPS) -> jax.Array:
   if info.num_steps is None:
-    raise ValueError(
-        "FedNova reads info.num_steps (each client's local steps), which "
-        "is None; the rounds fill it in (build ClientInfo with num_steps "
-        "when calling the rule directly). Secure aggregation cannot bound "
-        "FedNova's statistics (they grow with the steps taken), so it does "
-        "not wrap FedNova")
+    raise ValueError(missing)
   return info.num_steps
 
 
@@ -104,7 +134,8 @@ def _check_local_solver(rule, context, arguments) -> None:
                               momentum="momentum",
                               proximal_mu="proximal_mu")
 def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
-            learning_rate: float = 1.0) -> Aggregator:
+            learning_rate: float = 1.0,
+            tau_eff: str = "normalized") -> Aggregator:
   """FedNova aggregator (normalised averaging, Eqs. (a)-(c)).
 
   Args:
@@ -114,13 +145,17 @@ def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
       fedprox with that mu); not together with ``momentum``.
     learning_rate: eta > 0, the client learning rate (runs fill it in);
       read only for ``proximal_mu`` > 0.
+    tau_eff: the effective number of steps (module docstring): "normalized"
+      (Eq. (b), the paper's sum_i p_i ||a_i||_1) or "steps" (Eq. (b'),
+      sum_i p_i tau_i, the authors' code with a proximal term).
 
   Returns:
     An ``Aggregator`` with a streaming form; it reads ``info.num_steps``.
-    Metrics: "tau_eff" [] (Eq. (b)), "client_weights" [K] (p_i) and
-    "update_weights" [K] (tau_eff p_i / ||a_i||_1, the weight of x_i - x
-    in x+ - x; 0 for a client without steps).
+    Metrics: "tau_eff" [] (Eq. (b) or (b')), "client_weights" [K] (p_i)
+    and "update_weights" [K] (tau_eff p_i / ||a_i||_1, the weight of
+    x_i - x in x+ - x; 0 for a client without steps).
   """
+  checks.check_choice("tau_eff", tau_eff, _TAU_EFF)
   checks.check_range("momentum", momentum, 0, 1, high_open=True)
   checks.check_range("proximal_mu", proximal_mu, 0)
   checks.check_range("learning_rate", learning_rate, 0, low_open=True)
@@ -136,50 +171,57 @@ def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
         f"fednova: learning_rate * proximal_mu must be < 1 (the proximal "
         f"step contracts), got {learning_rate} * {proximal_mu}")
 
-  def norms(info):
-    a = normalizer(_num_steps(info), momentum, proximal_mu, learning_rate)
+  def norms(info, missing=_NO_STEPS):
+    a = normalizer(_num_steps(info, missing), momentum, proximal_mu,
+                   learning_rate)
     return jnp.where(info.mask > 0, a, 0.0)
 
-  def step(global_params, mean_normalized, mean_update, tau_eff):
+  def step(global_params, mean_normalized, mean_update, effective_steps):
     """Eq. (c) (statistics: the mean update)."""
     statistics = tree_math.select_leaves(global_params,
                                          tree_math.is_statistic)
     return jax.tree.map(
-        lambda g, d, u, s: g + (u if s else tau_eff.astype(d.dtype) * d),
+        lambda g, d, u, s: g + (u if s else
+                                effective_steps.astype(d.dtype) * d),
         global_params, mean_normalized, mean_update, statistics)
 
   init = empty_init(FedNovaState)
 
   def aggregate(global_params, client_params, info, state):
+    _num_steps(info)
     checks.check_cohort(global_params, client_params, info,
-                        fields=("num_steps",) if info.num_steps is not None
-                        else ())
+                        fields=("num_steps",))
     return finalize(global_params, summed_client_stats(
         client_stats, global_params, client_params, info), info, state)
 
   def client_stats(global_params, client_params, info_k):
-    a = norms(info_k)
+    a = norms(info_k, _NO_SECURE_SUM)
     update = tree_math.tree_sub(client_params, global_params)
     # Eq. (a); a client without steps has d_i = 0.
     scale = jnp.where(a > 0, 1.0 / jnp.where(a > 0, a, 1.0), 0.0)
     normalized = jax.tree.map(lambda u: u * scale.astype(u.dtype), update)
-    return tree_math.client_sums((normalized, update, a), info_k.mask,
+    # Eq. (b) sums ||a_i||_1, Eq. (b') the steps tau_i.
+    length = a if tau_eff == "normalized" else jnp.where(
+        info_k.mask > 0, jnp.asarray(info_k.num_steps, jnp.float32), 0.0)
+    return tree_math.client_sums((normalized, update, length), info_k.mask,
                                  info_k.num_examples)
 
   def finalize(global_params, sums, info, state):
-    mean_scaled, mean_update, tau_eff = tree_math.mean_from_sums(sums)
+    mean_scaled, mean_update, effective_steps = tree_math.mean_from_sums(
+        sums)
     new_global = tree_math.keep_if_no_clients(
-        info.mask, step(global_params, mean_scaled, mean_update, tau_eff),
-        global_params)
+        info.mask, step(global_params, mean_scaled, mean_update,
+                        effective_steps), global_params)
     weights = tree_math.normalize_weights(
         info.num_examples.astype(jnp.float32), info.mask)
-    return new_global, state, _metrics(weights, norms(info), tau_eff)
+    return new_global, state, _metrics(weights, norms(info),
+                                       effective_steps)
 
   return Aggregator(init, aggregate, StreamingForm(client_stats, finalize))
 
 
-def _metrics(weights, a, tau_eff):
-  coefficients = jnp.where(a > 0, tau_eff * weights / jnp.where(a > 0, a,
-                                                                1.0), 0.0)
-  return {"tau_eff": tau_eff, "client_weights": weights,
+def _metrics(weights, a, effective_steps):
+  coefficients = jnp.where(
+      a > 0, effective_steps * weights / jnp.where(a > 0, a, 1.0), 0.0)
+  return {"tau_eff": effective_steps, "client_weights": weights,
           "update_weights": coefficients}

@@ -19,7 +19,10 @@ w_t - sum_k p_k g_k, whose pseudo-gradient sum_k p_k g_k a server SGD
 step of rate eta applies. The local objective stays the task loss; a
 config gives the same run with ``train.batch_size`` = the largest client,
 ``local_epochs`` 1, ``learning_rate`` 1 and the ``fedavgm`` rule with
-``momentum`` 0 and ``server_learning_rate`` eta.
+``momentum`` 0 and ``server_learning_rate`` eta. A run whose largest
+client holds more examples than the batch (``RunContext.max_examples``
+above ``batch_size``) refuses the rule before its first round: that
+client would take several local steps.
 """
 
 from typing import NamedTuple
@@ -28,6 +31,7 @@ import numpy as np
 import optax
 
 from fedjax_agg import checks
+from fedjax_agg import run_context
 from fedjax_agg.aggregators._fedopt import fedavgm
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.types import Aggregator
@@ -42,28 +46,60 @@ class FedSGD(NamedTuple):
   training: LocalTraining
 
 
+def _largest_client(num_examples) -> int:
+  """The largest of the client sizes ``num_examples``, checked."""
+  sizes = np.asarray(num_examples)
+  if (sizes.size == 0 or sizes.ndim > 1
+      or sizes.dtype.kind not in "iuf"):
+    raise ValueError(f"num_examples must be the client sizes ([N] "
+                     f"integers >= 1) or the largest one, got "
+                     f"{num_examples!r}")
+  sizes = sizes.astype(np.float64)
+  bad = ~np.isfinite(sizes) | (sizes < 1) | (sizes != np.floor(sizes))
+  if bad.any():
+    where = f" at index {np.flatnonzero(bad)[0]}" if sizes.ndim else ""
+    raise ValueError(f"num_examples must hold client sizes, finite "
+                     f"integers >= 1, got {float(sizes[bad][0])}{where}")
+  return int(sizes.max())
+
+
+def _check_whole_clients(rule, context, arguments) -> None:
+  """A client's one step must see all its examples: B >= the largest."""
+  del rule, arguments
+  if context.batch_size is None or context.max_examples is None:
+    return
+  if context.batch_size < context.max_examples:
+    raise ValueError(
+        f"num_examples: FedSGD's batch must hold a whole client (one "
+        f"full-batch gradient step each), but the run's batch_size="
+        f"{context.batch_size} is below its largest client's "
+        f"{context.max_examples} examples, which would take several local "
+        f"steps; build fedsgd from the run's data.num_examples")
+
+
+@run_context.derived_from_run(_check_whole_clients)
+def _server_step(learning_rate: float) -> Aggregator:
+  """The server's half: FedAvg's weighted mean of w_t - g_k as a
+  pseudo-gradient, one SGD step of rate eta (no momentum)."""
+  return fedavgm(server_learning_rate=learning_rate, momentum=0.0)
+
+
 def fedsgd(num_examples, learning_rate: float = 0.1) -> FedSGD:
   """FedSGD as a rule and the clients' local training.
 
   Args:
     num_examples: the federation's client sizes ([N], e.g.
-      ``data.num_examples``) or the largest of them: every batch holds a
-      whole client.
+      ``data.num_examples``) or the largest of them, finite integers >= 1:
+      every batch holds a whole client. A run whose largest client holds
+      more examples than the batch is refused before its first round
+      (its clients would take several local steps).
     learning_rate: eta > 0, the server's step on the averaged gradient.
 
   Returns:
     ``FedSGD(aggregator, training)``.
   """
   checks.check_range("learning_rate", learning_rate, 0, low_open=True)
-  sizes = np.asarray(num_examples)
-  if sizes.size == 0 or not np.issubdtype(sizes.dtype, np.number):
-    raise ValueError(f"num_examples must be client sizes or the largest "
-                     f"one, got {num_examples!r}")
-  largest = int(sizes.max())
-  if largest < 1:
-    raise ValueError(f"num_examples: the largest client must hold at least "
-                     f"one example, got {largest}")
+  largest = _largest_client(num_examples)
   training = LocalTraining(epochs=1, batch_size=largest, learning_rate=1.0,
                            optimizer=optax.sgd)
-  return FedSGD(fedavgm(server_learning_rate=learning_rate, momentum=0.0),
-                training)
+  return FedSGD(_server_step(learning_rate), training)

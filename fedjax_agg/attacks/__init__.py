@@ -44,6 +44,7 @@ from fedjax_agg.attacks._attack import Attack
 from fedjax_agg.attacks._backdoor import ATTACK_SUCCESS
 from fedjax_agg.attacks._backdoor import backdoor
 from fedjax_agg.attacks._backdoor import backdoor_eval_set
+from fedjax_agg.attacks._backdoor import TASKS as _BACKDOOR_TASKS
 from fedjax_agg.attacks._attack import Cohort
 from fedjax_agg.attacks._attack import compose
 from fedjax_agg.attacks._attack import per_client
@@ -62,7 +63,7 @@ from fedjax_agg.registry import Registry
 
 __all__ = [
     "ATTACK_SUCCESS", "Adversaries", "Attack", "Cohort", "HonestStats",
-    "REGISTRY", "backdoor", "backdoor_eval_set", "build",
+    "REGISTRY", "TASKS", "backdoor", "backdoor_eval_set", "build",
     "compose", "fixed", "free_rider", "gaussian", "honest_stats",
     "inner_product", "label_flip", "little_is_enough", "little_is_enough_z",
     "local_update", "nonfinite", "per_client", "per_round", "scale_update",
@@ -82,6 +83,10 @@ REGISTRY = Registry("attack", {
 })
 """Every attack factory by the name the CLI uses (``--attack NAME``): name ->
 factory of an ``Attack``."""
+
+TASKS = {"backdoor": _BACKDOOR_TASKS}
+"""The tasks (``NaturalFederation.task``) an attack is limited to, by name;
+an attack not listed applies to every task."""
 
 
 def build(name: str, **kwargs) -> Attack:

@@ -47,8 +47,24 @@ from fedjax_agg.attacks._model_poisoning import scale_update
 from fedjax_agg.config import EvalSet
 from fedjax_agg.federated import FederatedData
 
-__all__ = ["ATTACK_SUCCESS", "backdoor", "backdoor_eval_set", "stamp",
-           "trigger_mask"]
+__all__ = ["ATTACK_SUCCESS", "TASKS", "backdoor", "backdoor_eval_set",
+           "check_targets", "stamp", "trigger_mask"]
+
+TASKS = ("classification",)
+"""The tasks a backdoor is defined for: it relabels triggered examples with
+one class, which a sequence task's per-token targets do not have."""
+
+
+def check_targets(y) -> None:
+  """Refuses labels that are not one class per example (a sequence task's
+  per-token targets [M, T]), naming the attack and the task."""
+  if np.ndim(y) != 1:
+    raise ValueError(
+        f"attack backdoor: the task's targets have shape "
+        f"{tuple(np.shape(y))}, not one class per example; the backdoor "
+        "relabels triggered examples with the target class, defined for "
+        "classification only (a sequence task, e.g. next-character "
+        "prediction, has per-token targets)")
 
 ATTACK_SUCCESS = "attack_success"
 """The history column of a backdoor's attack success (the ``EvalSet`` name of
@@ -112,6 +128,7 @@ def backdoor(target: int = 0, *, poison_fraction: float = 0.5,
   checks.check_range("boost", boost, 0, low_open=True)
 
   def poison(data: FederatedData, cohort: Cohort) -> FederatedData:
+    check_targets(data.y)  # static shapes: refused when traced
     indices = data.client_indices[cohort.client_ids]  # [K, L]
     counts = data.num_examples[cohort.client_ids]
     poisoned = jnp.ceil(poison_fraction * counts.astype(jnp.float32))
@@ -138,6 +155,7 @@ def backdoor_eval_set(x, y, *, target: int = 0, trigger_size: int = 3,
   ``target`` (``unused``: the attack's other arguments)."""
   del unused
   x, y = np.asarray(x), np.asarray(y)
+  check_targets(y)
   keep = y != target
   if not keep.any():
     raise ValueError(f"backdoor: every test label is the target {target}")

@@ -26,6 +26,9 @@ that changes the aggregator, objective, partition or model drops the
 file's arguments of the old one. The resolved config is printed to stderr
 before anything runs.
 
+``python -m fedjax_agg report RUN_DIR ... --out DIR`` overlays and
+tabulates finished runs (``fedjax_agg.report``).
+
 ``--seeds 0,1,2`` and ``--sweep alpha=1,5,10`` (repeatable; ``lr`` is the
 client learning rate) run every seed x grid point as ONE vmapped
 computation (``fedjax_agg.sweep``) and write ``<out>/<member>/history.*``,
@@ -46,6 +49,7 @@ import copy
 import json
 import os
 import sys
+import warnings
 from typing import Optional, Sequence
 
 from fedjax_agg import aggregators
@@ -61,6 +65,7 @@ from fedjax_agg.cli._flags import parse_grid
 from fedjax_agg.cli._flags import parse_kv
 from fedjax_agg.cli._flags import parse_seeds
 from fedjax_agg.cli._flags import RUN_FLAGS
+from fedjax_agg.cli._flags import task_model
 from fedjax_agg.cli._flags import SPEC_FLAGS
 from fedjax_agg.cli._flags import UsageError
 
@@ -77,18 +82,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   ``error: ...`` on stderr and raises ``SystemExit(2)``.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
+  if argv[:1] == ["report"]:
+    from fedjax_agg import report  # pylint: disable=g-import-not-at-top
+    return report.main(argv[1:])
+  # Warnings as one line each, without the library's source line.
+  formatwarning = warnings.formatwarning
+  warnings.formatwarning = (
+      lambda message, category, *_, **__: f"warning: {message}\n")
   try:
     return _main(argv)
   except UsageError as error:
     print(f"error: {error.message}", file=sys.stderr)
     raise SystemExit(2) from None
+  finally:
+    warnings.formatwarning = formatwarning
 
 
 def _model_name(args, given: set[str]) -> Optional[str]:
   """The run's network as the flags or the config file name it (read
   before JAX starts; None where the file cannot say)."""
-  if "model" in given or not args.config:
+  if "model" in given:
     return args.model
+  if not args.config:
+    return task_model({"name": args.dataset,
+                       "args": parse_kv(args.dataset_arg,
+                                        "--dataset-arg")}) or args.model
   try:
     with open(args.config) as f:
       return json.load(f)["model"]["name"]
@@ -149,6 +167,11 @@ def resolve(args, given: set[str]) -> tuple[dict, str]:
     else:
       flag = _flag_of(error.path, algorithm, given, args.config)
     raise UsageError(f"{flag}: {error}") from None
+  rounds = config.get("train", {}).get("rounds", 1)
+  if rounds == 0:  # configs may (experiments/records.py re-evaluates)
+    flag = _flag_of("train.rounds", algorithm, given, args.config)
+    raise UsageError(f"{flag}: a run needs at least 1 round (0 would only "
+                     "evaluate the initial model)")
   return config, algorithm
 
 
@@ -199,6 +222,8 @@ def _main(argv: list[str]) -> int:
   config, algorithm = resolve(args, given)
   print("config: " + json.dumps(jsonio.jsonable(
       experiment.resolve_config(config))), file=sys.stderr, flush=True)
+  if algorithm is None:
+    return compare_main(args, config, argv)
   grid = parse_grid(args.sweep)
   # Several seeds of a config run as one vmapped sweep unless the config
   # says "vmap_seeds": false (then one after the other, as run_config).
@@ -213,6 +238,9 @@ def _main(argv: list[str]) -> int:
   def write_config():
     if not _is_writer(args):
       return
+    from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+    if not args.resume:  # checked fresh, or --overwrite: the old run goes
+      history.clear_run(args.out)
     experiment.write_run_config(
         args.out, config, dataset=dataset, indices=indices,
         execution={"algorithm": algorithm, "out": args.out,
@@ -220,7 +248,8 @@ def _main(argv: list[str]) -> int:
                    "vmap_seeds": sweeping,
                    "checkpoint_dir": args.checkpoint_dir,
                    "checkpoint_every": args.checkpoint_every,
-                   "resume": args.resume, "cpu_devices": args.cpu_devices,
+                   "resume": args.resume, "overwrite": args.overwrite,
+                   "cpu_devices": args.cpu_devices,
                    "distributed": args.distributed,
                    "progress": not args.no_progress},
         command=["python", "-m", "fedjax_agg", *argv])
@@ -231,7 +260,7 @@ def _main(argv: list[str]) -> int:
   # Nothing is written until the run has passed every check (its rule,
   # client side, systems, privacy, checkpoint folder and lock): the files
   # appear with its first row; a refusal before it is one error line.
-  start = _Start(write_config)
+  start = _Start(write_config, dataset)
   if sweeping:
     return sweep_main(args, config, algorithm, prepared, grid, start)
   if len(config["seeds"]) > 1:
@@ -244,9 +273,18 @@ class _Start:
   member's initial evaluation), after everything the run checks up front.
   """
 
-  def __init__(self, write) -> None:
+  def __init__(self, write, dataset=None) -> None:
     self.write = write
     self.started = False
+    self.dataset = dataset  # what the run trains on, for titles and notes
+
+  def record(self, history) -> None:
+    """Notes in ``history``'s config a subset that stood in for the data
+    asked for (``experiment.substitution``)."""
+    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+    note = experiment.substitution(self.dataset)
+    if note is not None:
+      history.config["data_substitution"] = note
 
   def __call__(self, row: dict, client) -> None:
     del row, client
@@ -301,6 +339,15 @@ def _check_execution(args, given: set[str], config: dict, algorithm: str,
     experiment.check_output_dir(args.out, names)
   except ValueError as error:
     raise UsageError(f"--out: {error}") from None
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  if args.resume and args.overwrite:
+    raise UsageError("--overwrite: --resume continues the run in --out; "
+                     "drop one of them")
+  if not args.resume:
+    try:
+      history.check_fresh(args.out, args.overwrite)
+    except ValueError as error:
+      raise UsageError(f"--out: {error}") from None
   if args.tensorboard is not None:
     try:
       import tensorboardX  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
@@ -361,9 +408,9 @@ def _given_flags(dests: Sequence[str], given: set[str],
   return f"--config {config_file}" if config_file else _flag(dests[0])
 
 
-def _title(config: dict, algorithm: str) -> str:
+def _title(config: dict, algorithm: str, dataset=None) -> str:
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  return f"{algorithm}: {experiment.setting_title(config)}"
+  return f"{algorithm}: {experiment.setting_title(config, dataset)}"
 
 
 def single_main(args, config: dict, algorithm: str, prepared,
@@ -396,10 +443,11 @@ def single_main(args, config: dict, algorithm: str, prepared,
         callback.close()
   if not _is_writer(args):
     return 0  # Every process holds the same history; process 0 writes it.
-  paths = history.save_run(args.out, {"run": result.history})["run"]
+  start.record(result.history)
+  paths = history.write_run(args.out, {"run": result.history})["run"]
   plot_path = os.path.join(args.out, "accuracy.png")
   plotting.plot_history({algorithm: result.history}, plot_path,
-                        title=_title(config, algorithm))
+                        title=_title(config, algorithm, start.dataset))
   rows = result.history.rows
   print(json.dumps({"final_test_accuracy": rows[-1].get("test_accuracy"),
                     "initial_test_accuracy": rows[0].get("test_accuracy"),
@@ -424,7 +472,7 @@ def seeds_main(args, config: dict, algorithm: str, prepared: list,
     except (ValueError, TypeError, OSError) as error:
       raise start.refused(error) from None
     members.append(runner.Member({}, seed, result.history, result.state))
-  return _save_members(args, config, algorithm, members)
+  return _save_members(args, config, algorithm, members, start)
 
 
 def sweep_main(args, config: dict, algorithm: str, prepared: list,
@@ -443,10 +491,39 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
     raise UsageError(f"--sweep: {error}") from None
   except (ValueError, TypeError, OSError) as error:
     raise start.refused(error) from None
-  return _save_members(args, config, algorithm, members)
+  return _save_members(args, config, algorithm, members, start)
 
 
-def _save_members(args, config: dict, algorithm: str, members) -> int:
+def compare_main(args, config: dict, argv: list[str]) -> int:
+  """A config of several algorithms without ``--algorithm``: every
+  algorithm x seed, as ``experiment.run_config`` runs them (its layout:
+  ``<out>/<algorithm>/...``, ``summary.json`` and ``curves.png``)."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  for dest in ("sweep", "tensorboard", "checkpoint_dir", "distributed",
+               "partition_plot"):
+    if getattr(args, dest):
+      raise UsageError(
+          f"{_flag(dest)}: not available when a config's algorithms are "
+          "compared (give --algorithm NAME to run one of them)")
+  try:
+    summary = experiment.run_config(
+        config, args.out, progress=not args.no_progress,
+        checkpoint_every=args.checkpoint_every, resume=args.resume,
+        overwrite=args.overwrite)
+  except ValueError as error:
+    raise UsageError(f"--config {args.config}: {error}") from None
+  del argv
+  print(json.dumps({"algorithms": {
+      name: {key: value for key, value in entry.items()
+             if key.startswith("final_test_accuracy")}
+      for name, entry in summary.items()},
+      "summary": os.path.join(args.out, "summary.json"),
+      "plot": os.path.join(args.out, "curves.png")}))
+  return 0
+
+
+def _save_members(args, config: dict, algorithm: str, members,
+                  start: _Start) -> int:
   """Writes several members' histories, summary and plot."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import history  # pylint: disable=g-import-not-at-top
@@ -454,7 +531,9 @@ def _save_members(args, config: dict, algorithm: str, members) -> int:
   from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
   histories = {sweep.member_name(member.hparams, member.seed):
                member.history for member in members}
-  saved = history.save_run(args.out, histories)
+  for member in members:
+    start.record(member.history)
+  saved = history.write_run(args.out, histories)
   rows = [{"member": name, "hparams": member.hparams, "seed": member.seed,
            "final_test_accuracy": member.history.rows[-1].get(
                "test_accuracy"), **saved[name]}
@@ -463,11 +542,13 @@ def _save_members(args, config: dict, algorithm: str, members) -> int:
   # One band per grid point: mean +- std over its seeds, and a summary CSV.
   by_point = {}
   for member in members:
-    label = sweep.member_name(member.hparams, 0).rsplit("_seed", 1)[0]
+    # A band is named by what varies across bands (the grid point), or
+    # by the algorithm when only the seed does: never by one seed.
+    label = "_".join(sweep.member_name(member.hparams, 0).split("_")[:-1])
     by_point.setdefault(label or algorithm, []).append(member.history)
   plot_path = os.path.join(args.out, "accuracy.png")
   plotting.plot_mean_curves(by_point, plot_path,
-                            title=_title(config, algorithm))
+                            title=_title(config, algorithm, start.dataset))
   summary = experiment.summarize(by_point, config.get("target_accuracy"))
   summary_path = os.path.join(args.out, "summary.csv")
   experiment.write_summary_csv(summary, summary_path)

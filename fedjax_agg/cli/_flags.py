@@ -28,8 +28,9 @@ __all__ = ["CONFIG_KEYS", "LISTS", "RUN_FLAGS", "SPEC_FLAGS", "UsageError",
 # The first line of ``python -m fedjax_agg --help``.
 _DESCRIPTION = "Command line: run one configurable federated experiment."
 
-LISTS = ("aggregators", "objectives", "partitions", "models", "datasets",
-         "attacks", "codecs", "profiles", "availability", "staleness")
+LISTS = ("aggregators", "objectives", "clients", "partitions", "models",
+         "datasets", "attacks", "codecs", "profiles", "availability",
+         "staleness")
 """What ``--list WHAT`` can print: the families of registered names
 (aggregators, objectives, partitions, models, datasets, attacks, codecs, client
 profiles, availability models, staleness functions)."""
@@ -57,7 +58,7 @@ RUN_FLAGS = ("--config", "--algorithm", "--list", "--partition-plot",
              "--cpu-devices", "--distributed", "--coordinator-address",
              "--num-processes", "--process-id", "--sweep", "--out",
              "--no-progress", "--tensorboard", "--checkpoint-dir",
-             "--checkpoint-every", "--resume")
+             "--checkpoint-every", "--resume", "--overwrite", "--version")
 """The flags of how a run is executed and written, the command line's own (not
 experiment settings: ``config.json`` records them under
 ``provenance.execution``)."""
@@ -142,6 +143,27 @@ def _one_of(names: Sequence[str]) -> str:
   return "one of: " + ", ".join(names)
 
 
+_SECTION_TITLES = {"dataset": "data", "partition": "partition",
+                   "model": "model", "train": "training",
+                   "algorithms": "algorithm", "attack": "attack",
+                   "privacy": "privacy", "systems": "systems",
+                   "early_stopping": "early stopping"}
+
+
+class _OneDefault(argparse.HelpFormatter):
+  """Shows a flag's default once: where its help does not state one and
+  the default says something (not None, empty or False)."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    default = action.default
+    if ("default" in text or default in (None, False, [], {})
+        or default is argparse.SUPPRESS or isinstance(
+            action, argparse._VersionAction)):  # pylint: disable=protected-access
+      return text
+    return f"{text} (default: {default})"
+
+
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
   """The command line's parser: the spec's config flags
   (``SPEC_FLAGS``) and the flags of how the run is executed
@@ -153,12 +175,19 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
   """
   parser = _Parser(
       prog="python -m fedjax_agg", description=_DESCRIPTION,
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+      formatter_class=_OneDefault)
+  groups = {}
+  target = [parser]
 
   def add(*flags, **kwargs):
     if not defaults:
       kwargs["default"] = argparse.SUPPRESS
-    parser.add_argument(*flags, **kwargs)
+    target[0].add_argument(*flags, **kwargs)
+
+  def group(title):
+    if title not in groups:
+      groups[title] = parser.add_argument_group(title)
+    target[0] = groups[title]
 
   add("--config", default=None, metavar="FILE",
       help="start from this experiment config (JSON, the format of "
@@ -170,6 +199,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
       help=f"print every name of WHAT ({_one_of(LISTS)}) with its "
       "arguments and their defaults, and exit")
   for key, flag in SPEC_FLAGS:
+    group(_SECTION_TITLES.get(key.split(".")[0], "run"))
     help_text = f"{flag.help} (sets {key})"
     if flag.kind in ("switch", "negate"):
       add(flag.name, action="store_true", help=help_text)
@@ -183,6 +213,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
           choices=flag.choices,
           metavar="NAME" if flag.choices is not None else None,
           help=help_text)
+  group("execution and output")
   add("--partition-plot", action="store_true",
       help="save the partition's label heatmap")
   add("--cpu-devices", type=int, default=None,
@@ -218,7 +249,21 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
   add("--resume", action="store_true",
       help="continue from the latest checkpoint (starts at round 0 if there "
       "is none)")
+  add("--overwrite", action="store_true",
+      help="replace the run already in --out (without it such a folder is "
+      "refused); its checkpoints are kept")
+  if defaults:
+    parser.add_argument("--version", action="version",
+                        version=f"fedjax_agg {_version()}")
   return parser
+
+
+def _version() -> str:
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  try:
+    return metadata.version("fedjax_agg")
+  except metadata.PackageNotFoundError:
+    return "unknown (not installed)"
 
 
 # ------------------------------------------------------------------ --list
@@ -239,8 +284,10 @@ def describe(what: str) -> list[str]:
   lines = []
   from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
   from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import clients  # pylint: disable=g-import-not-at-top
   registries = {"aggregators": aggregators.REGISTRY,
                 "objectives": objectives.REGISTRY,
+                "clients": clients.REGISTRY,
                 "attacks": attacks.REGISTRY, "codecs": compression.CODECS,
                 "profiles": systems.PROFILES,
                 "availability": systems.AVAILABILITY,
@@ -285,7 +332,7 @@ def _keys(dest: str, algorithm: str) -> list[str]:
   """The config keys of a flag; the algorithm's name may hold dots."""
   template = CONFIG_KEYS[dest]
   if template.startswith("algorithms.{algorithm}."):
-    return ["algorithms", algorithm, template.rsplit(".", 1)[1]]
+    return ["algorithms", algorithm or "*", *template.split(".")[2:]]
   return template.split(".")
 
 
@@ -303,10 +350,15 @@ def _config_value(dest: str, value):
   return value
 
 
+def _rule_name(aggregator: str) -> str:
+  """A run's default name from its rule: "factory" for "module:factory"."""
+  return aggregator.rsplit(":", 1)[-1]
+
+
 def _algorithm(args, base: Optional[dict], given: set[str]) -> str:
   """The name of the algorithm to run."""
   if base is None:
-    return args.algorithm or args.aggregator
+    return args.algorithm or _rule_name(args.aggregator)
   names = list(base.get("algorithms") or {})
   if "algorithm" in given:
     if args.algorithm not in names and "aggregator" not in given:
@@ -317,9 +369,46 @@ def _algorithm(args, base: Optional[dict], given: set[str]) -> str:
   if len(names) == 1:
     return names[0]
   if not names:
-    return args.aggregator
-  raise UsageError(f"--algorithm: --config {args.config} has several "
-                   f"algorithms {names}; pick one")
+    return _rule_name(args.aggregator)
+  # Several algorithms and none picked: the command compares them all.
+  for dest in sorted(given):
+    if dest in CONFIG_KEYS and CONFIG_KEYS[dest].startswith(
+        "algorithms.{algorithm}."):
+      raise UsageError(
+          f"{_flag(dest)}: --config {args.config} has several algorithms "
+          f"{names}; a flag of one algorithm needs --algorithm NAME (without "
+          "both, every algorithm runs)")
+  return None
+
+
+def task_model(dataset: dict) -> Optional[str]:
+  """The network a text federation implies (a config's "dataset" block):
+  the char-LSTM for next-character prediction on Shakespeare, the word
+  LSTM for Sent140; None where the task does not choose one."""
+  from fedjax_agg import data as data_lib  # pylint: disable=g-import-not-at-top
+  name, args = dataset.get("name"), dataset.get("args") or {}
+  if name not in data_lib.FEDERATIONS or not isinstance(args, dict):
+    return None
+  if data_lib.federation_task(name, args) == "sequence":
+    return "char_lstm"
+  if name == "leaf" and args.get("dataset") == "sent140":
+    return "word_lstm"
+  return None
+
+
+def _task_defaults(config: dict, explicit: set[str]) -> None:
+  """What the task chooses where no flag did: a natural federation's
+  partition is "natural" (its only one) and a text task's model is its
+  language model."""
+  from fedjax_agg import data as data_lib  # pylint: disable=g-import-not-at-top
+  if config["dataset"].get("name") not in data_lib.FEDERATIONS:
+    return
+  if "partition" not in explicit and "partition_arg" not in explicit:
+    config["partition"]["name"] = "natural"
+  model = task_model(config["dataset"])
+  if model is not None and "model" not in explicit and (
+      "model_arg" not in explicit):
+    config["model"]["name"] = model
 
 
 def config_from_args(args, base: Optional[dict] = None,
@@ -335,9 +424,11 @@ def config_from_args(args, base: Optional[dict] = None,
 
   Returns:
     ``(config, algorithm)``: the config, holding the one algorithm to run,
-    and that algorithm's name.
+    and that algorithm's name; for a config file of several algorithms
+    without ``--algorithm``, all of them and None (the run compares them).
   """
   given = set(given or ())
+  explicit = set(given)
   if base is None:
     config = {"name": "cli", "dataset": {}, "partition": {}, "model": {},
               "train": {}, "algorithms": {}, "seeds": [0]}
@@ -359,7 +450,8 @@ def config_from_args(args, base: Optional[dict] = None,
   if base is not None and not (base.get("algorithms") or {}):
     given.add("aggregator")
   specs = config.setdefault("algorithms", {})
-  config["algorithms"] = {algorithm: specs.get(algorithm, {})}
+  if algorithm is not None:
+    config["algorithms"] = {algorithm: specs.get(algorithm, {})}
   for dest in CONFIG_KEYS:
     if dest not in given:
       continue
@@ -374,6 +466,8 @@ def config_from_args(args, base: Optional[dict] = None,
     if dest in _PAIRS:
       value = {**parent.get(keys[-1], {}), **value}
     parent[keys[-1]] = value
+  if base is None:
+    _task_defaults(config, explicit)
   attack = config.get("attack")
   if isinstance(attack, dict) and "name" not in attack:
     flags = [_flag(dest) for dest in ("attack_arg", "attack_fraction",

@@ -97,6 +97,7 @@ from fedjax_agg.data._natural import TASKS
 from fedjax_agg.data._federations import ALL_NAMES
 from fedjax_agg.data._federations import FEDERATIONS
 from fedjax_agg.data._federations import federation_parameters
+from fedjax_agg.data._federations import federation_task
 from fedjax_agg.data._federations import load_federation
 from fedjax_agg.data._shakespeare import shakespeare
 from fedjax_agg.data._fedjax_sqlite import load_fedjax_sqlite
@@ -115,7 +116,8 @@ __all__ = [
     "read_cifar_batch", "read_idx", "read_npz", "search_dirs", "synthetic",
     "ALL_NAMES", "FEDERATIONS", "LEAF_CHARACTERS", "NaturalFederation",
     "TASKS", "check_federation", "decode_characters", "encode_characters",
-    "federation_parameters", "federation_summary", "load_federation",
+    "federation_parameters", "federation_summary", "federation_task",
+    "load_federation",
     "load_fedjax_sqlite", "load_leaf", "load_tff_h5", "next_token_sequences",
     "normalize_text", "shakespeare",
 ]

@@ -71,6 +71,17 @@ ALL_NAMES = tuple(NAMES) + FEDERATIONS
 """Every name a config's ``dataset.name`` may take."""
 
 
+def federation_task(name: str, args: dict) -> Optional[str]:
+  """The task (``NaturalFederation.task``) of federation ``name`` with
+  ``args``, where it is known before its files are read, else None."""
+  if name == "shakespeare":
+    return "sequence"
+  if name == "leaf" and args.get("dataset") in _leaf_lib.DATASETS:
+    return ("sequence" if args["dataset"] == "shakespeare"
+            else "classification")
+  return None
+
+
 def federation_parameters(name: str) -> dict[str, inspect.Parameter]:
   """The arguments federation ``name`` takes (a config's ``dataset.args``)."""
   if name not in _BUILDERS:

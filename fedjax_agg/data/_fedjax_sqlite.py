@@ -38,7 +38,7 @@ from fedjax_agg.data._natural import NaturalFederation
 _TABLE = "federated_data"
 _COLUMNS = ("client_id", "data", "num_examples")
 _NDARRAY, _BYTES_NDARRAY = 1, 4
-_MAX_BYTES = 1 << 31
+_MAX_BYTES = _tff_h5.MAX_CLIENT_BYTES
 """The most bytes one client's ``data`` may decompress to (2 GiB)."""
 
 

@@ -12,10 +12,12 @@ refused as "unknown users".
 """
 
 import collections
+import itertools
 import json
 import os
 import pathlib
 import re
+import reprlib
 from typing import Optional
 
 import numpy as np
@@ -35,12 +37,33 @@ _LENGTH = _text.SEQUENCE_LENGTH
 _KNOWN = frozenset(_text.LEAF_CHARACTERS)
 # Sent140 words: maximal runs of Unicode letters and digits.
 _WORD = re.compile(r"[^\W_]+")
+# Shows a file's value in a message: a few items, a few levels, no
+# recursion however deep the value is nested.
+_shown = reprlib.Repr().repr
+
+
+def _json_bool(value) -> str:
+  """``true``/``false``, as the file spells a boolean."""
+  return "true" if value else "false"
+
+
+def _first_bool(values) -> Optional[int]:
+  """Index of the first boolean in ``values`` (a list), or None.
+
+  ``np.asarray`` would read ``true`` as 1; the scan is over types, in C.
+  """
+  types = set(map(type, values))
+  if bool not in types and np.bool_ not in types:
+    return None
+  return next(i for i, v in enumerate(values)
+              if isinstance(v, (bool, np.bool_)))
 
 
 def int_labels(values, num_classes: int, where: str) -> np.ndarray:
   """Integer labels in ``[0, num_classes)`` as int32 ``[n]``.
 
-  Integral floats (``3.0``) pass; fractions, NaN, booleans, strings fail.
+  Integral floats (``3.0``) pass; fractions, NaN, booleans (JSON's
+  ``true``, which NumPy would read as 1), strings fail.
 
   Args:
     values: a sequence or array of labels.
@@ -53,6 +76,11 @@ def int_labels(values, num_classes: int, where: str) -> np.ndarray:
   Raises:
     ValueError: naming ``where`` and the first bad label's index.
   """
+  if isinstance(values, (list, tuple)):
+    i = _first_bool(values)
+    if i is not None:
+      raise ValueError(f"{where}[{i}] holds a boolean "
+                       f"({_json_bool(values[i])}); labels must be integers")
   try:
     y = np.asarray(values)
   except ValueError:  # Ragged.
@@ -66,6 +94,8 @@ def int_labels(values, num_classes: int, where: str) -> np.ndarray:
     if bad.any():
       i = int(np.flatnonzero(bad)[0])
       raise ValueError(f"{where}[{i}] = {y[i]} is not an integer label")
+  elif y.dtype.kind == "b":
+    raise ValueError(f"{where} holds booleans; labels must be integers")
   elif y.dtype.kind not in "iu":
     raise ValueError(f"{where} must hold integer labels, got dtype "
                      f"{y.dtype}")
@@ -147,6 +177,10 @@ def _read_split(directory: pathlib.Path, split: str):
         obj = json.load(f)
     except (ValueError, UnicodeDecodeError) as error:
       raise ValueError(f"{path}: not a JSON file ({error})") from error
+    except RecursionError:
+      # A LEAF file is 5 levels deep (object, user_data, user, x, row).
+      raise ValueError(f"{path}: nested too deeply to be a LEAF file "
+                       "(its lists and objects go 5 levels deep)") from None
     if not isinstance(obj, dict):
       raise ValueError(f"{path}: expected a JSON object with keys "
                        f"{list(_KEYS)}, got {type(obj).__name__}")
@@ -184,7 +218,7 @@ def _read_split(directory: pathlib.Path, split: str):
       if (isinstance(count, bool) or not isinstance(count, int)
           or not count == len(xs) == len(ys)):
         raise ValueError(f"{path}: user {user!r}: 'num_samples' says "
-                         f"{count!r} but 'x' has {len(xs)} and 'y' "
+                         f"{_shown(count)} but 'x' has {len(xs)} and 'y' "
                          f"{len(ys)} samples")
       users[user] = (path, xs, ys)
   return paths, users
@@ -198,8 +232,9 @@ def _infer(users: dict) -> str:
     row = xs[0]
     if isinstance(row, str):
       return "shakespeare"
+    # Booleans count as numbers here, for _femnist to refuse by name.
     if isinstance(row, list) and len(row) == _PIXELS and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in row):
+        isinstance(v, (int, float)) for v in row):
       return "femnist"
     if isinstance(row, list) and len(row) >= 5 and isinstance(row[4], str):
       return "sent140"
@@ -216,6 +251,11 @@ def _femnist(xs, ys, where: str):
       size = len(row) if isinstance(row, list) else type(row).__name__
       raise ValueError(f"{where}: x[{i}] must be a list of {_PIXELS} "
                        f"pixels, got {size}")
+  j = _first_bool(list(itertools.chain.from_iterable(xs)))
+  if j is not None:
+    i, j = divmod(j, _PIXELS)
+    raise ValueError(f"{where}: x[{i}][{j}] holds a boolean "
+                     f"({_json_bool(xs[i][j])}); pixels must be numbers")
   try:
     x = np.asarray(xs)
   except ValueError as error:  # Rows holding lists.
@@ -246,11 +286,12 @@ def _shakespeare(xs, ys, where: str):
   """80-character strings -> (int32 [n, 80], int32 [n, 80] targets)."""
   for i, (s, c) in enumerate(zip(xs, ys, strict=True)):
     if not isinstance(s, str) or len(s) != _LENGTH:
-      got = f"{len(s)} characters" if isinstance(s, str) else repr(s)
+      got = f"{len(s)} characters" if isinstance(s, str) else _shown(s)
       raise ValueError(f"{where}: x[{i}] must be a string of {_LENGTH} "
                        f"characters, got {got}")
     if not isinstance(c, str) or len(c) != 1:
-      raise ValueError(f"{where}: y[{i}] must be one character, got {c!r}")
+      raise ValueError(f"{where}: y[{i}] must be one character, got "
+                       f"{_shown(c)}")
   # normalize_text maps one character to one, so positions are kept.
   x = _characters(_text.normalize_text("".join(xs)), where, "x", _LENGTH)
   last = _characters(_text.normalize_text("".join(ys)), where, "y", 1)
@@ -346,9 +387,11 @@ def load_leaf(directory, dataset: Optional[str] = None, *,
     options.
 
   Raises:
-    ValueError: a malformed file or row (naming the file, user and key),
-      an empty split, a test user not in training, a dataset that cannot
-      be inferred, or options for a dataset other than sent140.
+    ValueError: a malformed file or row (naming the file, user and key;
+      a boolean label or pixel included), a file nested too deeply for
+      Python's JSON parser, an empty split, a test user not in training,
+      a dataset that cannot be inferred, or options for a dataset other
+      than sent140.
     TypeError: an option sent140 does not take.
   """
   root = pathlib.Path(directory)

@@ -16,12 +16,22 @@ finite and in [0, 1], any other dtype is refused. The per-client
 converters here are shared with ``load_fedjax_sqlite`` (FedJAX stores the
 same features).
 
+Sizes are checked before anything is read: a dataset must be stored in
+the file, and may declare (shape x itemsize) at most the bytes the file
+stores for it, or ``MAX_COMPRESSION_RATIO`` times that when filtered
+(compressed); a client's datasets may declare at most
+``MAX_CLIENT_BYTES`` (2 GiB) together, variable-length strings counted
+as they are read. A client's raw arrays are thus at most 2 GiB and
+``MAX_COMPRESSION_RATIO`` times the file's size (float32 pixels made from
+uint8 take 4 times their bytes).
+
 Test clients are matched to training clients by id. TFF's CIFAR-100 test
 file numbers its 100 clients from ``0`` as the training file numbers its
 500, though they hold other partitions of the test images: its pooled
 test rows are right, its per-client test rows pair unrelated data.
 """
 
+import math
 import os
 from typing import Optional
 
@@ -43,6 +53,13 @@ INPUT_SHAPES = {"emnist": (28, 28, 1), "shakespeare": (80,),
                 "cifar100": (32, 32, 3)}
 _IMAGES = {"emnist": ("pixels", (28, 28)), "cifar100": ("image", (32, 32, 3))}
 _EXTRA = "pip install -e \".[text]\""
+MAX_CLIENT_BYTES = 1 << 31
+"""The most bytes one client's arrays may take as read (2 GiB), in HDF5
+and in FedJAX's SQLite files."""
+MAX_COMPRESSION_RATIO = 1032
+"""Deflate's largest ratio: a filtered dataset may declare at most this
+many times the bytes the file stores for it."""
+_BLOCK = 4096  # Variable-length strings read at a time.
 
 
 def infer_dataset(names, where: str) -> str:
@@ -172,6 +189,66 @@ def build(fmt: str, dataset: str, train: dict, test: dict, paths: tuple,
   return check_federation(fed._replace(provenance=provenance))
 
 
+def _declared_bytes(ds, file_size: int, where: str) -> int:
+  """The bytes HDF5 dataset ``ds`` declares (shape x itemsize), checked.
+
+  Raises:
+    ValueError: naming ``where``, when ``ds`` is stored outside the file
+      or declares more than the file stores for it (times
+      ``MAX_COMPRESSION_RATIO`` when filtered).
+  """
+  if ds.external or ds.is_virtual:
+    raise ValueError(f"{where} is stored outside the file (an external or "
+                     "virtual dataset); TFF files hold their data")
+  # A null dataspace (h5py.Empty) has no shape and holds nothing.
+  declared = 0 if ds.shape is None else math.prod(ds.shape) * (
+      ds.dtype.itemsize)
+  stored = ds.id.get_storage_size()
+  ratio = MAX_COMPRESSION_RATIO if ds.id.get_create_plist().get_nfilters(
+      ) else 1
+  if stored > file_size or declared > stored * ratio:
+    bound = f" (x{ratio} when compressed)" if ratio > 1 else ""
+    raise ValueError(f"{where} declares shape {ds.shape} of {ds.dtype} "
+                     f"({declared} bytes) but the file ({file_size} bytes) "
+                     f"stores {stored} bytes of it{bound}")
+  return declared
+
+
+def _item_bytes(item) -> int:
+  """Bytes of one variable-length item (string or array) as read."""
+  if isinstance(item, np.ndarray):
+    return item.nbytes
+  return len(item) if isinstance(item, (bytes, str)) else 0
+
+
+def _read_client(datasets: dict, file_size: int, where: str) -> dict:
+  """A client's HDF5 datasets -> numpy arrays, sizes checked first."""
+  total = 0
+  for key, ds in datasets.items():
+    total += _declared_bytes(ds, file_size, f"{where}/{key}")
+    if total > MAX_CLIENT_BYTES:
+      raise ValueError(f"{where}/{key}: the client's datasets declare "
+                       f"{total} bytes, past the {MAX_CLIENT_BYTES} bytes "
+                       "(2 GiB) one client may hold")
+  arrays = {}
+  for key, ds in datasets.items():
+    if ds.dtype.kind != "O" or ds.ndim != 1:
+      arrays[key] = np.asarray(ds[()])
+      continue
+    # Variable-length: the strings' bytes are known only once read.
+    blocks = [np.empty(0, object)]
+    for start in range(0, ds.shape[0], _BLOCK):
+      block = np.asarray(ds[start:start + _BLOCK], object)
+      blocks.append(block)
+      total += sum(map(_item_bytes, block))
+      if total > MAX_CLIENT_BYTES:
+        raise ValueError(f"{where}/{key}: the client's datasets hold more "
+                         f"than {MAX_CLIENT_BYTES} bytes (2 GiB), past what "
+                         "one client may hold")
+    arrays[key] = np.concatenate(blocks)
+  return arrays
+
+
 def _read_h5(h5py, path, dataset: Optional[str]):
   """-> (dataset, {client: (x, y)}, dropped characters) of one HDF5 file.
 
@@ -195,14 +272,14 @@ def _read_h5(h5py, path, dataset: Optional[str]):
     if dataset is None:
       names = set().union(*(member.keys() for _, member in members))
       dataset = infer_dataset(names, f"{path}: examples")
-    clients, dropped = {}, 0
+    clients, dropped, file_size = {}, 0, f.id.get_filesize()
     for client, member in members:
       where = f"{path}: examples/{client}"
-      arrays = {}
-      for key, ds in member.items():
+      datasets = dict(member.items())
+      for key, ds in datasets.items():
         if not isinstance(ds, h5py.Dataset):
           raise ValueError(f"{where}/{key} is not a dataset")
-        arrays[key] = np.asarray(ds[()])
+      arrays = _read_client(datasets, file_size, where)
       x, y, lost = convert_client(dataset, arrays, where)
       clients[client] = (x, y)
       dropped += lost
@@ -237,7 +314,9 @@ def load_tff_h5(train_path, test_path,
     ValueError: a file that is not HDF5 or lacks ``examples``, a client
       with a missing feature, ragged features, a wrong dtype or shape,
       labels out of range, non-finite pixels, test clients not in the
-      training file (the message names the file and the key).
+      training file, a dataset declaring more than the file stores or a
+      client past ``MAX_CLIENT_BYTES`` (the message names the file and
+      the key).
   """
   try:
     import h5py  # pylint: disable=g-import-not-at-top

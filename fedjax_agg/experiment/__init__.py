@@ -105,6 +105,7 @@ from fedjax_agg.experiment._checks_setting import TRAIN_CHECKS
 from fedjax_agg.experiment._data import DATASET_DEFAULTS
 from fedjax_agg.experiment._data import load_config
 from fedjax_agg.experiment._data import load_dataset
+from fedjax_agg.experiment._data import substitution
 from fedjax_agg.experiment._data import override
 from fedjax_agg.experiment._data import natural_clients
 from fedjax_agg.experiment._data import partition_indices
@@ -157,7 +158,8 @@ __all__ = ["ALGORITHM_KEYS", "build", "build_rule", "Built",
            "plot_partition", "prepare_data", "resolve_config",
            "rule_arguments", "run_algorithm", "run_config", "run_record",
            "SCRIPT_ALGORITHM_KEYS", "script_config", "SCRIPT_KEYS",
-           "script_parser", "seeds_of", "setting_title", "summarize",
+           "script_parser", "seeds_of", "setting_title", "substitution",
+           "summarize",
            "sweep_algorithm", "takes_any_keyword", "TOP_KEYS", "TRAIN_CHECKS",
            "TRAIN_DEFAULTS", "warn_short_feddrl", "write_run_config",
            "write_summary_csv"]

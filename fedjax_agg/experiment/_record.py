@@ -275,9 +275,12 @@ def output_names(config: dict, algorithms: Optional[Sequence[str]] = None
   return names
 
 
-def setting_title(config: dict) -> str:
+def setting_title(config: dict, dataset=None) -> str:
   """One line naming a config's setting (for plot titles): dataset,
-  partition, model and the training constants."""
+  partition, model and the training constants; with ``dataset`` (the
+  loaded data), "[subset: SOURCE]" where a subset stood in for it."""
+  subset = getattr(dataset, "source", None) if dataset is not None else None
+  tag = f" [subset: {subset}]" if subset in SUBSET_SOURCES else ""
   train = {**TRAIN_DEFAULTS, **config.get("train", {})}
   partition = config["partition"]
   arguments = "".join(f", {key}={value}" for key, value in
@@ -286,4 +289,4 @@ def setting_title(config: dict) -> str:
           f"{partition['num_clients']}{arguments}), "
           f"{config['model']['name']}; C={train['participation']} "
           f"E={train['local_epochs']} B={train['batch_size']} "
-          f"lr={train['learning_rate']}")
+          f"lr={train['learning_rate']}{tag}")

@@ -35,6 +35,7 @@ from fedjax_agg.experiment._checks import ConfigError
 from fedjax_agg.experiment._data import load_dataset
 from fedjax_agg.experiment._data import plot_partition
 from fedjax_agg.experiment._data import prepare_data
+from fedjax_agg.experiment._data import substitution
 from fedjax_agg.experiment._record import check_output_dir
 from fedjax_agg.experiment._record import output_names
 from fedjax_agg.experiment._record import setting_title
@@ -213,7 +214,8 @@ def summarize(histories: dict[str, list], target: Optional[float],
 def run_config(config: dict, out_dir: str, progress: bool = True,
                algorithms: Optional[list[str]] = None,
                checkpoint_every: int = 0, resume: bool = False,
-               vmap_seeds: Optional[bool] = None) -> dict:
+               vmap_seeds: Optional[bool] = None,
+               overwrite: bool = False) -> dict:
   """Runs every algorithm × seed of ``config`` (a JSON config or a
   ``spec.Experiment``); writes results to ``out_dir``; returns the summary
   dict.
@@ -234,6 +236,10 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
   (``sweep_algorithm``) instead of one run after the other: the same
   results to float tolerance, written to the same files. The sweep runs on
   one device ("train.devices" is not used).
+
+  An ``out_dir`` that already holds a run is refused unless ``overwrite``
+  (its files are then removed before the first new one is written) or
+  ``resume`` (``history.check_fresh``).
   """
   if isinstance(config, spec_lib.Experiment):
     config = config.to_dict(written_out=False)
@@ -249,7 +255,11 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
     raise ValueError(f"algorithms {unknown} are not in the config's "
                      f"{sorted(config['algorithms'])}")
   check_output_dir(out_dir, output_names(config, names))
+  if not resume:
+    history_lib.check_fresh(out_dir, overwrite)
   dataset = load_dataset(config)
+  if not resume:
+    history_lib.clear_run(out_dir)
   write_run_config(out_dir, config, dataset=dataset, algorithms=names,
                    execution={"out_dir": shown_path(out_dir),
                               "vmap_seeds": vmap_seeds,
@@ -265,7 +275,7 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
     for name in names:
       write_summary_csv({name: summary[name]},
                         os.path.join(out_dir, name, "summary.csv"))
-  title = setting_title(config)
+  title = setting_title(config, dataset)
   if config.get("name"):
     title = f"{config['name']}: {title}"
   plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
@@ -273,13 +283,19 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
   return summary
 
 
-def _saved(config, out_dir, name, seed, history, progress, how=""):
-  """Writes one seed's history of algorithm ``name`` (the one layout)."""
+def _saved(config, out_dir, name, seed, history, progress, how="",
+           dataset=None):
+  """Writes one seed's history of algorithm ``name`` (the one layout),
+  noting a subset that stood in for the data (``substitution``)."""
+  note = substitution(dataset)
+  if note is not None:
+    history.config["data_substitution"] = note
   seeds = seeds_of(config)
   history.save(history_lib.member_folder(os.path.join(out_dir, name),
                                          f"seed{seed}", len(seeds)))
   if progress:
-    print(f"{config.get('name')} {name} seed {seed}{how}: final acc "
+    prefix = f"{config['name']} " if config.get("name") else ""
+    print(f"{prefix}{name} seed {seed}{how}: final acc "
           f"{history.rows[-1].get('test_accuracy')}", flush=True)
   return history
 
@@ -303,7 +319,8 @@ def _seeds_in_turn(config, names, out_dir, dataset, progress, checkpoints):
                              checkpoint_every=checkpoint_every,
                              resume=resume)
       histories[name].append(_saved(config, out_dir, name, seed,
-                                    result.history, progress))
+                                    result.history, progress,
+                                    dataset=dataset))
   return histories
 
 
@@ -314,7 +331,7 @@ def _vmapped_seeds(config, names, out_dir, dataset, progress, checkpoints):
               for seed in seeds_of(config)]
   plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
   return {name: [_saved(config, out_dir, name, member.seed, member.history,
-                        progress, " (vmapped)")
+                        progress, " (vmapped)", dataset)
                  for member in sweep_algorithm(config, name,
                                                seeds_of(config), prepared,
                                                progress=progress)]

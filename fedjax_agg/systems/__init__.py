@@ -12,21 +12,22 @@ that a run loop feeds to the jitted training engine.
   downlink + up_bytes / uplink.
 * Availability: ``Availability`` (``online``, ``online_until``,
   ``next_online``), ``always``, ``markov``, ``diurnal``, ``from_intervals``,
-  ``read_intervals`` (CSV), registry ``AVAILABILITY``.
+  ``read_intervals`` (CSV), registry ``AVAILABILITY``; their arguments
+  checked before N is known: ``check_model_arguments``.
 * Staleness weights (jit-able): ``constant_staleness``,
   ``polynomial_staleness``, ``hinge_staleness``, registry ``STALENESS``.
 * Schedules over a ``System`` (profiles, availability, ``Workload``):
   synchronous rounds ``sync_round`` / ``sync_round_from_order`` (over-
-  selection, deadline, dropouts) returning a ``SyncRound``; FedBuff's
-  asynchronous buffered aggregation ``AsyncSchedule`` returning an
-  ``AsyncStep`` per server step; a run's rounds planned up front
-  (``plan_rounds`` -> ``RoundPlan``, ``plan_async`` -> ``AsyncPlan``).
+  selection up to ``MAX_OVER_SELECTION``, deadline, dropouts) returning a
+  ``SyncRound``; FedBuff's asynchronous buffered aggregation
+  ``AsyncSchedule`` returning an ``AsyncStep`` per server step; a run's
+  rounds planned up front (``plan_rounds`` -> ``RoundPlan``,
+  ``plan_async`` -> ``AsyncPlan``).
 
 Every name is exported once from this package; the implementation modules
 are private.
 """
 
-from fedjax_agg.registry import Registry
 from fedjax_agg.systems._async import AsyncSchedule
 from fedjax_agg.systems._async import AsyncStep
 from fedjax_agg.systems._availability import always
@@ -36,6 +37,8 @@ from fedjax_agg.systems._availability import from_intervals
 from fedjax_agg.systems._availability import INTERVAL_COLUMNS
 from fedjax_agg.systems._availability import read_intervals
 from fedjax_agg.systems._markov import markov
+from fedjax_agg.systems._population import AVAILABILITY
+from fedjax_agg.systems._population import check_model_arguments
 from fedjax_agg.systems._profiles import check_profiles
 from fedjax_agg.systems._profiles import ClientProfiles
 from fedjax_agg.systems._profiles import constant_profiles
@@ -54,8 +57,10 @@ from fedjax_agg.systems._staleness import polynomial_staleness
 from fedjax_agg.systems._staleness import STALENESS
 from fedjax_agg.systems._staleness import StalenessFn
 from fedjax_agg.systems._sync import ACCEPTED
+from fedjax_agg.systems._sync import check_over_selection
 from fedjax_agg.systems._sync import check_system
 from fedjax_agg.systems._sync import LATE
+from fedjax_agg.systems._sync import MAX_OVER_SELECTION
 from fedjax_agg.systems._sync import num_selected
 from fedjax_agg.systems._sync import OFFLINE
 from fedjax_agg.systems._sync import STATUS_NAMES
@@ -68,22 +73,13 @@ from fedjax_agg.systems._sync import Workload
 
 __all__ = [
     "ACCEPTED", "AVAILABILITY", "AsyncPlan", "AsyncSchedule", "AsyncStep",
-    "Availability", "ClientProfiles", "INTERVAL_COLUMNS", "LATE", "OFFLINE",
-    "PROFILE_COLUMNS", "PROFILES", "RoundPlan", "STALENESS", "STATUS_NAMES",
-    "SURPLUS", "StalenessFn", "SyncRound", "System", "Workload", "always",
-    "check_profiles", "check_system", "constant_profiles",
-    "constant_staleness", "diurnal", "from_intervals", "hinge_staleness",
-    "lognormal_profiles", "markov", "num_selected", "plan_async",
-    "plan_rounds", "polynomial_staleness", "read_intervals", "read_profiles",
-    "sync_round", "sync_round_from_order", "task_time",
+    "Availability", "ClientProfiles", "INTERVAL_COLUMNS", "LATE",
+    "MAX_OVER_SELECTION", "OFFLINE", "PROFILE_COLUMNS", "PROFILES",
+    "RoundPlan", "STALENESS", "STATUS_NAMES", "SURPLUS", "StalenessFn",
+    "SyncRound", "System", "Workload", "always", "check_model_arguments",
+    "check_over_selection", "check_profiles", "check_system",
+    "constant_profiles", "constant_staleness", "diurnal", "from_intervals",
+    "hinge_staleness", "lognormal_profiles", "markov", "num_selected",
+    "plan_async", "plan_rounds", "polynomial_staleness", "read_intervals",
+    "read_profiles", "sync_round", "sync_round_from_order", "task_time",
 ]
-
-AVAILABILITY = Registry("availability", {
-    "always": always,
-    "markov": markov,
-    "diurnal": diurnal,
-    "intervals": read_intervals,
-}, context=("num_clients", "seed"))
-"""Availability models by name: name -> factory of an ``Availability``;
-``AVAILABILITY.build(name, num_clients=N, seed=s, **kwargs)`` passes N and the
-seed to the models that take them."""

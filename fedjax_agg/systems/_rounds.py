@@ -82,9 +82,11 @@ def plan_rounds(system: _sync.System, order: Callable[[int], np.ndarray],
     over_selection, deadline_s: as ``systems.sync_round_from_order``.
 
   Returns:
-    The ``RoundPlan``; M = ceil(m (1 + over_selection)).
+    The ``RoundPlan``; M = ceil(m (1 + over_selection)), at most N (an
+    over-selection beyond the population selects every online client).
   """
-  width = _sync.num_selected(cohort_size, over_selection)
+  _sync.check_system(system)
+  width = _sync.num_selected(cohort_size, over_selection, system.num_clients)
   ids, mask, end, dropped, up, down = _zeroed_columns(
       num_rounds, width, row_dtypes=(np.int32, np.float32),
       round_dtypes=(np.float64, np.int64, np.int64, np.int64))

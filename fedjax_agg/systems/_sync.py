@@ -41,9 +41,10 @@ from fedjax_agg.systems import _common
 from fedjax_agg.systems import _profiles
 from fedjax_agg.systems._availability import Availability
 
-__all__ = ["ACCEPTED", "LATE", "OFFLINE", "STATUS_NAMES", "SURPLUS",
-    "SyncRound", "System", "Workload", "check_system", "num_selected",
-    "sync_round", "sync_round_from_order"]
+__all__ = ["ACCEPTED", "LATE", "MAX_OVER_SELECTION", "OFFLINE",
+    "STATUS_NAMES", "SURPLUS", "SyncRound", "System", "Workload",
+    "check_over_selection", "check_system", "num_selected", "sync_round",
+    "sync_round_from_order"]
 
 ACCEPTED = 0
 """Status code of a selected client whose report the round uses: it
@@ -59,6 +60,9 @@ LATE = 3
 STATUS_NAMES = ("accepted", "surplus", "offline", "late")
 """The names of the status codes, indexed by code: ``STATUS_NAMES[ACCEPTED]`` is
 "accepted"."""
+MAX_OVER_SELECTION = 100.0
+"""The largest ``over_selection`` x: a round selects at most 1 + x = 101
+times its cohort, and never more than the population."""
 
 
 class Workload(NamedTuple):
@@ -144,13 +148,36 @@ class SyncRound(NamedTuple):
   start_time: float
 
 
-def num_selected(cohort_size: int, over_selection: float) -> int:
+def check_over_selection(over_selection) -> None:
+  """Raises ValueError (TypeError) naming ``over_selection`` unless it is a
+  number in [0, ``MAX_OVER_SELECTION``]."""
+  checks.check_range(
+      "over_selection", over_selection, 0, MAX_OVER_SELECTION,
+      expected=f"in [0, MAX_OVER_SELECTION = {MAX_OVER_SELECTION:g}] (at "
+      f"most {1 + MAX_OVER_SELECTION:g} x the cohort selected)")
+
+
+def num_selected(cohort_size: int, over_selection: float,
+                 num_clients: Optional[int] = None) -> int:
   """ceil(cohort_size * (1 + over_selection)), exact for decimal inputs.
 
   The product is rounded to 9 decimals first, so that 10 x 1.1 is 11, not
   the 12 its binary value 11.000000000000002 would give.
+
+  Args:
+    cohort_size: m >= 1.
+    over_selection: x in [0, ``MAX_OVER_SELECTION``]
+      (``check_over_selection``).
+    num_clients: N, the population: the width is at most N (a round cannot
+      select more clients than there are). None: not capped.
   """
-  return math.ceil(round(cohort_size * (1.0 + over_selection), 9))
+  checks.check_int("cohort_size", cohort_size, 1)
+  check_over_selection(over_selection)
+  width = math.ceil(round(cohort_size * (1.0 + over_selection), 9))
+  if num_clients is None:
+    return width
+  checks.check_int("num_clients", num_clients, 1)
+  return min(width, int(num_clients))
 
 
 def _first_online(availability, order, t, wanted):
@@ -176,7 +203,8 @@ def sync_round_from_order(t: float, order, system: System,
       ids, or a cohort already drawn by another sampler).
     system: the population's ``System``.
     cohort_size: K >= 1, the updates the round aggregates at most.
-    over_selection: fraction of extra clients selected (>= 0).
+    over_selection: fraction of extra clients selected, in [0,
+      ``MAX_OVER_SELECTION``].
     deadline_s: optional limit on the round's length, seconds (> 0).
 
   Returns:
@@ -192,11 +220,11 @@ def sync_round_from_order(t: float, order, system: System,
     raise ValueError("order must hold distinct client ids")
   start = float(_common.as_times("t", t, 1)[0])
   checks.check_int("cohort_size", cohort_size, 1)
-  checks.check_range("over_selection", over_selection, 0)
+  check_over_selection(over_selection)
   if deadline_s is not None:
     checks.check_range("deadline_s", deadline_s, 0, low_open=True)
   availability = system.availability
-  wanted = num_selected(cohort_size, over_selection)
+  wanted = num_selected(cohort_size, over_selection, system.num_clients)
   selected = _first_online(availability, ids, start, wanted)
   if selected.shape[0] == 0:
     start = float(np.min(availability.next_online(ids, start), initial=np.inf))

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from fedjax_agg import aggregators
 from fedjax_agg import engine
 from fedjax_agg import rounds
+from fedjax_agg import secagg
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators._fednova import normalizer
 from fedjax_agg.config import LocalTraining
@@ -49,16 +50,18 @@ def np_solver_weights(tau, momentum=0.0, eta_mu=0.0):
 
 
 def np_fednova(global_flat, models, counts, steps, momentum=0.0,
-               eta_mu=0.0):
-  """Normalised averaging in float64 over the real clients' rows."""
+               eta_mu=0.0, tau_eff="normalized"):
+  """Normalised averaging in float64 over the real clients' rows;
+  ``tau_eff`` "steps" takes sum_i p_i tau_i for Eq. (b)."""
   p = counts / counts.sum()
   norms = np.array([np_solver_weights(int(t), momentum, eta_mu).sum()
                     for t in steps])
   updates = models - global_flat[None]
   d = np.where(norms[:, None] > 0,
                updates / np.where(norms > 0, norms, 1.0)[:, None], 0.0)
-  tau_eff = np.sum(p * norms)
-  return global_flat + tau_eff * np.sum(p[:, None] * d, axis=0), tau_eff
+  lengths = norms if tau_eff == "normalized" else np.asarray(steps, float)
+  effective = np.sum(p * lengths)
+  return global_flat + effective * np.sum(p[:, None] * d, axis=0), effective
 
 
 def garbage_cohort(seed, mask, steps):
@@ -107,6 +110,74 @@ def test_fednova_matches_numpy(mask, momentum, mu):
                              metrics["update_weights"], rtol=1e-6)
   assert np.all(np.asarray(metrics["update_weights"])[np.asarray(mask)
                                                       == 0] == 0)
+
+
+@pytest.mark.parametrize("mask", MASKS[:2])
+@pytest.mark.parametrize("momentum,mu", [(0.9, 0.0), (0.0, 0.1),
+                                         (0.0, 0.0)])
+def test_fednova_steps_tau_eff_matches_numpy(mask, momentum, mu):
+  """``tau_eff="steps"`` (Eq. (b'), the FedNova authors' code with a
+  proximal term): the same normalised updates d_i, scaled by sum_i p_i
+  tau_i; with a proximal term or momentum it differs from Eq. (b), with
+  plain SGD it is the same rule."""
+  steps = [5, 1, 12, 3, 8, 2]
+  lr = 0.5
+  g, clients, info, models, counts, real_steps = garbage_cohort(
+      4, mask, steps)
+  kwargs = dict(momentum=momentum, proximal_mu=mu, learning_rate=lr)
+  out, _, metrics = tu.run_rule("fednova", g, clients, info,
+                                tau_eff="steps", **kwargs)
+  expected, effective = np_fednova(tu.flat(g), models, counts, real_steps,
+                                   momentum, lr * mu, tau_eff="steps")
+  np.testing.assert_allclose(tu.flat(out), expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(metrics["tau_eff"]), effective,
+                             rtol=1e-6)
+  p = counts / counts.sum()
+  assert effective == pytest.approx(np.sum(p * real_steps))
+  # The metrics' update weights follow the same tau_eff.
+  norms = np.array([np_solver_weights(int(t), momentum, lr * mu).sum()
+                    for t in real_steps])
+  real = np.flatnonzero(np.asarray(mask))
+  np.testing.assert_allclose(np.asarray(metrics["update_weights"])[real],
+                             effective * p / norms, rtol=1e-5)
+  normalized, _, _ = tu.run_rule("fednova", g, clients, info, **kwargs)
+  if momentum == 0 and mu == 0:
+    np.testing.assert_allclose(tu.flat(out), tu.flat(normalized),
+                               rtol=1e-6, atol=1e-7)
+  else:
+    assert not np.allclose(tu.flat(out), tu.flat(normalized), rtol=1e-3)
+  rule = aggregators.fednova(tau_eff="steps", **kwargs)
+  streamed, _, _ = jax.jit(
+      lambda *a: tu.streamed_aggregate(rule, *a))(g, clients, info,
+                                                  rule.init(g))
+  np.testing.assert_allclose(tu.flat(streamed), expected, rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_tau_eff_is_checked_by_name():
+  for bad in ("Steps", "tau", None, 1.0):
+    with pytest.raises(ValueError, match="tau_eff must be one of"):
+      aggregators.fednova(tau_eff=bad)
+
+
+def test_secure_aggregation_refusal_leads_with_its_cause():
+  """Under a secure sum FedNova's refusal says so first, not that
+  info.num_steps is None; a direct call without steps keeps its own."""
+  rng = np.random.default_rng(0)
+  g = tu.make_params(rng)
+  clients = tu.make_clients(rng, g, 3)
+  info = tu.make_info(np.arange(3), [4.0, 2.0, 6.0], num_steps=[3, 1, 2])
+  rule = secagg.secure_aggregation(aggregators.fednova(), bits=16, clip=1.0,
+                                   cohort_size=3, max_examples=6.0)
+  with pytest.raises(ValueError) as error:
+    jax.jit(rule.aggregate)(g, clients, info, rule.init(g))
+  assert str(error.value).startswith(
+      "secure aggregation cannot run fednova: "), str(error.value)
+  plain = aggregators.fednova()
+  with pytest.raises(ValueError) as error:
+    plain.aggregate(g, clients, info._replace(num_steps=None),
+                    plain.init(g))
+  assert str(error.value).startswith("fednova reads info.num_steps")
 
 
 def test_normalizers_are_the_sums_of_the_solver_weights():

@@ -7,6 +7,8 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import rounds
+from fedjax_agg import simulation
+from fedjax_agg.config import Evaluation, Execution
 from tests import agg_testutil as tu
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
@@ -42,3 +44,34 @@ def test_fedsgd_round_is_one_gradient_step_on_the_cohorts_data():
     aggregators.fedsgd(data.num_examples, learning_rate=0.0)
   with pytest.raises(ValueError, match="num_examples"):
     aggregators.fedsgd([0, 0])
+
+
+@pytest.mark.parametrize("sizes", [[float("nan"), 50], [float("inf")],
+                                   [49.5], 49.5, [0, 3], -1, [],
+                                   [[4, 5]], ["50"], [True]])
+def test_fedsgd_refuses_what_is_not_client_sizes(sizes):
+  """NaN, infinite, fractional, non-positive or non-numeric sizes are
+  refused by name (not a conversion error, not a truncated batch)."""
+  with pytest.raises(ValueError, match="^num_examples"):
+    aggregators.fedsgd(sizes)
+
+
+def _run(fedsgd, data, x, y):
+  return simulation.run(
+      tiny_model(), data, (x, y), fedsgd.aggregator, num_rounds=1,
+      participation=0.6, training=fedsgd.training,
+      execution=Execution(progress=False),
+      evaluation=Evaluation(clients=False), seed=0)
+
+
+def test_a_run_refuses_a_batch_smaller_than_its_largest_client():
+  """fedsgd(10) on a federation whose largest client holds 15 examples
+  would run two local steps on that client, which is not FedSGD: the run
+  refuses it by name before training; built from data.num_examples, the
+  same run goes ahead."""
+  data, x, y, _ = tiny_data(sizes=(9, 4, 15, 6, 11))
+  with pytest.raises(ValueError, match=r"^num_examples: .*batch_size=10 "
+                     r"is below its largest client's 15 examples"):
+    _run(aggregators.fedsgd(10), data, x, y)
+  history = _run(aggregators.fedsgd(data.num_examples), data, x, y).history
+  assert len(history.rows) == 2

@@ -375,8 +375,10 @@ def test_dp_adaptive_flower_compatible_is_flowers_wrappers(mask,
   kwargs = dict(clip_norm=clip_norm, noise_multiplier=0.0, adaptive=True,
                 target_quantile=target_quantile, clip_learning_rate=0.5,
                 expected_clients=5.0, flower_compatible=True)
-  references = [FlowerAdaptiveClipping(0.0, 5.0, clip_norm, target_quantile,
-                                       0.5, client_side=side)
+  # Flower's target_clipped_quantile is 1 - target_quantile.
+  references = [FlowerAdaptiveClipping(0.0, 5.0, clip_norm,
+                                       1.0 - target_quantile, 0.5,
+                                       client_side=side)
                 for side in (False, True)]
   rng = np.random.default_rng(0)
   rule, aggregate = _jitted("dp_fedavg", tuple(sorted(kwargs.items())))
@@ -410,7 +412,7 @@ def test_dp_adaptive_flower_moves_the_clip_norm_the_other_way(scale,
                       flower_compatible=True, **kwargs)
   clipped = 1.0 if flower_sign < 0 else 0.0
   np.testing.assert_allclose(flower.clip_norm,
-                             np.exp(-0.2 * (clipped - 0.3)), rtol=1e-6)
+                             np.exp(-0.2 * (clipped - 0.7)), rtol=1e-6)
   np.testing.assert_allclose(
       paper.clip_norm, np.exp(-0.2 * ((1 - clipped) * 5 / 5.0 - 0.3)),
       rtol=1e-6)
@@ -418,15 +420,41 @@ def test_dp_adaptive_flower_moves_the_clip_norm_the_other_way(scale,
   assert np.sign(float(paper.clip_norm) - 1.0) == -flower_sign
 
 
+@pytest.mark.parametrize("flower_compatible", [False, True])
+def test_target_quantile_has_one_meaning_in_both_modes(flower_compatible):
+  # Ten clients, three of them below C = 1: a fraction 0.3 unclipped. At
+  # target_quantile 0.3 (no noise, D = m) both modes rest: C stays 1.
+  # At 0.2 the paper's rule shrinks C (fewer should be unclipped) and
+  # Flower's moves it the other way.
+  global_params = {"w": jnp.zeros((4,), jnp.float32)}
+  norms = np.array([0.1, 0.5, 0.9, 1.5, 2, 3, 4, 5, 6, 7], np.float32)
+  clients = {"w": jnp.asarray(np.outer(norms, [1, 0, 0, 0]), jnp.float32)}
+  info = tu.make_info(np.arange(10), np.full(10, 5.0))
+  common = dict(clip_norm=1.0, noise_multiplier=0.0, adaptive=True,
+                clip_learning_rate=0.5, expected_clients=10.0,
+                flower_compatible=flower_compatible)
+  _, rest, _ = _run("dp_fedavg", global_params, clients, info,
+                    target_quantile=0.3, **common)
+  np.testing.assert_allclose(rest.clip_norm, 1.0, rtol=1e-6)
+  _, lower, _ = _run("dp_fedavg", global_params, clients, info,
+                     target_quantile=0.2, **common)
+  # (0.3 - 0.2) unclipped too many: the paper shrinks C by e^-0.05;
+  # Flower, clipped 0.7 - 0.8, grows it by e^0.05.
+  np.testing.assert_allclose(
+      lower.clip_norm, np.exp(0.05 if flower_compatible else -0.05),
+      rtol=1e-6)
+
+
 def test_dp_adaptive_flower_noise_uses_the_stepped_clip_norm():
   # Zero updates: none clipped, so C' = C exp(-lr (N(0, sigma_b^2) / m -
-  # gamma)), about C e^0.9 here. Flower's noise has standard deviation
-  # sigma_dw C' / num_sampled_clients, sigma_dw from sigma_b = qN / 20.
+  # (1 - gamma))), about C e^0.9 here (gamma = 0.1). Flower's noise has
+  # standard deviation sigma_dw C' / num_sampled_clients, sigma_dw from
+  # sigma_b = qN / 20.
   z, clip_norm, expected_clients = 0.3, 0.5, 4.0
   global_params, clients, info = _zero_updates(100_000, [1, 1, 1, 1])
   out, state, metrics = _run(
       "dp_fedavg", global_params, clients, info, clip_norm=clip_norm,
-      noise_multiplier=z, adaptive=True, target_quantile=0.9,
+      noise_multiplier=z, adaptive=True, target_quantile=0.1,
       clip_learning_rate=1.0, expected_clients=expected_clients,
       flower_compatible=True)
   _, sigma_dw = flower_adaptive_noise_params(z, expected_clients)
@@ -455,7 +483,8 @@ def test_dp_adaptive_flower_count_noise_defaults_to_num_sampled_over_20():
     _, new_state, _ = aggregate(global_params, clients,
                                 info._replace(key=jax.random.key(seed)),
                                 state)
-    counts.append(num_real * (target - np.log(float(new_state.clip_norm))
+    counts.append(num_real * ((1 - target)
+                              - np.log(float(new_state.clip_norm))
                               / lr))
   counts = np.asarray(counts)
   sigma_b, _ = flower_adaptive_noise_params(z, expected_clients)

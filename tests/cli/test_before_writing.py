@@ -98,3 +98,85 @@ def test_trace_profiles_from_the_command_line_and_a_config(tmp_path, capsys):
   line = _error_line(capsys, TINY + ["--out", str(tmp_path / "other"),
                                      "--profiles", "trace"])
   assert "systems.profiles" in line and "path" in line, line
+
+
+def test_a_run_never_overwrites_an_earlier_run(tmp_path, capsys):
+  out = tmp_path / "run"
+  first = TINY + ["--out", str(out), "--lr", "0.05"]
+  cli.main(first)
+  capsys.readouterr()
+  before = _files(out)
+  line = _error_line(capsys, first[:-1] + ["0.1"])
+  assert line.startswith("error: --out: "), line
+  assert "already holds a run" in line and "--overwrite" in line, line
+  assert _files(out) == before
+  # --overwrite replaces it; a sweep into it keeps none of its files.
+  cli.main(first + ["--seeds", "0,1", "--overwrite"])
+  capsys.readouterr()
+  after = _files(out)
+  assert "history.csv" not in after and "history.json" not in after
+  assert {"seed0/history.csv", "seed1/history.csv", "summary.csv",
+          "config.json"} <= set(after)
+  # And a single run over the sweep leaves no member folder behind.
+  cli.main(first + ["--overwrite"])
+  capsys.readouterr()
+  assert not (out / "seed0").exists() and not (out / "summary.csv").exists()
+  assert json.loads((out / "config.json").read_text())["provenance"][
+      "execution"]["overwrite"] is True
+
+
+def test_overwrite_and_resume_are_exclusive_and_version_prints(tmp_path,
+                                                               capsys):
+  line = _error_line(capsys, TINY + ["--out", str(tmp_path / "r"),
+                                     "--resume", "--overwrite"])
+  assert line.startswith("error: --overwrite: "), line
+  with pytest.raises(SystemExit) as raised:
+    cli.main(["--version"])
+  assert raised.value.code == 0
+  assert capsys.readouterr().out.startswith("fedjax_agg ")
+
+
+def test_run_config_and_save_run_refuse_a_folder_holding_a_run(tmp_path):
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  from tests.experiment.test_runs import MNIST_5K
+  experiment.run_config(MNIST_5K, str(tmp_path), progress=False)
+  before = _files(tmp_path)
+  with pytest.raises(ValueError, match="already holds a run"):
+    experiment.run_config(MNIST_5K, str(tmp_path), progress=False)
+  assert _files(tmp_path) == before
+  experiment.run_config(MNIST_5K, str(tmp_path), progress=False,
+                        overwrite=True)
+  one = history.History([{"round": 0}], [], {})
+  with pytest.raises(ValueError, match="already holds a run"):
+    history.save_run(str(tmp_path), {"run": one})
+  history.save_run(str(tmp_path), {"run": one}, overwrite=True)
+  assert not (tmp_path / "FedAdp").exists()  # the earlier run is gone
+  assert sorted(_files(tmp_path)) == ["history.csv", "history.json"]
+
+
+def test_a_subset_in_place_of_the_dataset_is_announced(tmp_path, capsys):
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "run"
+  cli.main(TINY + ["--out", str(out)])
+  err = capsys.readouterr().err
+  notes = [line for line in err.splitlines() if line.startswith("note: ")]
+  assert len(notes) == 1 and "'mnist_5k' subset" in notes[0], err
+  saved = json.loads((out / "history.json").read_text())
+  assert "mnist_5k" in saved["config"]["data_substitution"]
+  config = json.loads((out / "config.json").read_text())
+  dataset = experiment.load_dataset(config)
+  assert experiment.setting_title(config, dataset).endswith(
+      "[subset: mnist_5k]")
+  assert "subset" not in experiment.setting_title(config)
+
+
+def test_resume_says_where_it_picks_up(tmp_path, capsys):
+  out = tmp_path / "run"
+  run = TINY + ["--out", str(out), "--checkpoint-every", "1"]
+  cli.main(run)
+  capsys.readouterr()
+  cli.main(run + ["--resume"])
+  err = capsys.readouterr().err
+  assert "resumed from round 1 of 1 (already finished)" in err, err
+  assert "rounds:" not in err  # no empty progress bar

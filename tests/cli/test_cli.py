@@ -32,8 +32,9 @@ def _error_line(capsys, argv) -> str:
   assert raised.value.code == 2
   err = capsys.readouterr().err
   assert "Traceback" not in err
+  # Besides the error: the resolved config and notes (a subset's).
   lines = [line for line in err.splitlines()
-           if not line.startswith("config: ")]
+           if not line.startswith(("config: ", "note: "))]
   assert len(lines) == 1, err
   assert lines[0].startswith("error: ")
   return lines[0]
@@ -71,8 +72,11 @@ def _unknown_config_key(tmp_path):
 
 
 def _two_algorithms(tmp_path):
+  # Without --algorithm both run (a comparison); a flag of one algorithm
+  # cannot say which it sets.
   return ["--config", _config_file(tmp_path, algorithms={
-      "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedadp"}})]
+      "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedadp"}}),
+          "--agg-arg", "alpha=5"]
 
 
 def _bad_file_value(tmp_path):
@@ -149,6 +153,7 @@ BAD_FLAGS = [
     (["--sweep", "nope=1,2"], "--sweep"),
     (["--aggregator", "fedadp", "--sweep", "alpha=1,-5"], "--sweep"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
+    (["--rounds", "0"], "--rounds"),
     (["--devices", "4096"], "--devices"),
     (["--list", "widgets"], "--list"),
     (["--attack", "sign_flp"], "--attack"),
@@ -165,7 +170,7 @@ BAD_FLAGS = [
     (["--config", "no/such/file.json"], "--config"),
     (_unknown_config_key, "--config"),
     (_bad_file_value, "--config"),
-    (_two_algorithms, "--algorithm"),
+    (_two_algorithms, "--agg-arg"),
     (_bad_out_file, "--out"),
     (_history_is_a_dir, "--out"),
     (_file_on_the_way, "--out"),
@@ -305,6 +310,31 @@ def test_tiny_sweep_writes_bands_and_a_summary_csv(tmp_path, capsys):
   assert {"final_test_accuracy_mean", "final_test_accuracy_std"} <= set(
       frame.columns)
   assert os.path.getsize(out / "accuracy.png") > 0
+
+
+def test_a_config_of_several_algorithms_is_compared(tmp_path, capsys):
+  out = tmp_path / "compare"
+  config = _config_file(tmp_path, algorithms={
+      "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedadp"}})
+  assert cli.main(["--config", config, "--seeds", "0,1", "--out", str(out),
+                   "--no-progress"]) == 0
+  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert set(printed["algorithms"]) == {"A", "B"}
+  for name in ("A", "B"):
+    for seed in (0, 1):
+      assert (out / name / f"seed{seed}" / "history.json").exists()
+  assert json.loads((out / "summary.json").read_text())["algorithms"][
+      "B"]["seeds"] == 2
+  assert os.path.getsize(out / "curves.png") > 0
+
+
+def test_a_band_over_seeds_is_named_by_the_algorithm(tmp_path, capsys):
+  # The mean over seeds 0 and 1 is not "seed0".
+  out = tmp_path / "seeds"
+  assert cli.main(TINY + ["--seeds", "0,1", "--out", str(out)]) == 0
+  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  frame = pd.read_csv(printed["summary"])
+  assert list(frame["name"]) == ["fedavg"] and list(frame["seeds"]) == [2]
 
 
 def test_dp_sweep_accounts_every_member(tmp_path, capsys):

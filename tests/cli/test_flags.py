@@ -2,6 +2,8 @@
 alone or over a --config file.
 """
 
+import re
+
 import pytest
 
 from fedjax_agg import cli
@@ -72,3 +74,28 @@ def test_flags_alone_give_the_former_config():
   assert config["model"] == {"name": "cnn_mcmahan",
                              "args": {"conv_impl": "xla"}}
   assert config["train"]["participation"] == 0.1 and config["seeds"] == [0]
+
+
+def test_help_is_grouped_by_section_with_one_default_each(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["--help"])
+  text = capsys.readouterr().out
+  titles = [line[:-1] for line in text.splitlines()
+            if line and not line.startswith(" ") and line.endswith(":")]
+  for title in ("data", "partition", "model", "algorithm", "training",
+                "attack", "privacy", "systems", "execution and output"):
+    assert title in titles, titles
+  # One default per flag: the help's own, or argparse's, never both.
+  entries = re.split(r"\n  (?=-)", text)
+  assert not [e for e in entries if len(re.findall(r"\(default", e)) > 1]
+  # Every --list it points to works.
+  for what in set(re.findall(r"--list ([a-z]+)", text)):
+    assert cli.describe(what), what
+
+
+def test_first_class_dp_flags_set_the_rules_arguments():
+  config, name = cli.resolve(*cli.parse([
+      "--aggregator", "dp_fedavg", "--dp-noise-multiplier", "0.7",
+      "--dp-clip-norm", "0.5"]))
+  assert config["algorithms"][name]["aggregator_args"] == {
+      "noise_multiplier": 0.7, "clip_norm": 0.5}

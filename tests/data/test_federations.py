@@ -125,3 +125,42 @@ def test_the_command_line_runs_a_federation_and_records_it(tmp_path, capsys):
     cli_main(["--config", str(path), "--algorithm", "FedAvg", "--partition",
               "iid", "--out", str(tmp_path / "bad")])
   assert "natural" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dataset", [
+    {"name": "shakespeare", "args": {"min_samples": 2000}},
+    {"name": "leaf", "args": {"dataset": "shakespeare"}}])
+def test_a_backdoor_on_a_sequence_task_is_refused_at_check_time(dataset):
+  config = {**CONFIG, "dataset": dataset,
+            "attack": {"name": "backdoor", "args": {"target": 1}}}
+  with pytest.raises(experiment.ConfigError) as error:
+    experiment.check_config(config)
+  assert error.value.path == "attack", str(error.value)
+  assert "backdoor" in str(error.value) and "sequence" in str(error.value)
+  # Attacks that do not relabel with one class stay allowed.
+  experiment.check_config({**config, "attack": {"name": "sign_flip"}})
+
+
+def test_the_backdoor_refuses_per_token_targets_by_name(federation):
+  from fedjax_agg import attacks  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="attack backdoor: .*sequence task"):
+    attacks.backdoor_eval_set(federation.test_x, federation.test_y,
+                              target=1)
+
+
+def test_the_task_chooses_the_partition_and_the_model_on_the_command_line():
+  from fedjax_agg import cli  # pylint: disable=g-import-not-at-top
+  argv = ["--dataset", "shakespeare", "--dataset-arg", "min_samples=2000",
+          "--rounds", "2"]
+  config, _ = cli.resolve(*cli.parse(argv))
+  assert config["partition"]["name"] == "natural"
+  assert config["model"]["name"] == "char_lstm"
+  # What the user gives wins (and an impossible pairing is refused).
+  config, _ = cli.resolve(*cli.parse(argv + ["--model", "transformer_lm"]))
+  assert config["model"]["name"] == "transformer_lm"
+  with pytest.raises(cli.UsageError, match="natural"):
+    cli.resolve(*cli.parse(argv + ["--partition", "iid"]))
+  # Image datasets keep the usual defaults.
+  config, _ = cli.resolve(*cli.parse(["--dataset", "fashion_mnist"]))
+  assert config["partition"]["name"] == "iid"
+  assert config["model"]["name"] == "cnn_mcmahan"

@@ -323,3 +323,67 @@ def test_dataset_that_cannot_be_inferred(tmp_path):
     load_leaf(tmp_path)
   with pytest.raises(ValueError, match="dataset must be one of"):
     load_leaf(tmp_path, "mnist")
+
+
+@pytest.mark.parametrize("dataset", ["femnist", None])
+def test_boolean_labels_are_refused_not_read_as_one(tmp_path, dataset):
+  # NumPy would read [1, true, 0, 3] as [1, 1, 0, 3].
+  _femnist_dir(tmp_path, train=_file({"u1": ([[0.5] * 784] * 4,
+                                             [1, True, 0, 3])}))
+  with pytest.raises(ValueError, match=r"train\.json: user 'u1': y\[1\] "
+                     r"holds a boolean \(true\); labels must be integers"):
+    load_leaf(tmp_path, dataset)
+
+
+@pytest.mark.parametrize("dataset, row", [("femnist", 0), (None, 0),
+                                          (None, 1)])
+def test_boolean_pixels_are_refused_not_read_as_one(tmp_path, dataset, row):
+  xs = [[0.5] * 784, [0.25] * 784]
+  xs[row][17] = True  # Row 0 also decides the inferred dataset.
+  _femnist_dir(tmp_path, train=_file({"u1": (xs, [1, 2])}))
+  with pytest.raises(ValueError, match=rf"train\.json: user 'u1': "
+                     rf"x\[{row}\]\[17\] holds a boolean \(true\); pixels "
+                     "must be numbers"):
+    load_leaf(tmp_path, dataset)
+
+
+def test_boolean_sent140_label_is_refused(tmp_path):
+  _write(tmp_path, "train", "s.json",
+         _file({"u": ([_tweet("hi"), _tweet("yo")], [0, False])}))
+  _write(tmp_path, "test", "s.json", _file({}))
+  with pytest.raises(ValueError, match=r"s\.json: user 'u': y\[1\] holds a "
+                     r"boolean \(false\)"):
+    load_leaf(tmp_path, "sent140")
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("text", [
+    _DEEP,
+    '{"users": ["u1"], "num_samples": [1], "user_data": {"u1": {"x": '
+    + _DEEP + ', "y": [1]}}}',
+])
+def test_file_nested_too_deeply(tmp_path, text):
+  _femnist_dir(tmp_path)
+  _write(tmp_path, "train", "deep.json", text)
+  with pytest.raises(ValueError, match=r"deep\.json: nested too deeply"):
+    load_leaf(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["num_samples", "x", "y"])
+def test_deep_values_that_parse_give_short_messages(tmp_path, where):
+  # Deep enough to nearly exhaust the recursion limit once parsed; the
+  # message shows a few levels of it, without recursing through it.
+  depth = 900
+  deep = "[" * depth + "]" * depth
+  parts = {"num_samples": "[1]", "x": '["' + "a" * 80 + '"]', "y": '["b"]'}
+  parts[where] = "[" + deep + "]"
+  _write(tmp_path, "train", "s.json",
+         '{"users": ["u"], "num_samples": %s, "user_data": {"u": '
+         '{"x": %s, "y": %s}}}' % (parts["num_samples"], parts["x"],
+                                   parts["y"]))
+  _write(tmp_path, "test", "s.json", _file({}))
+  with pytest.raises(ValueError, match=r"s\.json: user 'u'") as error:
+    load_leaf(tmp_path, "shakespeare")
+  assert len(str(error.value)) < 400

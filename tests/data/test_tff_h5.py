@@ -1,10 +1,13 @@
 """load_tff_h5: TFF's HDF5 client files written into tmp_path."""
 
 import sys
+import zlib
 
 import numpy as np
 import pytest
 
+from fedjax_agg.data import _fedjax_sqlite
+from fedjax_agg.data import _tff_h5
 from fedjax_agg.data._natural import PAD_TARGET
 from fedjax_agg.data._natural import summary
 from fedjax_agg.data._text import decode_characters
@@ -227,3 +230,102 @@ def test_missing_h5py_names_the_extra(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "h5py", None)
   with pytest.raises(ImportError, match=r'pip install -e "\.\[text\]"'):
     load_tff_h5(tmp_path / "a.h5", tmp_path / "b.h5")
+
+
+@pytest.mark.parametrize("chunks", [True, None])
+def test_declared_size_past_what_the_file_stores(tmp_path, chunks):
+  # 1.5 GB of uint8 (5.84 GiB once float32) declared, nothing written:
+  # HDF5 allocates lazily, so the file stays a few KB. The labels are
+  # real (compressed zeros), so only the pixels are wrong.
+  path = tmp_path / "huge.h5"
+  with h5py.File(path, "w") as f:
+    client = f.create_group("examples/c1")
+    client.create_dataset("pixels", shape=(2_000_000, 28, 28),
+                          dtype=np.uint8, chunks=chunks)
+    client.create_dataset("label", data=np.zeros(2_000_000, np.int32),
+                          compression="gzip", compression_opts=9)
+  assert path.stat().st_size < 50_000
+  good = _write(tmp_path / "good.h5", {"c1": _emnist(np.random.default_rng(),
+                                                     1)})
+  message = (r"huge\.h5: examples/c1/pixels declares shape \(2000000, 28, "
+             r"28\) of uint8 \(1568000000 bytes\) but the file \(\d+ bytes\) "
+             r"stores 0 bytes of it")
+  with pytest.raises(ValueError, match=message):
+    load_tff_h5(path, good, "emnist")
+  with pytest.raises(ValueError, match=message):
+    load_tff_h5(good, path)
+
+
+def test_client_past_two_gib_is_refused_before_reading(tmp_path):
+  # Real deflate chunks of zeros: a 2 MB file that inflates to 2.2 GB.
+  rows, per_chunk = 2_800_000, 10_000
+  chunk = zlib.compress(bytes(per_chunk * 28 * 28), 9)
+  path = tmp_path / "zeros.h5"
+  with h5py.File(path, "w") as f:
+    client = f.create_group("examples/c1")
+    pixels = client.create_dataset("pixels", shape=(rows, 28, 28),
+                                   dtype=np.uint8,
+                                   chunks=(per_chunk, 28, 28),
+                                   compression="gzip")
+    for start in range(0, rows, per_chunk):
+      pixels.id.write_direct_chunk((start, 0, 0), chunk)
+    client.create_dataset("label", data=np.zeros(2, np.int32))
+    stored = pixels.id.get_storage_size()
+  declared = rows * 28 * 28
+  assert declared > _tff_h5.MAX_CLIENT_BYTES == 2 ** 31
+  # Within deflate's ratio: the file does store it, it is just too big.
+  assert declared <= stored * _tff_h5.MAX_COMPRESSION_RATIO
+  good = _write(tmp_path / "good.h5", {"c1": _emnist(np.random.default_rng(),
+                                                     1)})
+  # The label's 8 bytes are counted first (alphabetical order).
+  with pytest.raises(ValueError, match=r"zeros\.h5: examples/c1/pixels: the "
+                     rf"client's datasets declare {declared + 8} bytes, past "
+                     r"the 2147483648 bytes \(2 GiB\) one client may hold"):
+    load_tff_h5(path, good, "emnist")
+  # The FedJAX SQLite reader caps a client at the same 2 GiB.
+  assert _fedjax_sqlite._MAX_BYTES is _tff_h5.MAX_CLIENT_BYTES
+
+
+def test_compressed_datasets_within_the_ratio_still_load(tmp_path):
+  rng = np.random.default_rng(4)
+  arrays = {"pixels": np.zeros((300, 28, 28), np.float32),
+            "label": rng.integers(0, 62, 300).astype(np.int32)}
+  arrays["pixels"][:, 3, 4] = rng.random(300)
+  path = tmp_path / "gzip.h5"
+  with h5py.File(path, "w") as f:
+    client = f.create_group("examples/c1")
+    for key, value in arrays.items():
+      client.create_dataset(key, data=value, compression="gzip",
+                            compression_opts=9, shuffle=True)
+    assert client["pixels"].id.get_storage_size() < arrays["pixels"].nbytes
+  fed = load_tff_h5(path, path, "emnist")
+  np.testing.assert_array_equal(fed.train_x[..., 0], arrays["pixels"])
+  np.testing.assert_array_equal(fed.train_y, arrays["label"])
+
+
+def test_dataset_stored_outside_the_file_is_refused(tmp_path):
+  raw = tmp_path / "pixels.raw"
+  raw.write_bytes(bytes(2 * 28 * 28 * 4))
+  path = tmp_path / "external.h5"
+  with h5py.File(path, "w") as f:
+    client = f.create_group("examples/c1")
+    client.create_dataset("pixels", shape=(2, 28, 28), dtype=np.float32,
+                          external=[(str(raw), 0, raw.stat().st_size)])
+    client.create_dataset("label", data=np.zeros(2, np.int32))
+  with pytest.raises(ValueError, match=r"external\.h5: examples/c1/pixels is "
+                     "stored outside the file"):
+    load_tff_h5(path, path, "emnist")
+
+
+def test_snippet_bytes_count_toward_the_client_limit(tmp_path, monkeypatch):
+  snippets = [b"To be, or not to be: that is the question."] * 5000
+  path = _write(tmp_path / "lines.h5", {"HAMLET": {"snippets": snippets}})
+  # Read in blocks, the snippets come back whole and in order.
+  fed = load_tff_h5(path, path)
+  np.testing.assert_array_equal(fed.train_x,
+                                _snippet_rows(snippets)[0])
+  # The pointers declare 8 bytes a snippet; the bytes are counted as read.
+  monkeypatch.setattr(_tff_h5, "MAX_CLIENT_BYTES", 100_000)
+  with pytest.raises(ValueError, match=r"lines\.h5: examples/HAMLET/snippets"
+                     r": the client's datasets hold more than 100000 bytes"):
+    load_tff_h5(path, path)

@@ -274,7 +274,8 @@ def test_feddyn_pair_and_fednova_take_their_arguments():
   assert experiment.rule_arguments(config, "FedDyn")[0] == {"alpha": 0.1}
   # The client learning rate reaches FedNova's proximal normaliser.
   assert experiment.rule_arguments(config, "FedNova")[0] == {
-      "momentum": 0.9, "proximal_mu": 0.0, "learning_rate": 0.1}
+      "momentum": 0.9, "proximal_mu": 0.0, "learning_rate": 0.1,
+      "tau_eff": "normalized"}
   # Both at their defaults share alpha too.
   experiment.check_config(experiment.override(config, {
       "algorithms.FedDyn.aggregator_args": {},

@@ -1,7 +1,8 @@
 """The committed run records (``experiments/records.py``): each says what
 data its run read and with which rule arguments, and a record written
 after its run is written only when the run's first rounds reproduce; the
-README's paper table says what each RESULTS.md says."""
+paper table of the user guide (``docs/paper-reruns.md``) says what each
+RESULTS.md says."""
 
 import json
 import os
@@ -126,34 +127,39 @@ def test_backfill_writes_nothing_for_a_history_it_cannot_reproduce(
     assert f.read() == before
 
 
-def _readme_rows() -> list[tuple[str, list[str]]]:
-  """(RESULTS.md path, [what ran, finding]) of each row of the README's
-  paper table."""
-  with open(os.path.join(ROOT, "README.md")) as f:
+# The paper table, moved from the README into the user guide; its links
+# are relative to docs/.
+PAPER_TABLE = os.path.join("docs", "paper-reruns.md")
+
+
+def _paper_rows() -> list[tuple[str, list[str]]]:
+  """(RESULTS.md path from the repository root, [what ran, finding]) of
+  each row of the paper table (``PAPER_TABLE``)."""
+  with open(os.path.join(ROOT, PAPER_TABLE)) as f:
     text = f.read()
-  section = text[text.index("## Paper re-runs"):text.index("## API reference")]
+  section = text[text.index("# Paper re-runs"):]
   rows = []
   for line in section.splitlines():
-    found = re.search(r"\]\((experiments/[^)]+/RESULTS\.md)\)", line)
+    found = re.search(r"\]\(\.\./(experiments/[^)]+/RESULTS\.md)\)", line)
     if line.startswith("| ") and found:
       cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
       rows.append((found.group(1), cells[1:]))
   return rows
 
 
-def test_the_readme_lists_every_paper_rerun():
-  listed = {path for path, _ in README_ROWS}
-  assert len(listed) == len(README_ROWS) >= 8
+def test_the_paper_table_lists_every_paper_rerun():
+  listed = {path for path, _ in PAPER_ROWS}
+  assert len(listed) == len(PAPER_ROWS) >= 8
   for path in listed:
     assert os.path.exists(os.path.join(ROOT, path)), path
 
 
-README_ROWS = _readme_rows()
+PAPER_ROWS = _paper_rows()
 
 
-@pytest.mark.parametrize("path,cells", README_ROWS,
-                         ids=[p for p, _ in README_ROWS])
-def test_readme_summary_row_equals_the_one_in_its_results(path, cells):
+@pytest.mark.parametrize("path,cells", PAPER_ROWS,
+                         ids=[p for p, _ in PAPER_ROWS])
+def test_paper_table_row_equals_the_one_in_its_results(path, cells):
   with open(os.path.join(ROOT, path)) as f:
     text = f.read()
   heading = "## In the README's paper table"

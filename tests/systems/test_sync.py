@@ -69,6 +69,46 @@ def test_num_selected():
   assert systems.num_selected(3, 1.0) == 6
 
 
+def test_over_selection_is_bounded_by_name():
+  """x must be finite and at most MAX_OVER_SELECTION = 100 (101 x the
+  cohort), refused as a ValueError naming over_selection and the bound by
+  every entry point, never by numpy allocating ceil(m (1 + x)) rows."""
+  assert systems.MAX_OVER_SELECTION == 100.0
+  assert systems.num_selected(3, 100.0) == 303
+  system = _system()
+  order = lambda r: np.random.default_rng(r).permutation(N)
+  for bad in (1e300, 100.5, np.inf, np.nan):
+    match = r"^over_selection must be .*\[0, MAX_OVER_SELECTION = 100\]"
+    with pytest.raises(ValueError, match=match):
+      systems.check_over_selection(bad)
+    with pytest.raises(ValueError, match=match):
+      systems.num_selected(3, bad)
+    with pytest.raises(ValueError, match=match):
+      systems.sync_round_from_order(0.0, order(0), system, 3,
+                                    over_selection=bad)
+    with pytest.raises(ValueError, match=match):
+      systems.plan_rounds(system, order, 2, 3, over_selection=bad)
+
+
+def test_over_selection_beyond_the_population_selects_every_online_client():
+  """ceil(m (1 + x)) above N selects all N (the online ones): the plan is
+  N rows wide, not ceil(m (1 + x)), and equals the plan that over-selects
+  exactly N."""
+  system = _system(seed=2)
+  order = lambda r: np.random.default_rng(r).permutation(N)
+  assert systems.num_selected(4, 100.0, N) == N
+  assert systems.num_selected(4, 0.5, N) == 6
+  beyond = systems.plan_rounds(system, order, 3, 4, over_selection=100.0)
+  exactly = systems.plan_rounds(system, order, 3, 4, over_selection=9.0)
+  assert beyond.client_ids.shape == (3, N)
+  for got, want in zip(beyond, exactly, strict=True):
+    np.testing.assert_array_equal(got, want)
+  assert (beyond.mask.sum(axis=1) == 4).all()
+  one = systems.sync_round_from_order(0.0, order(0), system, 4,
+                                      over_selection=100.0)
+  np.testing.assert_array_equal(one.client_ids, order(0))
+
+
 def test_deadline_drops_exactly_the_late():
   system = _system(seed=4)
   order = np.arange(N)

@@ -1,0 +1,490 @@
+"""LoRA adapters on a frozen network: the trainable part is the adapters.
+
+Hu, Shen, Wallis, Allen-Zhu, Li, Wang, Wang, Chen, "LoRA: Low-Rank
+Adaptation of Large Language Models", ICLR 2022.
+
+A targeted layer with kernel W0 (out x in, the paper's orientation) computes
+
+  h = W0 x + (alpha / r) B A x                                    # Eq. (3)
+
+with A [r, d_in] and B [d_out, r] (rank r << min(d_in, d_out)); W0 stays
+frozen. A starts random and B at zero (Sec. 4.1), so the adapted network
+equals the base network at initialisation.
+
+``lora(model, base_variables, rank=...)`` returns a ``types.Model`` whose
+``init`` returns ONLY the adapters and whose ``apply(adapters, x, train)``
+runs the base network with every targeted layer adapted. The base variables
+are closed over: one copy serves every client. The engine vmaps local
+training over the stacked adapters [K, ...] and the base weights enter as
+unbatched operands of the same program (the adapter branch ``B (A x)`` is
+the only per-client computation), so nothing of the base is replicated.
+Since the params the library sees are the adapters, local training,
+aggregation, checkpoints, byte counts and evaluation all act on adapters
+only, and the base is bit-identical after any number of rounds.
+
+The adapters tree (``is_adapters``)::
+
+  {"lora": {"<module path>": {"a": [r, d_in], "b": [d_out, r]}}}
+
+keyed by the '/'-joined path of the adapted module ("fc1",
+"_Block_0/MultiHeadDotProductAttention_0/query"). d_in and d_out are the
+products of the layer's input and output feature axes (flax's attention
+projections have kernels [width, heads, head_dim] and [heads, head_dim,
+width]). ``freeze_a=True`` (FFA-LoRA) keeps A in the closure, fixed at its
+random initialisation, and the tree holds only "b". ``merged=True`` (FLoRA)
+adds a frozen "merged" [d_out, d_in] per layer, which the server
+accumulates and the model adds to W0 (``h = W0 x + (alpha / r) (merged + B
+A) x``); it never receives a gradient.
+
+Interpretation choices:
+
+* Targets: ``nn.Dense`` and ``nn.DenseGeneral`` layers only (the papers'
+  dense and attention projections; LoRA's Sec. 4.2 adapts W_q, W_k, W_v,
+  W_o). A pattern that matches no such layer, or matches any other kernel
+  (a convolution, a recurrent cell's), is refused naming ``targets``.
+* A ~ N(0, 1 / d_in) (the paper says "random Gaussian" without a scale;
+  this keeps ``A x`` of the size of x's entries), B = 0.
+* Dropout (the LoRA reference implementation's ``lora_dropout``) applies to
+  the adapter's input x only, in training. ``types.Model.apply`` takes no
+  random key, so the mask's key is derived from ``key``, the bits of the
+  current adapters and the batch: a new mask at every local step and for
+  every client (its adapters differ), the same for the same run.
+* The base runs in inference mode (``train=False``): BatchNorm layers use
+  the base's running statistics and never update them (they are part of
+  the frozen base); ``train`` only switches the adapter dropout.
+"""
+
+import re
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_agg import checks
+from fedjax_agg import tree_math
+from fedjax_agg.types import Model, Params, PRNGKey
+
+__all__ = ["ADAPTERS", "LoRASpec", "TRANSFORMER_TARGETS", "Target",
+           "check_adapters", "init_a", "is_adapters", "lora", "merge",
+           "num_trainable", "spec", "truncate", "uplink_bytes",
+           "weighted_product"]
+
+ADAPTERS = "lora"
+"""The top-level key of an adapters tree (it marks a tree as adapters)."""
+
+TRANSFORMER_TARGETS = (
+    r"_Block_\d+/MultiHeadDotProductAttention_\d+/(query|key|value|out)",
+    r"_Block_\d+/Dense_\d+")
+"""``transformer_lm``'s attention projections and MLP layers (every Dense
+layer but the output layer)."""
+
+_LEAVES = ("a", "b", "merged")
+_TRAINABLE = ("a", "b")
+
+
+class Target(NamedTuple):
+  """One adapted layer.
+
+  Attributes:
+    path: the module's '/'-joined path (the adapters' key).
+    in_shape: the layer's input feature axes (d_in is their product).
+    out_shape: its output feature axes (d_out is their product).
+  """
+  path: str
+  in_shape: tuple[int, ...]
+  out_shape: tuple[int, ...]
+
+  @property
+  def d_in(self) -> int:
+    return int(np.prod(self.in_shape))
+
+  @property
+  def d_out(self) -> int:
+    return int(np.prod(self.out_shape))
+
+
+class LoRASpec(NamedTuple):
+  """What ``lora`` fixed (``spec(model)``).
+
+  Attributes:
+    base_variables: the frozen base network's variables.
+    targets: the adapted layers.
+    rank: r.
+    scale: alpha / r.
+    dropout: the adapter input's dropout rate.
+    frozen_a: path -> A [r, d_in] for FFA-LoRA (``freeze_a=True``), else
+      None.
+    merged: whether the adapters carry FLoRA's frozen "merged" leaf.
+  """
+  base_variables: Params
+  targets: tuple[Target, ...]
+  rank: int
+  scale: float
+  dropout: float
+  frozen_a: Optional[Mapping[str, jax.Array]]
+  merged: bool
+
+
+class _AdaptedApply:
+  """``apply(adapters, x, train)`` of a LoRA model; carries its spec."""
+
+  def __init__(self, lora_spec: LoRASpec, base_apply, dropout_key):
+    self.spec = lora_spec
+    self._base_apply = base_apply
+    self._dropout_key = dropout_key
+    self._by_path = {t.path: t for t in lora_spec.targets}
+
+  def __call__(self, adapters, x, train: bool = False):
+    lora_spec = self.spec
+    nodes = check_adapters(adapters, "apply", "adapters")
+    if set(nodes) != set(self._by_path):
+      raise ValueError(f"adapters must adapt {sorted(self._by_path)}, got "
+                       f"{sorted(nodes)}")
+    use_dropout = bool(train) and lora_spec.dropout > 0
+    step_key = _step_key(self._dropout_key, nodes, x) if use_dropout else None
+
+    def adapt(next_fun, args, kwargs, context):
+      out = next_fun(*args, **kwargs)
+      path = "/".join(context.module.path)
+      if context.method_name != "__call__" or path not in self._by_path:
+        return out
+      target = self._by_path[path]
+      node = nodes[path]
+      a = (lora_spec.frozen_a[path] if lora_spec.frozen_a is not None
+           else node["a"])
+      inputs = args[0]
+      lead = inputs.shape[:inputs.ndim - len(target.in_shape)]
+      flat = inputs.reshape(lead + (target.d_in,))
+      dropped = flat
+      if use_dropout:
+        layer_key = jax.random.fold_in(
+            step_key, list(self._by_path).index(path))
+        keep = jax.random.bernoulli(layer_key, 1.0 - lora_spec.dropout,
+                                    flat.shape)
+        dropped = jnp.where(keep, flat / (1.0 - lora_spec.dropout), 0.0)
+      # Eq. (3): (alpha / r) B A x, never forming B A.
+      delta = (dropped @ a.T) @ node["b"].T
+      if lora_spec.merged:
+        delta = delta + flat @ jax.lax.stop_gradient(node["merged"]).T
+      delta = lora_spec.scale * delta
+      return out + delta.reshape(lead + target.out_shape).astype(out.dtype)
+
+    with nn.intercept_methods(adapt):
+      outputs, _ = self._base_apply(lora_spec.base_variables, x, False)
+    return outputs, adapters
+
+
+def _step_key(dropout_key, nodes, x):
+  """A key that changes with the adapters' and the batch's bits."""
+  def bits(leaf):
+    leaf = jax.lax.stop_gradient(leaf)
+    if jnp.issubdtype(leaf.dtype, jnp.floating):
+      leaf = jax.lax.bitcast_convert_type(leaf.astype(jnp.float32),
+                                          jnp.uint32)
+    return jnp.sum(leaf.astype(jnp.uint32), dtype=jnp.uint32)
+  key = jax.random.fold_in(dropout_key, bits(x))
+  for path in sorted(nodes):
+    for name in _TRAINABLE:
+      if name in nodes[path]:
+        key = jax.random.fold_in(key, bits(nodes[path][name]))
+  return key
+
+
+def init_a(key: PRNGKey, rank: int, d_in: int) -> jax.Array:
+  """A random LoRA A [rank, d_in] ~ N(0, 1 / d_in) (Hu et al. Sec. 4.1:
+  A Gaussian, B zero)."""
+  return jax.random.normal(key, (rank, d_in), jnp.float32) / np.sqrt(d_in)
+
+
+def _discover(model: Model, base_variables: Params):
+  """(adaptable Dense layers, paths of every kernel-holding module), from
+  one abstract pass of ``model.init`` (nothing is computed)."""
+  dense = {}
+
+  def record(next_fun, args, kwargs, context):
+    module = context.module
+    if (context.method_name == "__call__" and args
+        and isinstance(module, (nn.Dense, nn.DenseGeneral))):
+      path = "/".join(module.path)
+      inputs = args[0]
+      if isinstance(module, nn.Dense):
+        axes, features = (inputs.ndim - 1,), (module.features,)
+      else:
+        axis = module.axis if isinstance(module.axis, Sequence) else (
+            module.axis,)
+        axes = tuple(sorted(int(a) % inputs.ndim for a in axis))
+        features = (tuple(module.features) if isinstance(
+            module.features, Sequence) else (module.features,))
+        if module.batch_dims or axes != tuple(
+            range(inputs.ndim - len(axes), inputs.ndim)):
+          axes = None  # a kernel this module does not adapt
+      if axes is not None:
+        dense[path] = Target(path, tuple(inputs.shape[a] for a in axes),
+                             tuple(int(f) for f in features))
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    jax.eval_shape(model.init, jax.random.key(0))
+  kernels = [p[len("params/"):-len("/kernel")]
+             for p in tree_math.leaf_paths(base_variables)
+             if p.startswith("params/") and p.endswith("/kernel")]
+  return dense, kernels
+
+
+def _select(targets, dense, kernels) -> tuple[Target, ...]:
+  if targets is None:
+    chosen = sorted(dense)
+  else:
+    if isinstance(targets, str) or not isinstance(targets, Sequence) or (
+        not targets):
+      raise TypeError(f"targets must be a non-empty sequence of regular "
+                      f"expressions (or None), got {targets!r}")
+    chosen = set()
+    for pattern in targets:
+      try:
+        regex = re.compile(pattern)
+      except (re.error, TypeError) as error:
+        raise ValueError(f"targets: {pattern!r} is not a regular expression "
+                         f"({error})") from None
+      other = [k for k in kernels if k not in dense and regex.fullmatch(k)]
+      if other:
+        raise ValueError(f"targets: {pattern!r} matches {other}, kernels "
+                         "that are not Dense layers (convolutions, recurrent "
+                         "cells); LoRA adapts Dense layers only")
+      hits = [path for path in dense if regex.fullmatch(path)]
+      if not hits:
+        raise ValueError(f"targets: {pattern!r} matches no Dense layer; "
+                         f"the Dense layers are {sorted(dense)}")
+      chosen.update(hits)
+    chosen = sorted(chosen)
+  if not chosen:
+    raise ValueError("targets: the model has no Dense layer to adapt")
+  return tuple(dense[path] for path in chosen)
+
+
+def lora(model: Model, base_variables: Params, *, rank: int,
+         alpha: Optional[float] = None,
+         targets: Optional[Sequence[str]] = None, dropout: float = 0.0,
+         freeze_a: bool = False, merged: bool = False,
+         key: PRNGKey) -> Model:
+  """The network ``model`` with LoRA adapters on its Dense layers.
+
+  Args:
+    model: the base network (a flax network behind ``types.Model``, such
+      as ``models.get(...)``).
+    base_variables: its (pre-trained) variables, frozen and closed over.
+    rank: r, the adapters' rank (an int >= 1, at most min(d_in, d_out) of
+      every targeted layer).
+    alpha: the scale's numerator (the update is (alpha / r) B A); default
+      r (scale 1), the paper's "alpha = the first r tried".
+    targets: regular expressions matched in full against the Dense layers'
+      '/'-joined module paths (``TRANSFORMER_TARGETS`` for
+      ``transformer_lm``; "fc1", "fc\\d+" for the CNNs); None: every Dense
+      layer.
+    dropout: the rate of dropout on the adapters' input in training, in
+      [0, 1).
+    freeze_a: FFA-LoRA: A fixed at its random initialisation (drawn from
+      ``key``) in the model, only B in the params.
+    merged: FLoRA: a frozen "merged" [d_out, d_in] leaf per layer in the
+      params (zero at init), added to the base weight (scaled by alpha /
+      r, like B A).
+    key: draws a frozen A and seeds the dropout masks.
+
+  Returns:
+    A ``types.Model``: ``init(key) -> adapters`` (A from ``key``, B zero),
+    ``apply(adapters, x, train) -> (outputs, adapters)``, the base's loss.
+    ``spec(model)`` gives what was fixed here.
+  """
+  if not isinstance(model, Model):
+    raise TypeError(f"model must be a types.Model, got "
+                    f"{type(model).__name__}")
+  checks.check_int("rank", rank, 1)
+  if alpha is None:
+    alpha = float(rank)
+  checks.check_range("alpha", alpha, 0, low_open=True)
+  checks.check_range("dropout", dropout, 0, 1, high_open=True)
+  checks.check_bool("freeze_a", freeze_a)
+  checks.check_bool("merged", merged)
+  if freeze_a and merged:
+    raise ValueError("freeze_a and merged: FLoRA (merged) re-initialises "
+                     "A every round, FFA-LoRA (freeze_a) never does; "
+                     "choose one")
+  if not isinstance(base_variables, Mapping) or "params" not in (
+      base_variables):
+    raise ValueError("base_variables must be the base network's variables "
+                     "({'params': ...})")
+  shapes = jax.eval_shape(model.init, jax.random.key(0))
+  if jax.tree.structure(shapes) != jax.tree.structure(base_variables) or any(
+      s.shape != np.shape(v) for s, v in zip(
+          jax.tree.leaves(shapes), jax.tree.leaves(base_variables),
+          strict=True)):
+    raise ValueError("base_variables do not have the tree and shapes of "
+                     "model.init's variables")
+  dense, kernels = _discover(model, base_variables)
+  chosen = _select(targets, dense, kernels)
+  for target in chosen:
+    if rank > min(target.d_in, target.d_out):
+      raise ValueError(f"rank={rank} exceeds min(d_in, d_out) = "
+                       f"{min(target.d_in, target.d_out)} of {target.path!r}")
+  frozen = None
+  if freeze_a:
+    frozen = {t.path: init_a(jax.random.fold_in(key, i), rank, t.d_in)
+              for i, t in enumerate(chosen)}
+  lora_spec = LoRASpec(jax.tree.map(jnp.asarray, base_variables), chosen,
+                       int(rank), float(alpha) / rank, float(dropout),
+                       frozen, merged)
+
+  def init(init_key):
+    adapters = {}
+    for i, target in enumerate(chosen):
+      node = {"b": jnp.zeros((target.d_out, rank), jnp.float32)}
+      if not freeze_a:
+        node["a"] = init_a(jax.random.fold_in(init_key, i), rank,
+                           target.d_in)
+      if merged:
+        node["merged"] = jnp.zeros((target.d_out, target.d_in), jnp.float32)
+      adapters[target.path] = node
+    return {ADAPTERS: adapters}
+
+  apply = _AdaptedApply(lora_spec, model.apply,
+                        jax.random.fold_in(key, len(chosen)))
+  return Model(init, apply, model.loss)
+
+
+def spec(model: Model) -> LoRASpec:
+  """The ``LoRASpec`` of a model built by ``lora`` (TypeError naming
+  ``model`` for any other)."""
+  apply = getattr(model, "apply", None)
+  if not isinstance(apply, _AdaptedApply):
+    raise TypeError("model must be built by models.lora.lora")
+  return apply.spec
+
+
+def is_adapters(params: Params) -> bool:
+  """Whether ``params`` (one model or stacked [K, ...]) is an adapters
+  tree: only the "lora" key, each node holding "b" and at most "a" and
+  "merged"."""
+  if not isinstance(params, Mapping) or set(params) != {ADAPTERS}:
+    return False
+  nodes = params[ADAPTERS]
+  return isinstance(nodes, Mapping) and bool(nodes) and all(
+      isinstance(node, Mapping) and "b" in node and set(node) <= set(_LEAVES)
+      and not any(isinstance(v, Mapping) for v in node.values())
+      for node in nodes.values())
+
+
+def check_adapters(params: Params, rule: str, name: str = "params", *,
+                   need: Sequence[str] = ("b",),
+                   refuse: Sequence[str] = ()) -> Mapping[str, Any]:
+  """``params[ADAPTERS]`` (path -> node) of an adapters tree; ValueError
+  naming ``rule`` for anything else.
+
+  Args:
+    params: the tree to check.
+    rule: who asks (named in the error).
+    name: the argument's name (named in the error).
+    need: leaves every node must hold.
+    refuse: leaves no node may hold.
+  """
+  if not is_adapters(params):
+    keys = sorted(params) if isinstance(params, Mapping) else type(
+        params).__name__
+    raise ValueError(f"{rule}: {name} are not LoRA adapters (a tree "
+                     f"{{'{ADAPTERS}': {{path: {{'a', 'b'}}}}}} from "
+                     f"models.lora.lora); got keys {keys}")
+  nodes = params[ADAPTERS]
+  for path, node in nodes.items():
+    missing = [leaf for leaf in need if leaf not in node]
+    extra = [leaf for leaf in refuse if leaf in node]
+    if missing or extra:
+      raise ValueError(
+          f"{rule}: the adapters of {path!r} hold {sorted(node)}; "
+          f"{rule} needs {list(need)} and cannot take {list(refuse)}")
+  return nodes
+
+
+def merge(model: Model, adapters: Params) -> Params:
+  """The base variables with every targeted kernel replaced by W0 + (alpha /
+  r) (merged + B A), in the base's kernel shape (for saving or evaluating
+  the adapted network as a plain one: ``base_model.apply(merge(...), x,
+  False)`` equals the LoRA model's output)."""
+  lora_spec = spec(model)
+  nodes = check_adapters(adapters, "merge", "adapters")
+  params = dict(lora_spec.base_variables["params"])
+  for target in lora_spec.targets:
+    node = nodes[target.path]
+    a = (lora_spec.frozen_a[target.path] if lora_spec.frozen_a is not None
+         else node["a"])
+    product = jnp.matmul(node["b"], a, precision=tree_math.FULL)
+    if "merged" in node:
+      product = product + node["merged"]
+    *parents, leaf = target.path.split("/")
+    where = params
+    for parent in parents:
+      where[parent] = dict(where[parent])
+      where = where[parent]
+    where[leaf] = dict(where[leaf])
+    kernel = where[leaf]["kernel"]
+    delta = (lora_spec.scale * product).T.reshape(kernel.shape)
+    where[leaf]["kernel"] = (kernel + delta).astype(kernel.dtype)
+  return {**lora_spec.base_variables, "params": params}
+
+
+def num_trainable(model: Model) -> int:
+  """The trainable scalars of a LoRA model: r (d_in + d_out) per targeted
+  layer (r d_out with a frozen A); FLoRA's frozen "merged" leaves are not
+  counted. From shapes only."""
+  spec(model)
+  shapes = jax.eval_shape(model.init, jax.random.key(0))[ADAPTERS]
+  return sum(int(np.prod(node[leaf].shape)) for node in shapes.values()
+             for leaf in _TRAINABLE if leaf in node)
+
+
+def uplink_bytes(params: Params) -> int:
+  """Bytes a client sends up per round: its A and B (every trainable leaf)
+  in float32; FLoRA's frozen "merged" leaves stay on the server's side."""
+  nodes = check_adapters(params, "uplink_bytes")
+  return sum(4 * int(np.prod(np.shape(node[leaf])))
+             for node in nodes.values() for leaf in _TRAINABLE if leaf in node)
+
+
+def truncate(params: Params, rank) -> Params:
+  """The adapters with rank components >= ``rank`` set to zero (rows of A,
+  columns of B; HetLoRA's truncation, written as zero padding to keep the
+  shapes). ``rank`` may be traced (vmappable over clients)."""
+  nodes = check_adapters(params, "truncate")
+  out = {}
+  for path, node in nodes.items():
+    columns = jnp.arange(node["b"].shape[-1]) < rank
+    new = dict(node)
+    new["b"] = jnp.where(columns, node["b"], 0.0).astype(node["b"].dtype)
+    if "a" in node:
+      new["a"] = jnp.where(columns[:, None], node["a"], 0.0).astype(
+          node["a"].dtype)
+    out[path] = new
+  return {ADAPTERS: out}
+
+
+def weighted_product(a: jax.Array, b: jax.Array, weights: jax.Array
+                     ) -> jax.Array:
+  """sum_k w_k B_k A_k [d_out, d_in] of K stacked adapters, by stacking.
+
+  The K adapters are stacked along the rank axis, B = [B_1 ... B_K]
+  [d_out, K r] and A = [w_1 A_1; ...; w_K A_K] [K r, d_in], so that B A
+  is the weighted sum of the products (FLoRA's stacking). Rows of weight
+  0 (padding) are selected out, NaN or not.
+
+  Args:
+    a: [K, r, d_in].
+    b: [K, d_out, r].
+    weights: [K].
+  """
+  live = weights != 0
+  a = jnp.where(live[:, None, None], a * weights[:, None, None], 0.0)
+  b = jnp.where(live[:, None, None], b, 0.0)
+  num, rank, d_in = a.shape
+  stacked_a = a.reshape(num * rank, d_in)
+  stacked_b = jnp.moveaxis(b, 0, 1).reshape(b.shape[1], num * rank)
+  return jnp.matmul(stacked_b, stacked_a, precision=tree_math.FULL)
