@@ -104,11 +104,12 @@ LocalStepsFn = Callable[[PRNGKey, jax.Array], jax.Array]
 ComputeLosses = Union[bool, str]
 
 CHUNK_LOOPS = ("map", "unroll")
-MATMUL_PRECISIONS = ("highest", "default")
+MATMUL_PRECISIONS = ("highest", "default", "bfloat16")
 """What ``LocalTraining.matmul_precision`` takes: "highest" (full float32
-on every backend) or "default" (the backend's: full float32 on a CPU,
-TF32 on an NVIDIA GPU, one bfloat16 pass on a TPU, unless JAX's
-``jax_default_matmul_precision`` says otherwise)."""
+on every backend), "default" (the backend's: full float32 on a CPU, TF32
+on an NVIDIA GPU, one bfloat16 pass on a TPU, unless JAX's
+``jax_default_matmul_precision`` says otherwise) or "bfloat16" (bfloat16
+operands, float32 master weights: ``models.mixed``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +147,9 @@ class LocalTraining:
       gives a GPU or TPU the CPU's answers to float32 rounding; "default"
       lets an NVIDIA GPU use TF32 (10-bit mantissas, about 1e-3 relative
       per product) and a TPU bfloat16. The CPU computes the same either
-      way. The aggregation math is always at full precision
-      (``tree_math.FULL``).
+      way. "bfloat16": products in bfloat16 on float32 master weights
+      (``models.mixed``). The aggregation math is always at full
+      precision (``tree_math.FULL``).
   """
   epochs: int = 1
   batch_size: int = 16
@@ -187,7 +189,7 @@ class LocalTraining:
   def precision(self):
     """The context in which local training is traced: its products at
     ``matmul_precision`` ("default": JAX's own setting)."""
-    if self.matmul_precision == "default":
+    if self.matmul_precision != "highest":  # bfloat16: the operands'
       return contextlib.nullcontext()
     return jax.default_matmul_precision(self.matmul_precision)
 

@@ -47,6 +47,7 @@ from fedjax_agg.config import LocalTraining
 from fedjax_agg.config import OptimizerFactory
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.models import layers
+from fedjax_agg.models import mixed
 from fedjax_agg.types import ClientInfo, Model, Params
 from fedjax_agg.types import PRNGKey
 
@@ -115,6 +116,8 @@ def _client_trainer(model: Model, training: LocalTraining):
   """
   batch_size, num_epochs = training.batch_size, training.epochs
   objective = training.objective or objectives_lib.cross_entropy()
+  if training.matmul_precision == "bfloat16":
+    model = mixed.bfloat16_compute(model)  # master weights stay float32
   loss_fn = objectives_lib.local_loss(model, objective)
   make_optimizer = optax.inject_hyperparams(training.optimizer)
 

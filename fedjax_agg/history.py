@@ -45,7 +45,8 @@ __all__ = ["History", "HistoryWriter", "RUN_FILES", "TensorBoardWriter",
            "rounds_to_target", "save_run", "write_run"]
 
 RUN_FILES = ("config.json", "history.csv", "history.json", "summary.csv",
-             "summary.json", "accuracy.png", "partition.png", "curves.png")
+             "summary.json", "accuracy.png", "partition.png", "curves.png",
+             "accuracy_by_time.png")
 """The files a run writes in its folder and its member folders; the first
 five mark a folder as holding a run."""
 _MARKERS = RUN_FILES[:5]

@@ -36,7 +36,8 @@ import numpy as np
 from fedjax_agg.history import History
 from fedjax_agg.plotting import axis_label
 
-__all__ = ["AXES", "load_run", "main", "report", "table_rows"]
+__all__ = ["AXES", "async_tag", "load_run", "main", "plot_curves", "report",
+           "table_rows"]
 
 AXES = {axis: axis_label(axis)
         for axis in ("round", "sim_time_s", "uplink_bytes")}
@@ -61,7 +62,8 @@ def _point(member: str) -> str:
   return "_".join(member.split("_")[:-1])
 
 
-def _async_tag(run: History) -> str:
+def async_tag(run: History) -> str:
+  """The suffix " (async, C=...)" of a FedBuff run's label, else ""."""
   systems = run.config.get("systems") or {}
   concurrency = systems.get("concurrency")
   return "" if concurrency is None else f" (async, C={concurrency})"
@@ -70,7 +72,7 @@ def _async_tag(run: History) -> str:
 def _curves_of(folder: str, name: str) -> dict[str, list[History]]:
   if _has_history(folder):
     run = History.load(folder)
-    return {name + _async_tag(run): [run]}
+    return {name + async_tag(run): [run]}
   members = _members(folder)
   if members:
     groups = {}
@@ -78,7 +80,7 @@ def _curves_of(folder: str, name: str) -> dict[str, list[History]]:
       run = History.load(os.path.join(folder, member))
       point = _point(member)
       label = f"{name} {point}" if point else name
-      groups.setdefault(label + _async_tag(run), []).append(run)
+      groups.setdefault(label + async_tag(run), []).append(run)
     return groups
   return {}
 
@@ -176,7 +178,10 @@ def _tables(rows: list[dict], metric: str, target) -> tuple[str, str]:
   return markdown, latex
 
 
-def _plot(curves, metric: str, axis: str, path: str, title: str) -> str:
+def plot_curves(curves: dict[str, list[History]], metric: str, axis: str,
+                path: str, title: str = "") -> str:
+  """Saves ``metric`` against history column ``axis`` (one of ``AXES``),
+  mean and +- one sd band over each curve's runs, to ``path``."""
   fig = figure.Figure(figsize=(6, 4))
   backend_agg.FigureCanvasAgg(fig)
   ax = fig.add_subplot(1, 1, 1)
@@ -221,7 +226,7 @@ def report(run_dirs: Sequence[str], out: str, metric: str = "test_accuracy",
   for axis in AXES:
     if all(not np.isnan(run.column(axis)).all()
            for runs in curves.values() for run in runs):
-      paths[axis] = _plot(curves, metric, axis,
+      paths[axis] = plot_curves(curves, metric, axis,
                           os.path.join(out, f"{metric}_by_{axis}.png"),
                           f"{_words(metric)} by {AXES[axis]}")
   rows = table_rows(curves, metric, target)

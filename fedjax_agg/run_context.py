@@ -10,7 +10,9 @@ with ``derived_from_run``; the run (``runner.execute``, whatever built the
 rule: Python, a JSON config or the command line) builds a ``RunContext``
 and calls ``bind`` before the first round:
 
-* an argument the caller left out takes the run's value;
+* an argument the caller left out takes the run's value (a factory that
+  cannot be built without it, such as ``fedadp()`` without
+  ``num_clients``, gives a rule that only a run can use);
 * an argument the caller gave must equal the run's, else a ``ValueError``
   names it (``qffl(learning_rate=0.1)`` in a run whose clients train at
   0.05 is refused, not run with the wrong L);
@@ -82,8 +84,23 @@ def derived_from_run(check: Optional[Callable[[Aggregator, RunContext, dict],
 
     @functools.wraps(factory)
     def build(*args, **kwargs):
-      given = signature.bind(*args, **kwargs).arguments
-      rule = factory(*args, **kwargs)
+      given = signature.bind_partial(*args, **kwargs).arguments
+      missing = [name for name in arguments if name not in given
+                 and signature.parameters[name].default is
+                 inspect.Parameter.empty]
+      if missing:
+        # Built by the run (``from_run``); called before, it says what
+        # it lacks rather than failing on a missing argument.
+        def unbound(*_, **__):
+          raise ValueError(
+              f"{factory.__name__}: {', '.join(missing)} not given; a run "
+              "(simulation.run, a config, the command line) fills "
+              f"{'them' if len(missing) > 1 else 'it'} in, or pass "
+              f"{', '.join(missing)}=...")
+        rule = Aggregator(unbound, unbound)
+      else:
+        signature.bind(*args, **kwargs)  # TypeError for a bad call
+        rule = factory(*args, **kwargs)
 
       def from_run(context: RunContext) -> Aggregator:
         updates = {}

@@ -232,16 +232,16 @@ def device_env(num_devices: int, root: str) -> dict[str, str]:
               XLA_FLAGS=" ".join(flags))
 
 
-def dot_precisions(jaxpr):
-  """The ``precision`` of every dot_general in ``jaxpr`` and its sub-jaxprs
-  (cond branches, loop bodies, custom rules)."""
+def dot_generals(jaxpr):
+  """Every dot_general equation in ``jaxpr`` and its sub-jaxprs (cond
+  branches, loop bodies, custom rules)."""
   found = []
 
   def walk(value):
     if hasattr(value, "eqns"):  # a Jaxpr
       for eqn in value.eqns:
         if eqn.primitive.name == "dot_general":
-          found.append(eqn.params["precision"])
+          found.append(eqn)
         for param in eqn.params.values():
           walk(param)
     elif hasattr(value, "jaxpr"):  # a ClosedJaxpr
@@ -252,3 +252,8 @@ def dot_precisions(jaxpr):
 
   walk(jaxpr)
   return found
+
+
+def dot_precisions(jaxpr):
+  """The ``precision`` of every dot_general in ``jaxpr`` (``dot_generals``)."""
+  return [eqn.params["precision"] for eqn in dot_generals(jaxpr)]

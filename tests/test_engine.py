@@ -11,6 +11,7 @@ import pytest
 
 from fedjax_agg import engine
 from fedjax_agg import federated
+from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg.types import Model
 from fedjax_agg.config import LocalTraining
@@ -191,6 +192,73 @@ def test_local_training_products_carry_the_requested_precision():
   assert all(p is None for p in _training_dot_precisions("default"))
 
 
+def _dot_operand_dtypes(jaxpr):
+  return [tuple(str(v.aval.dtype) for v in eqn.invars)
+          for eqn in tu.dot_generals(jaxpr)]
+
+
+def test_bfloat16_mode_trains_bfloat16_products_on_float32_weights():
+  data, _, _, _ = tiny_data()
+  model = tiny_model()
+  params = model.init(jax.random.key(1))
+  ids = jnp.arange(5)
+  args = (params, data, ids, jnp.full(5, 0.5),
+          engine.full_steps(data, ids, 4, 2), jax.random.key(0))
+  trained = {}
+  for precision in ("highest", "bfloat16"):
+    train = engine.make_local_trainer(
+        model, LocalTraining(batch_size=4, epochs=2,
+                             matmul_precision=precision), clients_per_step=2)
+    found = _dot_operand_dtypes(jax.make_jaxpr(train)(*args))
+    want = "bfloat16" if precision == "bfloat16" else "float32"
+    assert len(found) >= 3 and all(d == (want, want) for d in found), found
+    trained[precision] = jax.jit(train)(*args).client_params
+  # Master weights stay float32 and follow float32 training to within
+  # bfloat16 rounding (8 mantissa bits: 2^-8 relative per operand), not
+  # to float32's.
+  for leaf, reference in zip(jax.tree.leaves(trained["bfloat16"]),
+                             jax.tree.leaves(trained["highest"]),
+                             strict=True):
+    assert leaf.dtype == jnp.float32
+    scale = float(jnp.max(jnp.abs(reference)))
+    error = float(jnp.max(jnp.abs(leaf - reference)))
+    assert 0 < error < 0.05 * scale, (error, scale)
+
+
 def test_matmul_precision_is_checked_by_name():
   with pytest.raises(ValueError, match="matmul_precision"):
     LocalTraining(matmul_precision="tf32")
+
+
+def test_local_steps_copy_no_client_model_beyond_what_the_update_needs():
+  # From the compiled program (XLA's memory_analysis): working memory does
+  # not grow with the number of local steps (no per-step copy of the
+  # stacked client models), and each client side by side adds at most 3
+  # models' worth: its parameters (the loop carry), its gradient and the
+  # updated parameters before they replace the carry. mlp2 at batch 5:
+  # the weights dominate the activations.
+  model = models.get("mlp2", num_classes=10, input_shape=(28, 28, 1))
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(160, 28, 28, 1)).astype(np.float32)
+  data = federated.from_partition(x, rng.integers(0, 10, 160),
+                                  list(np.array_split(np.arange(160), 8)))
+  params = model.init(jax.random.key(0))
+  model_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
+  temp = {}
+  for epochs in (1, 4):
+    for width in (2, 8):
+      train = engine.make_local_trainer(
+          model, LocalTraining(batch_size=5, epochs=epochs),
+          clients_per_step=width)
+      ids = jnp.arange(width, dtype=jnp.int32)
+      compiled = jax.jit(train).lower(
+          params, data, ids, jnp.full((width,), 0.1),
+          engine.full_steps(data, ids, 5, epochs),
+          jax.random.key(1)).compile()
+      temp[epochs, width] = compiled.memory_analysis().temp_size_in_bytes
+  # 4x the steps: a copy of even one client's model per step would add
+  # 12 models; the step schedule's index arrays add kilobytes.
+  for width in (2, 8):
+    assert temp[4, width] - temp[1, width] < 0.5 * model_bytes
+  per_client = (temp[1, 8] - temp[1, 2]) / 6
+  assert per_client <= 3 * model_bytes, per_client / model_bytes

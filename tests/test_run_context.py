@@ -5,6 +5,7 @@ solver, FedDyn's federation size and client side)."""
 
 import functools
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -197,3 +198,15 @@ def test_the_sgd_momentum_of_an_optimizer():
 def test_unknown_run_settings_are_refused_when_declared():
   with pytest.raises(ValueError, match="unknown run setting 'lr'"):
     run_context.derived_from_run(learning_rate="lr")
+
+
+def test_a_rule_left_without_a_required_run_setting_is_built_by_the_run():
+  model, data, _ = _python_setting()
+  filled = _python_run(aggregators.fedadp(alpha=1.0))
+  _assert_same(filled, _python_run(aggregators.fedadp(
+      num_clients=data.num_clients, alpha=1.0)))
+  rule = aggregators.fedadp(alpha=1.0)
+  with pytest.raises(ValueError, match="fedadp: num_clients not given"):
+    rule.init(model.init(jax.random.key(0)))
+  with pytest.raises(TypeError):
+    aggregators.fedadp(alpah=1.0)

@@ -14,7 +14,9 @@ runs, one after the other, each in a process of its own:
   1.66 M-parameter CNN, FedAvg): N = 100 with the library's defaults, with
   the defaults of commit 867e56b (8 clients side by side, cuDNN's
   convolution, the backend's matmul precision), with TF32 training
-  (``--matmul-precision default``), and N = 1,000 with the defaults;
+  (``--matmul-precision default``), with bfloat16 products on float32
+  master weights (``--matmul-precision bfloat16``), and N = 1,000 with
+  the defaults;
 * the centralized anchors: the same CNN as one model at batch 16 and 1,600
   (``round_bench.py --mode central``);
 * 10,000 clients x 100 examples in one call (``scaling_bench.py``);
@@ -176,6 +178,11 @@ def steps(out: str, test_workers: int = 8,
            _bench("--clients", "100", "--rounds", "3",
                   "--matmul-precision", "default"),
            _bench(*tiny_round, "--matmul-precision", "default"),
+           60, last_json_line),
+      Step("engine_n100_bf16",
+           _bench("--clients", "100", "--rounds", "3",
+                  "--matmul-precision", "bfloat16"),
+           _bench(*tiny_round, "--matmul-precision", "bfloat16"),
            60, last_json_line),
       Step("scale_10k",
            ("experiments/bench/scaling_bench.py", "--only", "1",

@@ -39,7 +39,9 @@ DP-FedAvg with adaptive clipping (the clients clip with the state's clip
 norm, which the streaming form does not see), FedDRL (its agent weights
 the clients from all their post-training losses, so the models wait for
 the last client) and q-FedAvg (a sum over clients in the paper, but scaled
-by the cohort's largest loss, which one client's statistics cannot see).
+by the cohort's largest loss, which one client's statistics cannot see),
+and the rules on LoRA adapters (FedIT, FFA-LoRA, FLoRA, HetLoRA: a
+client's adapters are small; FLoRA's carry its dense merged update).
 Their local training is still chunked, so only the stacked
 models grow with K; bound K by memory / (model size) for them.
 
@@ -76,6 +78,12 @@ from fedjax_agg.aggregators._feddrl import AgentConfig
 from fedjax_agg.aggregators._feddrl import AgentState
 from fedjax_agg.aggregators._feddrl import feddrl
 from fedjax_agg.aggregators._feddrl import FedDRLState
+from fedjax_agg.aggregators._fedit import fedit
+from fedjax_agg.aggregators._fedit import FedITState
+from fedjax_agg.aggregators._ffa_lora import ffa_lora
+from fedjax_agg.aggregators._ffa_lora import FFALoRAState
+from fedjax_agg.aggregators._flora import flora
+from fedjax_agg.aggregators._flora import FLoRAState
 from fedjax_agg.aggregators._fedlayerwise import fedlayerwise
 from fedjax_agg.aggregators._fedmedian import fedmedian
 from fedjax_agg.aggregators._fedmedian import FedMedianState
@@ -96,6 +104,8 @@ from fedjax_agg.aggregators._fedopt import scale_by_reddi
 from fedjax_agg.aggregators._fedopt import ScaleByReddiState
 from fedjax_agg.aggregators._geometric_median import geometric_median
 from fedjax_agg.aggregators._geometric_median import GeometricMedianState
+from fedjax_agg.aggregators._hetlora import hetlora
+from fedjax_agg.aggregators._hetlora import HetLoRAState
 from fedjax_agg.aggregators._krum import krum
 from fedjax_agg.aggregators._krum import KrumState
 from fedjax_agg.aggregators._norm_bounding import norm_bounding
@@ -109,16 +119,18 @@ from fedjax_agg.aggregators._trimmed_mean import TrimmedMeanState
 from fedjax_agg.registry import Registry
 
 __all__ = [
-    "AgentConfig", "AgentState", "BulyanState", "CenteredClippingState",
-    "DPFTRLState", "DPFedAvgState", "FedACSState", "FedAdpState",
-    "FedAvgState", "FedDRLState", "FedDynState", "FedMedianState",
-    "FedNNNNState", "FedNovaState", "FedSGD", "GeometricMedianState",
+    "ADAPTER_RULES", "AgentConfig", "AgentState", "BulyanState",
+    "CenteredClippingState", "DPFTRLState", "DPFedAvgState", "FedACSState",
+    "FedAdpState", "FedAvgState", "FedDRLState", "FedDynState", "FedITState",
+    "FedMedianState", "FedNNNNState", "FedNovaState", "FedSGD",
+    "FFALoRAState", "FLoRAState", "GeometricMedianState", "HetLoRAState",
     "KrumState", "NormBoundingState", "QFFLState", "REGISTRY",
     "ScaleByReddiState", "ServerOptState", "TreeAggregationNoise",
     "TrimmedMeanState", "angle_weighting", "bulyan", "centered_clipping",
     "dp_fedavg", "dp_ftrl", "eval_params", "fedacs", "fedadagrad",
-    "fedadam", "fedadp", "fedavg", "fedavgm", "feddrl", "feddyn",
-    "fedlayerwise", "fedmedian", "fednnnn", "fednova", "fedopt", "fedsgd",
+    "fedadam", "fedadp", "fedavg", "fedavgm", "feddrl", "feddyn", "fedit",
+    "ffa_lora", "flora", "hetlora", "fedlayerwise", "fedmedian", "fednnnn",
+    "fednova", "fedopt", "fedsgd",
     "fedyogi", "geometric_median", "get", "gompertz", "krum", "momentum",
     "norm_bounding", "norm_norm", "qffl", "register", "scale_by_reddi",
     "select_top",
@@ -151,13 +163,26 @@ REGISTRY = Registry("aggregator", {
     "qffl": qffl,
     "fednova": fednova,
     "feddyn": feddyn,
+    # LoRA adapters' rules (params of models.lora.lora only).
+    "fedit": fedit,
+    "ffa_lora": ffa_lora,
+    "flora": flora,
+    "hetlora": hetlora,
 }, context=("num_clients", "model", "x_eval", "y_eval"),
    check=lambda name, factory: _conformance(name, factory))
 """Every aggregator factory by the name the CLI and the conformance suite use:
 name -> factory of an ``Aggregator``. Factories are called with keyword
 arguments only; each has defaults for every argument except the context ones,
 which ``build`` passes only to the factories that declare them: ``num_clients``
-(rules with per-client state) and FedACS's ``model``, ``x_eval``, ``y_eval``."""
+(rules with per-client state) and FedACS's ``model``, ``x_eval``, ``y_eval``.
+``ADAPTER_RULES`` take LoRA adapters only (``models.lora``) and refuse any
+other params naming the rule."""
+
+
+ADAPTER_RULES = ("fedit", "ffa_lora", "flora", "hetlora")
+"""The rules of ``REGISTRY`` defined on LoRA adapters only
+(``models.lora.lora``'s params); the conformance kit checks them on
+adapters."""
 
 
 def _conformance(name: str, factory, symmetric: bool = True) -> None:

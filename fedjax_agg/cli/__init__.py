@@ -420,6 +420,8 @@ def single_main(args, config: dict, algorithm: str, prepared,
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
   from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import report  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
   callbacks = [start]
   if _is_writer(args):
     # The history files stay current as the run goes (a run that dies
@@ -446,8 +448,14 @@ def single_main(args, config: dict, algorithm: str, prepared,
   start.record(result.history)
   paths = history.write_run(args.out, {"run": result.history})["run"]
   plot_path = os.path.join(args.out, "accuracy.png")
-  plotting.plot_history({algorithm: result.history}, plot_path,
+  label = algorithm + report.async_tag(result.history)
+  plotting.plot_history({label: result.history}, plot_path,
                         title=_title(config, algorithm, start.dataset))
+  if not np.isnan(result.history.column("sim_time_s")).all():
+    report.plot_curves({label: [result.history]}, "test_accuracy",
+                       "sim_time_s", os.path.join(args.out,
+                                                  "accuracy_by_time.png"),
+                       _title(config, algorithm, start.dataset))
   rows = result.history.rows
   print(json.dumps({"final_test_accuracy": rows[-1].get("test_accuracy"),
                     "initial_test_accuracy": rows[0].get("test_accuracy"),

@@ -19,6 +19,9 @@ clients wrap any of them: ``attacks.local_update``.)
 * ``fedrep``: the head kept per client and trained first, then the body,
   each with the other part fixed.
 * ``apfl``: a personal model and its mixing weight per client.
+* ``lora_ranks``: LoRA clients of heterogeneous ranks (HetLoRA's
+  truncation and rank self-pruning; FLoRA's ranks), for
+  ``models.lora`` models.
 * ``ditto``: a personal model per client.
 * ``personal_accuracies`` / ``finetuned_accuracies``: personalised
   evaluation on each client's held-out split (``simulation.run`` records
@@ -58,6 +61,8 @@ from fedjax_agg.clients._fedrep import FedRepState
 from fedjax_agg.clients._fedrep import train_only
 from fedjax_agg.clients._host_table import HostRows
 from fedjax_agg.clients._host_table import uses_host_table
+from fedjax_agg.clients._lora_ranks import lora_ranks
+from fedjax_agg.clients._lora_ranks import LoRARanksState
 from fedjax_agg.clients._personal import last_dense_layer
 from fedjax_agg.clients._scaffold import correction_objective
 from fedjax_agg.clients._scaffold import scaffold
@@ -72,11 +77,12 @@ from fedjax_agg.registry import Registry
 __all__ = [
     "ADCT", "ADCTOutput", "ADCTState", "APFLState", "ClientOptions",
     "DEFAULT_GRID", "DittoState", "FedBNState", "FedDynClientState",
-    "FedPerState", "FedRepState", "HostRows", "REGISTRY", "ScaffoldState",
-    "Table", "adct", "adct_update", "apfl", "batch_norm_leaf",
+    "FedPerState", "FedRepState", "HostRows", "LoRARanksState", "REGISTRY",
+    "ScaffoldState", "Table", "adct", "adct_update", "apfl", "batch_norm_leaf",
     "correction_objective", "ditto", "dynamic_objective", "fedbn", "feddyn",
     "fedper", "fedrep", "finetuned_accuracies", "gather", "init_table",
-    "last_dense_layer", "personal_accuracies", "proximal_objective",
+    "last_dense_layer", "lora_ranks", "personal_accuracies",
+    "proximal_objective",
     "scaffold", "scaffold_aggregator", "scatter", "search_mask",
     "select_configs", "summarize", "train_only", "uses_host_table",
 ]

@@ -32,6 +32,11 @@ logits [B, T, V]; their ``Model.loss`` is ``types.sequence_cross_entropy``
 ``types.PAD_TARGET``), and ``num_classes`` is the vocabulary. See
 ``fedjax_agg.models.sequence``.
 
+LoRA adapters on any of them (a frozen base, trainable low-rank adapters;
+Hu et al., ICLR 2022): ``fedjax_agg.models.lora``. Mixed precision for
+local training (bfloat16 products on float32 master weights):
+``fedjax_agg.models.mixed``.
+
 Contract (``fedjax_agg.types.Model``), written for one client:
 ``init(key) -> variables`` (``{'params': ...}`` plus ``'batch_stats'`` for
 the BatchNorm networks) and ``apply(variables, x, train) -> (logits,

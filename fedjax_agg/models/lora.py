@@ -98,10 +98,12 @@ class Target(NamedTuple):
 
   @property
   def d_in(self) -> int:
+    """The number of input features (A's columns)."""
     return int(np.prod(self.in_shape))
 
   @property
   def d_out(self) -> int:
+    """The number of output features (B's rows)."""
     return int(np.prod(self.out_shape))
 
 
@@ -226,7 +228,8 @@ def _discover(model: Model, base_variables: Params):
     return next_fun(*args, **kwargs)
 
   with nn.intercept_methods(record):
-    jax.eval_shape(model.init, jax.random.key(0))
+    # A new function: a cached trace of model.init would call no module.
+    jax.eval_shape(lambda key: model.init(key), jax.random.key(0))
   kernels = [p[len("params/"):-len("/kernel")]
              for p in tree_math.leaf_paths(base_variables)
              if p.startswith("params/") and p.endswith("/kernel")]
@@ -402,6 +405,21 @@ def check_adapters(params: Params, rule: str, name: str = "params", *,
       raise ValueError(
           f"{rule}: the adapters of {path!r} hold {sorted(node)}; "
           f"{rule} needs {list(need)} and cannot take {list(refuse)}")
+  return nodes
+
+
+def check_round(rule: str, global_params: Params, client_params: Params,
+                info, *, weighting: str, need: Sequence[str],
+                refuse: Sequence[str] = ()) -> tuple[Mapping, Mapping]:
+  """An adapter rule's checks of one aggregation: both trees are adapters
+  holding ``need`` and none of ``refuse`` (``check_adapters``), and the
+  cohort is well formed (``checks.check_cohort``; ``num_examples`` read
+  only for example weighting). -> (global nodes, client nodes)."""
+  nodes = tuple(check_adapters(params, rule, name, need=need, refuse=refuse)
+                for name, params in (("global_params", global_params),
+                                     ("client_params", client_params)))
+  checks.check_cohort(global_params, client_params, info,
+                      uses_num_examples=weighting == "num_examples")
   return nodes
 
 

@@ -180,3 +180,17 @@ def test_resume_says_where_it_picks_up(tmp_path, capsys):
   err = capsys.readouterr().err
   assert "resumed from round 1 of 1 (already finished)" in err, err
   assert "rounds:" not in err  # no empty progress bar
+
+
+def test_an_async_run_is_named_as_such_and_plotted_against_time(tmp_path,
+                                                                 capsys):
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import report  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "async"
+  cli.main(TINY + ["--out", str(out), "--concurrency", "3",
+                   "--num-clients", "6", "--rounds", "2"])
+  capsys.readouterr()
+  run = history.History.load(str(out))
+  assert report.async_tag(run) == " (async, C=3)"
+  assert (out / "accuracy_by_time.png").stat().st_size > 0
+  assert list(report.load_run(str(out))) == ["async (async, C=3)"]

@@ -1,0 +1,61 @@
+"""FFA-LoRA: A frozen at its random initialisation, only B trained and averaged.
+
+Sun, Li, Li, Ding, "Improving LoRA in Privacy-preserving Federated
+Learning", ICLR 2024.
+
+With A fixed and shared by every client (``models.lora.lora(...,
+freeze_a=True)``: A lives in the model, drawn once from its key), a client
+trains and sends only B, and the server averages it:
+
+  B = sum_k p_k B_k,   p_k = n_k / sum_j n_j                          # Eq. (1)
+
+The aggregation is then exact, since A is common to all clients:
+
+  B A = (sum_k p_k B_k) A = sum_k p_k (B_k A)                          # Eq. (2)
+
+(FedIT's "inexact aggregation" of Eq. (2) in ``aggregators.fedit`` is 0),
+and the uplink is r d_out numbers per adapted layer instead of r (d_in +
+d_out): half of FedIT's for square layers.
+
+Interpretation choices: the paper aggregates with FedAvg (example
+weights); ``weighting="uniform"`` is offered as FedAvg's. The paper's
+larger scale alpha is the model's (``lora(alpha=...)``), not the rule's.
+"""
+
+from typing import NamedTuple
+
+from fedjax_agg import checks
+from fedjax_agg import tree_math
+from fedjax_agg.aggregators import _fedavg
+from fedjax_agg.models import lora
+from fedjax_agg.types import Aggregator, empty_init
+
+
+class FFALoRAState(NamedTuple):
+  """FFA-LoRA keeps no state."""
+
+
+def ffa_lora(weighting: str = "num_examples") -> Aggregator:
+  """FFA-LoRA (FedAvg of B, A frozen in the model).
+
+  Args:
+    weighting: "num_examples" (p_k proportional to n_k) or "uniform".
+
+  Returns:
+    An ``Aggregator`` over the adapters of ``models.lora.lora(...,
+    freeze_a=True)`` (only "b" leaves; a tree holding A, which this rule
+    would average as FedIT does, is refused naming ffa_lora). Metrics:
+    ``client_weights`` [K].
+  """
+  checks.check_choice("weighting", weighting, _fedavg.WEIGHTINGS)
+
+  def aggregate(global_params, client_params, info, state):
+    lora.check_round("ffa_lora", global_params, client_params, info,
+                     weighting=weighting, need=("b",), refuse=("a", "merged"))
+    weights = _fedavg.client_weights(info, weighting)
+    # Eq. (1); Eq. (2) holds with the model's frozen A.
+    mean = tree_math.weighted_sum(client_params, weights)
+    new_global = tree_math.keep_if_no_clients(info.mask, mean, global_params)
+    return new_global, state, {"client_weights": weights}
+
+  return Aggregator(empty_init(FFALoRAState), aggregate)
