@@ -106,7 +106,7 @@ def test_server_steps_match_numpy_over_the_recorded_events():
 def test_the_papers_equal_weighting_is_fedavg_uniform():
   # FedBuff (Nguyen et al. 2022, Alg. 1) averages the buffer with 1 / K;
   # the async mode keeps the run's rule, so that weighting is
-  # fedavg(weighting="uniform") (README, "Asynchronous buffered
+  # fedavg(weighting="uniform") (docs/systems.md, "Asynchronous buffered
   # aggregation").
   systems = Systems(concurrency=6, profiles="lognormal", profile_args=SPEEDS)
   result = _run(systems, aggregators.fedavg(weighting="uniform"),
