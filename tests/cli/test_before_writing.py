@@ -194,3 +194,20 @@ def test_an_async_run_is_named_as_such_and_plotted_against_time(tmp_path,
   assert report.async_tag(run) == " (async, C=3)"
   assert (out / "accuracy_by_time.png").stat().st_size > 0
   assert list(report.load_run(str(out))) == ["async (async, C=3)"]
+
+
+def test_warnings_are_one_line_without_their_source(monkeypatch):
+  import warnings  # pylint: disable=g-import-not-at-top
+  shown = []
+
+  def warns(argv):
+    del argv
+    shown.append(warnings.formatwarning(
+        "a short run for its agent", UserWarning, "fedjax_agg/x.py", 12,
+        "warnings.warn(...)"))
+    return 0
+  before = warnings.formatwarning
+  monkeypatch.setattr(cli, "_main", warns)
+  assert cli.main([]) == 0
+  assert shown == ["warning: a short run for its agent\n"]
+  assert warnings.formatwarning is before  # restored when the run ends
