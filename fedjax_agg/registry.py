@@ -45,8 +45,8 @@ class Registry(Mapping[str, Callable[..., Any]]):
     entries: name -> factory.
     context: argument names that callers may always pass to ``build`` and
       that reach only the factories declaring them.
-    check: ``(name, factory) -> None``, raising ValueError for a factory
-      ``register`` must refuse.
+    check: ``(name, factory, **options) -> None``, raising ValueError for
+      a factory ``register`` must refuse.
   """
 
   def __init__(self, kind: str, entries: Mapping[str, Callable[..., Any]],
@@ -60,10 +60,9 @@ class Registry(Mapping[str, Callable[..., Any]]):
     self._check = check
 
   def register(self, name: str, factory: Callable[..., Any], *,
-               replace: bool = False, check: bool = True
-               ) -> Callable[..., Any]:
-    """Adds ``factory`` as ``name`` (returns it); ``check`` False skips the
-    registry's check (for a caller that ran it itself)."""
+               replace: bool = False, **check_options) -> Callable[..., Any]:
+    """Adds ``factory`` as ``name`` (returns it); ``check_options`` go to
+    the registry's check (e.g. the aggregators' ``symmetric``)."""
     if not isinstance(name, str) or not name or name != name.strip():
       raise TypeError(f"name must be a non-empty string, got {name!r}")
     if not callable(factory):
@@ -75,8 +74,11 @@ class Registry(Mapping[str, Callable[..., Any]]):
     if name in self._entries and not replace:
       raise ValueError(f"{self.kind} {name!r} is already registered; pass "
                        "replace=True to replace a registration of your own")
-    if check and self._check is not None:
-      self._check(name, factory)
+    if self._check is not None:
+      self._check(name, factory, **check_options)
+    elif check_options:
+      raise TypeError(f"the {self.kind} registry checks nothing; got "
+                      f"{sorted(check_options)}")
     self._entries[name] = factory
     return factory
 

@@ -42,7 +42,6 @@ __all__ = ["AXES", "async_tag", "load_run", "main", "plot_curves", "report",
 AXES = {axis: axis_label(axis)
         for axis in ("round", "sim_time_s", "uplink_bytes")}
 """The x axes a report draws, by history column, with their labels."""
-_words = axis_label
 
 
 def _has_history(folder: str) -> bool:
@@ -144,7 +143,7 @@ def _cell(value, digits=4) -> str:
 
 
 def _tables(rows: list[dict], metric: str, target) -> tuple[str, str]:
-  words = _words(metric)
+  words = axis_label(metric)
   heads = ["run", "seeds", f"final {words}", f"best {words}"]
   if target is not None:
     heads += [f"rounds to {target}", f"sim. s to {target}",
@@ -196,7 +195,7 @@ def plot_curves(curves: dict[str, list[History]], metric: str, axis: str,
       ax.fill_between(x[keep], (mean - sd)[keep], (mean + sd)[keep],
                       alpha=0.2)
   ax.set_xlabel(AXES[axis])
-  ax.set_ylabel(_words(metric))
+  ax.set_ylabel(axis_label(metric))
   ax.grid(alpha=0.3)
   ax.legend()
   fig.suptitle(title)
@@ -228,7 +227,7 @@ def report(run_dirs: Sequence[str], out: str, metric: str = "test_accuracy",
            for runs in curves.values() for run in runs):
       paths[axis] = plot_curves(curves, metric, axis,
                           os.path.join(out, f"{metric}_by_{axis}.png"),
-                          f"{_words(metric)} by {AXES[axis]}")
+                          f"{axis_label(metric)} by {AXES[axis]}")
   rows = table_rows(curves, metric, target)
   markdown, latex = _tables(rows, metric, target)
   for name, text in (("report.md", markdown), ("report.tex", latex)):

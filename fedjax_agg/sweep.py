@@ -59,8 +59,8 @@ from fedjax_agg.runner import (CLIENT_LEARNING_RATE, MEMBER_AXIS,
 from fedjax_agg.types import Model
 
 __all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "SweepMember",
-           "UntraceableGridError", "grid_points", "member_name", "run_sweep",
-           "stack_data"]
+           "UntraceableGridError", "grid_points", "member_name", "point_name",
+           "run_sweep", "stack_data"]
 
 HParams = dict[str, Any]
 Build = Callable[[HParams], Any]  # -> (Aggregator, LocalObjective | None)
@@ -118,10 +118,15 @@ def _number_name(value) -> str:
   return repr(value)
 
 
+def point_name(hparams: HParams) -> str:
+  """A grid point's name: ``alpha5_mu0.1`` ("" for no grid)."""
+  return "_".join(f"{name}{_number_name(value)}"
+                  for name, value in hparams.items())
+
+
 def member_name(hparams: HParams, seed: int) -> str:
   """A member's name for files: ``alpha5_mu0.1_seed0``."""
-  parts = [f"{name}{_number_name(value)}" for name, value in hparams.items()]
-  return "_".join(parts + [f"seed{seed}"])
+  return "_".join(filter(None, (point_name(hparams), f"seed{seed}")))
 
 
 def run_sweep(

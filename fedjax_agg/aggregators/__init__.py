@@ -169,7 +169,7 @@ REGISTRY = Registry("aggregator", {
     "flora": flora,
     "hetlora": hetlora,
 }, context=("num_clients", "model", "x_eval", "y_eval"),
-   check=lambda name, factory: _conformance(name, factory))
+   check=lambda *args, **kwargs: _conformance(*args, **kwargs))
 """Every aggregator factory by the name the CLI and the conformance suite use:
 name -> factory of an ``Aggregator``. Factories are called with keyword
 arguments only; each has defaults for every argument except the context ones,
@@ -223,11 +223,8 @@ def register(name: str, factory, *, replace: bool = False,
     ValueError: a taken name (``replace`` replaces your own), a built-in
       name, or a rule the conformance kit refuses (naming the property).
   """
-  if not isinstance(name, str) or name in REGISTRY._builtin:  # pylint: disable=protected-access
-    return REGISTRY.register(name, factory, replace=replace)  # its refusal
-  if callable(factory):
-    _conformance(name, factory, symmetric)
-  return REGISTRY.register(name, factory, replace=replace, check=False)
+  return REGISTRY.register(name, factory, replace=replace,
+                           symmetric=symmetric)
 
 
 def takes_num_clients(factory) -> bool:

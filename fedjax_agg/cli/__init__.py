@@ -223,7 +223,7 @@ def _main(argv: list[str]) -> int:
   print("config: " + json.dumps(jsonio.jsonable(
       experiment.resolve_config(config))), file=sys.stderr, flush=True)
   if algorithm is None:
-    return compare_main(args, config, argv)
+    return compare_main(args, config)
   grid = parse_grid(args.sweep)
   # Several seeds of a config run as one vmapped sweep unless the config
   # says "vmap_seeds": false (then one after the other, as run_config).
@@ -280,11 +280,9 @@ class _Start:
 
   def record(self, history) -> None:
     """Notes in ``history``'s config a subset that stood in for the data
-    asked for (``experiment.substitution``)."""
+    asked for (``experiment.note_substitution``)."""
     from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-    note = experiment.substitution(self.dataset)
-    if note is not None:
-      history.config["data_substitution"] = note
+    experiment.note_substitution(history, self.dataset)
 
   def __call__(self, row: dict, client) -> None:
     del row, client
@@ -502,7 +500,7 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
   return _save_members(args, config, algorithm, members, start)
 
 
-def compare_main(args, config: dict, argv: list[str]) -> int:
+def compare_main(args, config: dict) -> int:
   """A config of several algorithms without ``--algorithm``: every
   algorithm x seed, as ``experiment.run_config`` runs them (its layout:
   ``<out>/<algorithm>/...``, ``summary.json`` and ``curves.png``)."""
@@ -520,7 +518,6 @@ def compare_main(args, config: dict, argv: list[str]) -> int:
         overwrite=args.overwrite)
   except ValueError as error:
     raise UsageError(f"--config {args.config}: {error}") from None
-  del argv
   print(json.dumps({"algorithms": {
       name: {key: value for key, value in entry.items()
              if key.startswith("final_test_accuracy")}
@@ -552,8 +549,8 @@ def _save_members(args, config: dict, algorithm: str, members,
   for member in members:
     # A band is named by what varies across bands (the grid point), or
     # by the algorithm when only the seed does: never by one seed.
-    label = "_".join(sweep.member_name(member.hparams, 0).split("_")[:-1])
-    by_point.setdefault(label or algorithm, []).append(member.history)
+    by_point.setdefault(sweep.point_name(member.hparams) or algorithm,
+                        []).append(member.history)
   plot_path = os.path.join(args.out, "accuracy.png")
   plotting.plot_mean_curves(by_point, plot_path,
                             title=_title(config, algorithm, start.dataset))

@@ -105,6 +105,7 @@ from fedjax_agg.experiment._checks_setting import TRAIN_CHECKS
 from fedjax_agg.experiment._data import DATASET_DEFAULTS
 from fedjax_agg.experiment._data import load_config
 from fedjax_agg.experiment._data import load_dataset
+from fedjax_agg.experiment._data import note_substitution
 from fedjax_agg.experiment._data import substitution
 from fedjax_agg.experiment._data import override
 from fedjax_agg.experiment._data import natural_clients
@@ -151,6 +152,7 @@ __all__ = ["ALGORITHM_KEYS", "build", "build_rule", "Built",
            "config_path", "ConfigError", "ConfigTypeError", "DATASET_DEFAULTS",
            "describe_data", "describe_parameters", "environment",
            "FEDDRL_MIN_AGENT_STEPS", "load_config", "load_dataset",
+           "note_substitution",
            "MODEL_KEYS", "model_parameters", "model_takes_options",
            "objective_of", "output_names", "override", "parse_sets",
            "natural_clients", "partition_indices", "partition_source",

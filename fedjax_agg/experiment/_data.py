@@ -98,6 +98,14 @@ def substitution(dataset) -> Optional[str]:
           "dataset.allow_subset false to refuse the subset)")
 
 
+def note_substitution(history, dataset) -> None:
+  """Records ``substitution(dataset)``, if any, in ``history``'s config as
+  "data_substitution" (every entry point that writes a history)."""
+  note = substitution(dataset)
+  if note is not None:
+    history.config["data_substitution"] = note
+
+
 def natural_clients(config: dict, seed: int,
                     federation: data_lib.NaturalFederation) -> np.ndarray:
   """Which of a natural federation's clients the config's run federates:

@@ -35,6 +35,7 @@ from fedjax_agg.experiment._data import DATASET_DEFAULTS
 from fedjax_agg.experiment._data import partition_indices
 from fedjax_agg.experiment._data import partition_source
 from fedjax_agg.experiment._data import SUBSET_SOURCES
+from fedjax_agg.experiment._data import substitution
 
 
 def resolve_config(config: dict) -> dict:
@@ -279,8 +280,8 @@ def setting_title(config: dict, dataset=None) -> str:
   """One line naming a config's setting (for plot titles): dataset,
   partition, model and the training constants; with ``dataset`` (the
   loaded data), "[subset: SOURCE]" where a subset stood in for it."""
-  subset = getattr(dataset, "source", None) if dataset is not None else None
-  tag = f" [subset: {subset}]" if subset in SUBSET_SOURCES else ""
+  tag = (f" [subset: {dataset.source}]" if substitution(dataset) is not None
+         else "")
   train = {**TRAIN_DEFAULTS, **config.get("train", {})}
   partition = config["partition"]
   arguments = "".join(f", {key}={value}" for key, value in

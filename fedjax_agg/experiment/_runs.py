@@ -35,7 +35,7 @@ from fedjax_agg.experiment._checks import ConfigError
 from fedjax_agg.experiment._data import load_dataset
 from fedjax_agg.experiment._data import plot_partition
 from fedjax_agg.experiment._data import prepare_data
-from fedjax_agg.experiment._data import substitution
+from fedjax_agg.experiment._data import note_substitution
 from fedjax_agg.experiment._record import check_output_dir
 from fedjax_agg.experiment._record import output_names
 from fedjax_agg.experiment._record import setting_title
@@ -286,10 +286,8 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
 def _saved(config, out_dir, name, seed, history, progress, how="",
            dataset=None):
   """Writes one seed's history of algorithm ``name`` (the one layout),
-  noting a subset that stood in for the data (``substitution``)."""
-  note = substitution(dataset)
-  if note is not None:
-    history.config["data_substitution"] = note
+  noting a subset that stood in for the data (``note_substitution``)."""
+  note_substitution(history, dataset)
   seeds = seeds_of(config)
   history.save(history_lib.member_folder(os.path.join(out_dir, name),
                                          f"seed{seed}", len(seeds)))
