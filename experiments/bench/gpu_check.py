@@ -11,8 +11,9 @@ runs, one after the other, each in a process of its own:
   tree math, the convolution lowerings, the golden histories), on the
   accelerator at its default matmul precision;
 * the round benchmark (``round_bench.py``, N clients x 600 examples, the
-  1.66 M-parameter CNN, FedAvg): N = 100 with the library's defaults, with
-  the defaults of commit 867e56b (8 clients side by side, cuDNN's
+  1.66 M-parameter CNN, FedAvg): N = 100 with the library's defaults,
+  with cuDNN's convolution at full precision, with the defaults of commit
+  867e56b (8 clients side by side, cuDNN's
   convolution, the backend's matmul precision), with TF32 training
   (``--matmul-precision default``), with bfloat16 products on float32
   master weights (``--matmul-precision bfloat16``), and N = 1,000 with
@@ -178,6 +179,11 @@ def steps(out: str, test_workers: int = 8,
            _bench("--clients", "100", "--rounds", "3",
                   "--matmul-precision", "default"),
            _bench(*tiny_round, "--matmul-precision", "default"),
+           60, last_json_line),
+      Step("engine_n100_xla",
+           _bench("--clients", "100", "--rounds", "3", "--conv-impl",
+                  "xla"),
+           _bench(*tiny_round, "--conv-impl", "conv"),
            60, last_json_line),
       Step("engine_n100_bf16",
            _bench("--clients", "100", "--rounds", "3",
