@@ -58,7 +58,7 @@ def dump_json(obj: Any, path: str, indent: int | None = 2) -> str:
 
   Args:
     obj: what to write (see ``jsonable``).
-    path: the file; its folder must exist.
+    path: the file; its folder is created if missing.
     indent: spaces per nesting level (None: one line).
   """
   text = json.dumps(jsonable(obj), indent=indent, allow_nan=False)
@@ -67,10 +67,12 @@ def dump_json(obj: Any, path: str, indent: int | None = 2) -> str:
 
 def write_text(path: str, text: str) -> str:
   """Writes ``text`` to ``path`` atomically: to a temporary file in the same
-  folder, then renamed over ``path``. Returns ``path``."""
+  folder (created if missing), then renamed over ``path``. Returns
+  ``path``."""
   # A name of our own rather than ``tempfile.mkstemp``, whose 0600 mode the
   # rename would carry over: the file gets the umask's permissions.
   directory, name = os.path.split(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
   temporary = os.path.join(directory,
                            f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
   try:

@@ -36,8 +36,8 @@ import numpy as np
 from fedjax_agg.history import History
 from fedjax_agg.plotting import axis_label
 
-__all__ = ["AXES", "async_tag", "load_run", "main", "plot_curves", "report",
-           "table_rows"]
+__all__ = ["AXES", "async_tag", "curve_x", "load_run", "main",
+           "plot_curves", "report", "table_rows"]
 
 AXES = {axis: axis_label(axis)
         for axis in ("round", "sim_time_s", "uplink_bytes")}
@@ -177,6 +177,20 @@ def _tables(rows: list[dict], metric: str, target) -> tuple[str, str]:
   return markdown, latex
 
 
+def curve_x(runs: Sequence[History], axis: str) -> np.ndarray:
+  """The x of each history row of ``runs`` on ``axis``: the mean over the
+  runs that have it, NaN where none does. Simulated time and bytes are
+  cumulative, so row 0 (the initial model, which leaves them blank) is
+  at 0."""
+  xs = np.stack([run.column(axis) for run in runs])
+  if axis != "round":
+    xs[:, 0] = np.where(np.isnan(xs[:, 0]), 0.0, xs[:, 0])
+  x = np.full(xs.shape[1], np.nan)
+  seen = ~np.isnan(xs).all(0)
+  x[seen] = np.nanmean(xs[:, seen], 0)
+  return x
+
+
 def plot_curves(curves: dict[str, list[History]], metric: str, axis: str,
                 path: str, title: str = "") -> str:
   """Saves ``metric`` against history column ``axis`` (one of ``AXES``),
@@ -187,7 +201,7 @@ def plot_curves(curves: dict[str, list[History]], metric: str, axis: str,
   scale = 1e-6 if axis == "uplink_bytes" else 1.0
   for label, runs in curves.items():
     values = np.stack([run.column(metric) for run in runs])
-    x = np.nanmean(np.stack([run.column(axis) for run in runs]), 0) * scale
+    x = curve_x(runs, axis) * scale
     keep = ~np.isnan(values).any(0) & ~np.isnan(x)
     mean, sd = values.mean(0), values.std(0)
     ax.plot(x[keep], mean[keep], marker=".", label=label)

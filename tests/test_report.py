@@ -2,6 +2,7 @@
 against numpy, and the ``report`` command's one-line errors."""
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -90,3 +91,24 @@ def test_the_report_command(runs, tmp_path, capsys):
     cli.main(["report", str(runs[0]), "--metric", "test_acc",
               "--out", str(out)])
   assert "test_acc" in capsys.readouterr().err
+
+
+def test_the_initial_model_is_drawn_at_zero_time_and_bytes(tmp_path):
+  # A run's row 0 (the initial model) leaves the cumulative columns blank,
+  # as the loop writes it; the curve starts at 0 s and 0 bytes, without
+  # numpy's "Mean of empty slice" for the blank column.
+  rows = [{"round": 0, "test_accuracy": 0.1},
+          {"round": 1, "test_accuracy": 0.4, "sim_time_s": 5.0,
+           "uplink_bytes": 2e6},
+          {"round": 2, "test_accuracy": 0.6, "sim_time_s": 9.0,
+           "uplink_bytes": 4e6}]
+  run = History(rows, [], {})
+  for axis, want in (("sim_time_s", [0.0, 5.0, 9.0]),
+                     ("uplink_bytes", [0.0, 2e6, 4e6]),
+                     ("round", [0.0, 1.0, 2.0])):
+    np.testing.assert_allclose(report.curve_x([run, run], axis), want)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      path = report.plot_curves({"a": [run, run]}, "test_accuracy", axis,
+                                str(tmp_path / f"{axis}.png"))
+    assert os.path.getsize(path) > 0

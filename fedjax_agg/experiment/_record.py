@@ -219,7 +219,8 @@ def write_run_config(directory: str, config: dict, **record_args) -> str:
 def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
   """Makes sure results can be written to ``path``, before anything runs.
 
-  Creates ``path`` (with its parents) if it is missing.
+  Writes nothing: a missing ``path`` is created by the first file written
+  into it, so a refused run leaves no folder behind.
 
   Args:
     path: the output folder.
@@ -237,12 +238,14 @@ def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
   """
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"{path} exists and is not a directory")
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as error:
-    raise ValueError(f"cannot create {path}: {error.strerror}") from None
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise ValueError(f"{path} is not writable")
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ValueError(f"cannot create {path}: {existing} is a file")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f"{path} is not writable" if os.path.isdir(path) else
+                     f"cannot create {path}: {existing} is not writable")
   for name in names:
     target = os.path.join(path, name)
     folder = path

@@ -22,7 +22,8 @@ def test_records_show_paths_inside_the_repository_relative(tmp_path):
 def test_check_output_dir(tmp_path):
   out = tmp_path / "new" / "out"
   assert experiment.check_output_dir(str(out), ["a/b.csv"]) == str(out)
-  assert out.is_dir()
+  assert not (tmp_path / "new").exists()  # checked, not created
+  out.mkdir(parents=True)
   (out / "taken").mkdir()
   with pytest.raises(ValueError, match="taken is a directory"):
     experiment.check_output_dir(str(out), ["ok.csv", "taken"])
