@@ -53,7 +53,7 @@ from fedjax_agg.types import PRNGKey
 
 __all__ = ["LocalResult", "LocalSums", "OptimizerFactory",
            "default_clients_per_step", "epoch_order", "full_steps",
-           "make_local_reducer", "make_local_trainer", "mean_client_loss",
+           "make_local_reducer", "make_local_trainer",
            "rows_finite", "steps_per_epoch"]
 
 

@@ -49,13 +49,10 @@ from fedjax_agg.config import (LocalTraining, Privacy)
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.options import RunOptions
-from fedjax_agg.round_forms import (MEMBER_AXIS, UntraceableGridError,
-                                    stack_data)
 from fedjax_agg.types import Aggregator, LocalObjective, Model, RunContext
 
-__all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "Member", "Plan",
-           "UntraceableGridError", "execute", "parts", "resolve_privacy",
-           "stack_data"]
+__all__ = ["CLIENT_LEARNING_RATE", "Member", "Plan", "execute", "parts",
+           "resolve_privacy"]
 
 CLIENT_LEARNING_RATE = "learning_rate"
 """The grid name that also sets the members' client learning rate."""

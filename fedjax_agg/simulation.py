@@ -17,19 +17,11 @@ from fedjax_agg import rounds
 from fedjax_agg import runner
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
-# The loop's names, as this module gave them before the loop had its own.
-from fedjax_agg.loop import (Callback, Driver, MAX_SEED, NonFiniteError,
-                             check_labels, cohort_keys, num_classes_of,
-                             open_checkpoints, seed_keys)
+from fedjax_agg.loop import Callback
 from fedjax_agg.options import RunOptions
-from fedjax_agg.runner import resolve_privacy
 from fedjax_agg.types import Aggregator, Model
 
-__all__ = ["Callback", "Driver", "MAX_SEED", "NonFiniteError", "RunResult",
-           "check_labels", "cohort_keys",
-           "num_classes_of", "open_checkpoints", "resolve_privacy", "run",
-           "RunOptions",
-           "seed_keys"]
+__all__ = ["RunResult", "run"]
 
 
 class RunResult(NamedTuple):

@@ -54,13 +54,11 @@ from fedjax_agg import checks
 from fedjax_agg import runner
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.options import RunOptions
-from fedjax_agg.runner import (CLIENT_LEARNING_RATE, MEMBER_AXIS,
-                               UntraceableGridError, stack_data)
+from fedjax_agg.runner import CLIENT_LEARNING_RATE
 from fedjax_agg.types import Model
 
-__all__ = ["CLIENT_LEARNING_RATE", "MEMBER_AXIS", "SweepMember",
-           "UntraceableGridError", "grid_points", "member_name", "point_name",
-           "run_sweep", "stack_data"]
+__all__ = ["SweepMember", "grid_points", "member_name", "point_name",
+           "run_sweep"]
 
 HParams = dict[str, Any]
 Build = Callable[[HParams], Any]  # -> (Aggregator, LocalObjective | None)

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from fedjax_agg import config
-from fedjax_agg import simulation
+from fedjax_agg import loop
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
 from fedjax_agg.config import NonFinite
@@ -89,4 +89,4 @@ def test_bad_configuration_values_are_named():
   with pytest.raises(ValueError, match="clients"):
     NonFinite(clients="drop")
   with pytest.raises(ValueError, match="seed"):
-    simulation.seed_keys(-1)
+    loop.seed_keys(-1)

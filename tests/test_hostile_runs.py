@@ -15,7 +15,9 @@ from fedjax_agg import clients
 from fedjax_agg import experiment
 from fedjax_agg import history as history_lib
 from fedjax_agg import locks
+from fedjax_agg import loop
 from fedjax_agg import privacy
+from fedjax_agg import round_forms
 from fedjax_agg import simulation
 from fedjax_agg import sweep
 from fedjax_agg.clients import _host_table
@@ -194,15 +196,15 @@ def test_config_nested_past_any_sane_depth_is_a_config_error(tmp_path):
 def test_seeds_past_32_bits_are_refused(seed):
   # jax.random.key keeps only the low 32 bits: 2**32 + 5 would be seed 5.
   with pytest.raises(ValueError, match="seed"):
-    simulation.seed_keys(seed)
+    loop.seed_keys(seed)
   with pytest.raises(experiment.ConfigError) as raised:
     experiment.check_config(_config(seeds=[0, seed]))
   assert raised.value.path == "seeds[1]"
 
 
 def test_the_largest_seed_is_distinct_from_zero():
-  a = jax.random.key_data(simulation.seed_keys(simulation.MAX_SEED)[0])
-  b = jax.random.key_data(simulation.seed_keys(0)[0])
+  a = jax.random.key_data(loop.seed_keys(loop.MAX_SEED)[0])
+  b = jax.random.key_data(loop.seed_keys(0)[0])
   assert not np.array_equal(a, b)
 
 
@@ -326,6 +328,6 @@ def test_sweeps_refuse_per_client_evaluation_they_cannot_compute():
 
 
 def test_sweeping_a_shape_argument_is_named_before_the_first_round():
-  with pytest.raises(sweep.UntraceableGridError, match="beta"):
+  with pytest.raises(round_forms.UntraceableGridError, match="beta"):
     _sweep(lambda h: aggregators.trimmed_mean(h["beta"]),
            {"beta": [0.1, 0.2]})

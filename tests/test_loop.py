@@ -127,12 +127,12 @@ def test_run_counts_raises_or_propagates_nonfinite_clients():
       1, 1]
   assert all(np.isfinite(leaf).all()
              for leaf in jax.tree.leaves(result.state.params))
-  with pytest.raises(simulation.NonFiniteError, match=r"round 1.*\[1\]"):
+  with pytest.raises(loop.NonFiniteError, match=r"round 1.*\[1\]"):
     simulation.run(model, data, test, aggregators.fedavg(),
                    nonfinite=NonFinite(clients="raise"), **kwargs)
   # Propagated, the NaN reaches the global model: the run stops, naming
   # the round, instead of reporting numbers of a NaN model.
-  with pytest.raises(simulation.NonFiniteError, match="round 1"):
+  with pytest.raises(loop.NonFiniteError, match="round 1"):
     simulation.run(model, data, test, aggregators.fedavg(),
                    nonfinite=NonFinite(clients="propagate"), **kwargs)
   recorded = simulation.run(

@@ -488,12 +488,12 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
   ``<out>/<member>/history.csv|json`` for several members),
   ``summary.csv`` and ``accuracy.png``."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import round_forms  # pylint: disable=g-import-not-at-top
   try:
     members = experiment.sweep_algorithm(
         config, algorithm, config["seeds"], prepared, grid,
         progress=not args.no_progress, callbacks=[start])
-  except sweep.UntraceableGridError as error:
+  except round_forms.UntraceableGridError as error:
     raise UsageError(f"--sweep: {error}") from None
   except (ValueError, TypeError, OSError) as error:
     raise start.refused(error) from None

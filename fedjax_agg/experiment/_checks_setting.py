@@ -18,7 +18,7 @@ from fedjax_agg import checks
 from fedjax_agg import data as data_lib
 from fedjax_agg import models
 from fedjax_agg import partitions
-from fedjax_agg import simulation
+from fedjax_agg import loop
 from fedjax_agg import spec as spec_lib
 from fedjax_agg import stragglers
 from fedjax_agg.config import MATMUL_PRECISIONS
@@ -351,6 +351,6 @@ def _check_seeds(config: dict) -> None:
     raise ConfigTypeError("seeds", f"seeds must be a non-empty list of ints "
                           f">= 0, got {seeds!r}")
   for i, seed in enumerate(seeds):
-    _checked(f"seeds[{i}]", checks.check_int, seed, 0, simulation.MAX_SEED)
+    _checked(f"seeds[{i}]", checks.check_int, seed, 0, loop.MAX_SEED)
   if len(set(seeds)) != len(seeds):
     raise ConfigError("seeds", f"seeds must be distinct, got {seeds}")
