@@ -224,9 +224,6 @@ def test_run_config_vmap_seeds_writes_the_runs_of_each_seed(tmp_path):
     np.testing.assert_allclose(saved[column], want[column], rtol=2e-5,
                                atol=2e-6, err_msg=column)
   assert (tmp_path / "FedProx" / "seed0" / "history.csv").exists()
-  with pytest.raises(ValueError, match="do not checkpoint"):
-    experiment.run_config(CONFIG, str(tmp_path), vmap_seeds=True,
-                          checkpoint_every=1)
 
 
 def test_experiment_grid_names_reach_the_aggregator_or_the_objective():

@@ -305,27 +305,24 @@ def _check_execution(args, given: set[str], config: dict, algorithm: str,
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   names = ["config.json", "accuracy.png"] + (
       ["partition.png"] if args.partition_plot else [])
-  if sweeping and (args.devices is not None or args.distributed):
-    raise UsageError("--devices/--distributed: --seeds/--sweep runs use "
-                     "one device")
+  if sweeping and args.distributed:
+    raise UsageError("--distributed: --seeds/--sweep runs shard their "
+                     "members over this process's devices (--devices)")
   if several:
-    if args.checkpoint_every or args.resume or args.checkpoint_dir:
-      raise UsageError("--checkpoint-dir/--checkpoint-every/--resume: runs "
-                       "of several seeds or grid points do not checkpoint")
     if args.tensorboard is not None:
       raise UsageError("--tensorboard: runs of several seeds or grid points "
                        "do not write TensorBoard events (one run does)")
     _check_grid(config, algorithm, grid)
   else:
     names += ["history.csv", "history.json"]
-    if args.checkpoint_every < 0:
-      raise UsageError(f"--checkpoint-every: must be an int >= 0, got "
-                       f"{args.checkpoint_every}")
-    if _checkpoint_dir(args) is not None:
-      try:
-        experiment.check_output_dir(_checkpoint_dir(args))
-      except ValueError as error:
-        raise UsageError(f"--checkpoint-dir: {error}") from None
+  if args.checkpoint_every < 0:
+    raise UsageError(f"--checkpoint-every: must be an int >= 0, got "
+                     f"{args.checkpoint_every}")
+  if _checkpoint_dir(args) is not None:
+    try:
+      experiment.check_output_dir(_checkpoint_dir(args))
+    except ValueError as error:
+      raise UsageError(f"--checkpoint-dir: {error}") from None
   devices = config.get("train", {}).get("devices")
   if devices is not None:
     import jax  # pylint: disable=g-import-not-at-top
@@ -472,9 +469,13 @@ def seeds_main(args, config: dict, algorithm: str, prepared: list,
   members = []
   for seed, data in zip(config["seeds"], prepared, strict=True):
     try:
+      checkpoint_dir = _checkpoint_dir(args)
       result = experiment.run_algorithm(
           config, algorithm, seed, data, progress=not args.no_progress,
-          callbacks=[start])
+          callbacks=[start],
+          checkpoint_dir=None if checkpoint_dir is None else os.path.join(
+              checkpoint_dir, f"seed{seed}"),
+          checkpoint_every=args.checkpoint_every, resume=args.resume)
     except (ValueError, TypeError, OSError) as error:
       raise start.refused(error) from None
     members.append(runner.Member({}, seed, result.history, result.state))
@@ -492,7 +493,9 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
   try:
     members = experiment.sweep_algorithm(
         config, algorithm, config["seeds"], prepared, grid,
-        progress=not args.no_progress, callbacks=[start])
+        progress=not args.no_progress, callbacks=[start],
+        checkpoint_dir=_checkpoint_dir(args),
+        checkpoint_every=args.checkpoint_every, resume=args.resume)
   except round_forms.UntraceableGridError as error:
     raise UsageError(f"--sweep: {error}") from None
   except (ValueError, TypeError, OSError) as error:

@@ -43,6 +43,18 @@ from fedjax_agg.experiment._record import shown_path
 from fedjax_agg.experiment._record import write_run_config
 
 
+def _checkpointing(directory: Optional[str], every: int,
+                   resume: bool) -> Optional[Checkpointing]:
+  """``config.Checkpointing`` of a run's checkpoint arguments (None: no
+  checkpoints)."""
+  if directory is not None:
+    return Checkpointing(directory, every, resume)
+  if every or resume:
+    raise ValueError("checkpoint_every / resume need checkpoint_dir (where "
+                     "the checkpoints are)")
+  return None
+
+
 def run_algorithm(config: dict, algorithm: str, seed: int,
                   prepared=None, progress: bool = False,
                   aggregator=None, checkpoint_dir: Optional[str] = None,
@@ -62,12 +74,7 @@ def run_algorithm(config: dict, algorithm: str, seed: int,
   check_config(config)
   built = build(config, algorithm, prepared or prepare_data(config, seed),
                 aggregator=aggregator, progress=progress)
-  checkpointing = None
-  if checkpoint_dir is not None:
-    checkpointing = Checkpointing(checkpoint_dir, checkpoint_every, resume)
-  elif checkpoint_every or resume:
-    raise ValueError("checkpoint_every / resume need checkpoint_dir (where "
-                     "the checkpoints are)")
+  checkpointing = _checkpointing(checkpoint_dir, checkpoint_every, resume)
   warn_short_feddrl(config, algorithm)
   return simulation.run(
       *built[:4], built.options.replace(checkpointing=checkpointing),
@@ -114,7 +121,10 @@ def warn_short_feddrl(config: dict, algorithm: str) -> Optional[str]:
 
 def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
                     prepared: list, grid: Optional[dict] = None,
-                    progress: bool = False, callbacks=()) -> list:
+                    progress: bool = False, callbacks=(),
+                    checkpoint_dir: Optional[str] = None,
+                    checkpoint_every: int = 0,
+                    resume: bool = False) -> list:
   """Runs one algorithm of ``config`` for every seed and grid point as ONE
   vmapped sweep (``sweep.run_sweep``). -> list of ``sweep.SweepMember``.
 
@@ -128,6 +138,9 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
     progress: show a progress bar.
     callbacks: callables every member's rows are handed to (besides the
       config's early stopping, fresh per member), as ``run_algorithm``'s.
+    checkpoint_dir, checkpoint_every, resume: as ``run_algorithm``'s; one
+      checkpoint holds every member (a resume refuses other seeds, grid,
+      data or settings).
   """
   if len(prepared) != len(seeds):
     raise ValueError(f"prepared must hold one prepare_data result per seed "
@@ -156,6 +169,8 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
   if options.privacy is not None:  # each member's from its rule
     options = options.replace(privacy=dataclasses.replace(
         options.privacy, noise_multiplier=None))
+  options = options.replace(checkpointing=_checkpointing(
+      checkpoint_dir, checkpoint_every, resume))
   num_clients = built.data.num_clients
   return sweep.run_sweep(
       lambda hparams: build_rule(config, algorithm, num_clients, hparams),
@@ -228,8 +243,10 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
   ``<out_dir>/<algorithm>/summary.csv``.
 
   ``checkpoint_every`` > 0 checkpoints each run every this many rounds in
-  ``<out_dir>/checkpoints/<algorithm>/seed<k>``; ``resume`` continues the
-  runs found there (a finished run is read back, not re-run).
+  ``<out_dir>/checkpoints/<algorithm>/seed<k>`` (with ``vmap_seeds``: one
+  checkpoint of all seeds in ``<out_dir>/checkpoints/<algorithm>``);
+  ``resume`` continues the runs found there (a finished run is read back,
+  not re-run).
 
   ``vmap_seeds`` (default: the config's ``"vmap_seeds"`` entry, else
   False) runs all seeds of an algorithm as one vmapped sweep
@@ -245,9 +262,6 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
     config = config.to_dict(written_out=False)
   if vmap_seeds is None:
     vmap_seeds = bool(config.get("vmap_seeds", False))
-  if vmap_seeds and (checkpoint_every or resume):
-    raise ValueError("vmap_seeds runs do not checkpoint: drop "
-                     "checkpoint_every/resume or vmap_seeds")
   check_config(config)
   names = algorithms or list(config["algorithms"])
   unknown = [name for name in names if name not in config["algorithms"]]
@@ -324,13 +338,20 @@ def _seeds_in_turn(config, names, out_dir, dataset, progress, checkpoints):
 
 def _vmapped_seeds(config, names, out_dir, dataset, progress, checkpoints):
   """Every algorithm's seeds as one vmapped sweep."""
-  del checkpoints  # refused with vmap_seeds
+  checkpoint_every, resume = checkpoints
   prepared = [prepare_data(config, seed, dataset)
               for seed in seeds_of(config)]
   plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
-  return {name: [_saved(config, out_dir, name, member.seed, member.history,
-                        progress, " (vmapped)", dataset)
-                 for member in sweep_algorithm(config, name,
-                                               seeds_of(config), prepared,
-                                               progress=progress)]
-          for name in names}
+  histories = {}
+  for name in names:
+    checkpoint_dir = (os.path.join(out_dir, "checkpoints", name)
+                      if checkpoint_every or resume else None)
+    members = sweep_algorithm(config, name, seeds_of(config), prepared,
+                              progress=progress,
+                              checkpoint_dir=checkpoint_dir,
+                              checkpoint_every=checkpoint_every,
+                              resume=resume)
+    histories[name] = [_saved(config, out_dir, name, member.seed,
+                              member.history, progress, " (vmapped)",
+                              dataset) for member in members]
+  return histories

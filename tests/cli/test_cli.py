@@ -149,7 +149,7 @@ BAD_FLAGS = [
     (["--conv-impl", "fast"], "--conv-impl"),
     (["--max-train-examples", "0"], "--max-train-examples"),
     (["--seeds", "0,x"], "--seeds"),
-    (["--seeds", "0,1", "--checkpoint-every", "1"], "--checkpoint-every"),
+    (["--seeds", "0,1", "--tensorboard", "tb"], "--tensorboard"),
     (["--sweep", "nope=1,2"], "--sweep"),
     (["--aggregator", "fedadp", "--sweep", "alpha=1,-5"], "--sweep"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
