@@ -38,6 +38,7 @@ from typing import Mapping, Optional
 import numpy as np
 
 from fedjax_agg import jsonio
+from fedjax_agg.types import Callback
 
 __all__ = ["History", "HistoryWriter", "RUN_FILES", "TensorBoardWriter",
            "check_fresh", "clear_run", "client_row", "earlier_run",
@@ -212,7 +213,7 @@ class _CsvText:
     return "".join(self.parts)
 
 
-class HistoryWriter:
+class HistoryWriter(Callback):
   """Round callback that keeps ``<directory>/history.csv|json`` current.
 
   Args:
@@ -250,7 +251,7 @@ class HistoryWriter:
       self.flush()
 
 
-class TensorBoardWriter:
+class TensorBoardWriter(Callback):
   """Round callback that writes every scalar of each row as a TensorBoard
   event (``tensorboard --logdir DIR``), step = round.
 

@@ -16,19 +16,11 @@ same ``Driver``; what every run does besides the round lives here once:
 * the run's recorded settings (``base_config``).
 
 Callbacks. Everything a run does besides its rounds and evaluation is a
-callback with one interface, in a member's ``callbacks``:
-
-* ``callback(row, client_row)`` after every round: the round's history row
-  (a dict of scalars, which a callback may extend, e.g. with ``epsilon``)
-  and its per-client arrays (None for the row of round 0). A plain
-  function is a callback;
-* optionally ``callback.after_round(round_num, state, stopping)`` once per
-  round, after every member's rows, with the run's whole state
-  (``stopping``: the run ends at this round because callbacks asked);
-* optionally ``callback.close()`` when the loop ends, also on an error;
-* a true ``stop_requested`` attribute after a round asks the run to end
-  there; a run of several members ends when every member has asked. The
-  history's config then says at which round and why (``stopped_by``).
+callback with one interface, ``types.Callback`` (a plain function
+``f(row, client_row)`` is one too), in a member's ``callbacks``: called
+with every history row, ``after_round`` once per round with the whole
+state, ``close`` at the end, and ``stop_requested`` to end the run early.
+The history's config then says at which round and why (``stopped_by``).
 
 The run's own cross-cutting parts are such callbacks: ``history``'s
 ``HistoryWriter`` (the history files as the run goes), ``Checkpoints``
@@ -53,19 +45,13 @@ from fedjax_agg import checkpoint
 from fedjax_agg import checks
 from fedjax_agg import history as history_lib
 from fedjax_agg.config import Checkpointing, Evaluation, NonFinite
-from fedjax_agg.types import Model, PAD_TARGET, Params
+from fedjax_agg.types import Callback, Model, PAD_TARGET, Params, as_callback
 
-__all__ = ["Callback", "Driver", "EarlyStopping", "MAX_SEED",
+__all__ = ["Driver", "EarlyStopping", "MAX_SEED",
            "NonFiniteError", "STOPPING_MODES", "base_config", "check_labels",
            "Checkpoints", "PrivacyAccounting", "check_rounds", "cohort_keys",
            "drawn_cohorts", "fingerprint", "num_classes_of",
            "open_checkpoints", "seed_keys"]
-
-Callback = Callable[[dict, Optional[dict]], None]
-"""A round callback: ``callback(row, client_row)`` with the round's history
-row and its per-client arrays (None for round 0); see the module
-docstring for its optional methods."""
-
 
 class NonFiniteError(FloatingPointError):
   """A run met a non-finite value its ``config.NonFinite`` policy refuses."""
@@ -142,7 +128,7 @@ def open_checkpoints(checkpointing: Optional[Checkpointing],
   return checkpointer, snapshot
 
 
-class Checkpoints:
+class Checkpoints(Callback):
   """The callback that saves a run as ``config.Checkpointing`` says: every
   ``every`` rounds, at the last round and at a round where callbacks end
   the run (``pack`` turns the members' rows into what a checkpoint
@@ -172,7 +158,7 @@ class Checkpoints:
     self.checkpointer.close()
 
 
-class PrivacyAccounting:
+class PrivacyAccounting(Callback):
   """The callback of a run's privacy accounting (``config.Privacy``): it
   writes ``epsilon``, the privacy loss after the row's round
   (``epsilons[r - 1]``), into each row, and asks the run to end at
@@ -237,6 +223,11 @@ class Driver:
   with_losses: bool = True
   stopped_at: Optional[int] = None
 
+  def __post_init__(self):
+    self.callbacks = [[as_callback(callback, f"callbacks[{i}]")
+                       for i, callback in enumerate(callbacks)]
+                      for callbacks in self.callbacks]
+
   def initial_rows(self, state, num_rounds: int) -> list[dict]:
     """The round-0 rows, one per member: the initial models' test metrics
     (and client losses if due), checked for non-finite values and handed
@@ -290,20 +281,19 @@ class Driver:
   def loop(self, state, first_round: int, num_rounds: int,
            rows: list[list[dict]], client_rows: list[list[dict]]):
     """Rounds ``first_round + 1 .. num_rounds``; appends to the rows;
-    closes the callbacks that have a ``close`` when it ends."""
+    closes the callbacks when it ends."""
     try:
       return self._loop(state, first_round, num_rounds, rows, client_rows)
     finally:
-      for callback in self._hooked("close"):
+      for callback in self._each_once():
         callback.close()
 
-  def _hooked(self, name: str) -> list:
-    """The callbacks with method ``name``, each once."""
+  def _each_once(self) -> list[Callback]:
+    """Every member's callbacks, one shared by several members once."""
     seen = {}
     for callbacks in self.callbacks:
       for callback in callbacks:
-        if callable(getattr(callback, name, None)):
-          seen.setdefault(id(callback), callback)
+        seen.setdefault(id(callback), callback)
     return list(seen.values())
 
   def _loop(self, state, first_round, num_rounds, rows, client_rows):
@@ -312,7 +302,6 @@ class Driver:
     if first_round < num_rounds and self._stop_requested():
       self.stopped_at = first_round  # A resumed run that had stopped.
       return state
-    hooked = self._hooked("after_round")
     bar = tqdm.trange(first_round, num_rounds, desc=desc,
                       disable=not self.progress or first_round >= num_rounds)
     for r in bar:
@@ -342,7 +331,7 @@ class Driver:
         bar.set_postfix(acc=" ".join(f"{row['test_accuracy']:.4f}"
                                      for row in new_rows[:4]))
       stop = self._stop_requested() and round_num < num_rounds
-      for callback in hooked:
+      for callback in self._each_once():
         callback.after_round(round_num, state, stop)
       if stop:
         self.stopped_at = round_num
@@ -352,8 +341,7 @@ class Driver:
 
   def _stop_requested(self) -> bool:
     """Whether every member has a callback asking the run to end."""
-    return all(any(getattr(callback, "stop_requested", False)
-                   for callback in callbacks)
+    return all(any(callback.stop_requested for callback in callbacks)
                for callbacks in self.callbacks)
 
   def stop_record(self) -> dict:
@@ -362,7 +350,7 @@ class Driver:
       return {}
     names = sorted({type(callback).__name__
                     for callbacks in self.callbacks for callback in callbacks
-                    if getattr(callback, "stop_requested", False)})
+                    if callback.stop_requested})
     return {"stopped_by": ", ".join(names),
             "stopped_at_round": int(self.stopped_at)}
 
@@ -386,7 +374,7 @@ STOPPING_MODES = ("max", "min")
 ("min") metric is better."""
 
 
-class EarlyStopping:
+class EarlyStopping(Callback):
   """A callback that ends a run when a metric stops improving.
 
   After each row holding ``metric`` (the evaluated rounds), the run ends

@@ -17,7 +17,7 @@ from fedjax_agg import rounds
 from fedjax_agg import runner
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
-from fedjax_agg.loop import Callback
+from fedjax_agg.types import Callback
 from fedjax_agg.options import RunOptions
 from fedjax_agg.types import Aggregator, Model
 

@@ -55,7 +55,7 @@ from fedjax_agg import runner
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.options import RunOptions
 from fedjax_agg.runner import CLIENT_LEARNING_RATE
-from fedjax_agg.types import Model
+from fedjax_agg.types import Callback, Model
 
 __all__ = ["SweepMember", "grid_points", "member_name", "point_name",
            "run_sweep"]
@@ -136,7 +136,8 @@ def run_sweep(
     data: FederatedData | Sequence[FederatedData],
     test_data: tuple[Any, Any],
     options: Optional[RunOptions] = None,
-    callbacks: Optional[Callable[[int], Sequence[Any]]] = None,
+    callbacks: Sequence[Callback] = (),
+    member_callbacks: Optional[Callable[[int], Sequence[Callback]]] = None,
     **fields,
 ) -> list[SweepMember]:
   """Runs every (grid point, seed) member as one vmapped computation.
@@ -169,8 +170,8 @@ def run_sweep(
       privacy is accounted per member (fixed-size cohorts only); systems
       are refused (``config.Systems`` needs each member's own cohort mask;
       run the members one at a time).
-    callbacks: ``callbacks(member_index) -> callables`` called with each of
-      that member's rows (see ``fedjax_agg.loop``).
+    callbacks: as ``simulation.run``'s, handed every member's rows.
+    member_callbacks: ``(member_index) -> callbacks`` of one member.
     **fields: ``RunOptions`` fields as keywords (``num_rounds=...``); they
       replace those of ``options``. Any other keyword is refused by name.
 
@@ -202,6 +203,7 @@ def run_sweep(
   return runner.execute(runner.Plan(
       model=model, data=data, test_data=test_data, build=build,
       points=points, seeds=seeds, options=options,
-      callbacks=[list(callbacks(m)) if callbacks else []
+      callbacks=[list(callbacks) + list(
+          member_callbacks(m) if member_callbacks else ())
                  for m in range(num_members)],
       vmapped=True))

@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import optax
 
 __all__ = ["AggregateFn", "Aggregator", "AggregatorState", "Batch",
-    "ClientInfo", "INFO_AXES", "LocalObjective", "LocalUpdate", "Metrics",
-    "Model", "RunContext",
+    "Callback", "ClientInfo", "INFO_AXES", "LocalObjective", "LocalUpdate",
+    "Metrics", "Model", "RunContext",
     "PRNGKey", "Params", "StackedParams", "StreamingForm", "empty_init",
     "softmax_cross_entropy", "PAD_TARGET", "target_counts",
-    "sequence_cross_entropy"]
+    "sequence_cross_entropy", "as_callback"]
 
 Params = Any
 """A model's parameters: a pytree of arrays (a flax variables dict, possibly
@@ -353,3 +353,63 @@ class LocalUpdate(NamedTuple):
   update: Callable[..., tuple[Any, Any, Metrics]]
   personalize: Optional[Callable[..., Params]] = None
   shared: Mapping[str, Any] = {}
+
+
+class Callback:
+  """What a run hands each history row to: the one callback interface.
+
+  ``callback(row, client_row)`` after every round (and for round 0): the
+  round's history row (a dict of scalars, which a callback may extend,
+  e.g. with ``epsilon``) and its per-client arrays (None for round 0).
+  ``after_round(round_num, state, stopping)`` once per round after every
+  member's rows, with the run's whole state (``stopping``: the run ends
+  at this round because callbacks asked). ``close()`` when the run ends,
+  also on an error. A true ``stop_requested`` after a round asks the run
+  to end there (a run of several members ends when every member asks).
+
+  Subclass it and override what you need; a plain function
+  ``f(row, client_row)`` is a callback too (``as_callback``).
+  """
+
+  stop_requested: bool = False
+
+  def __call__(self, row: dict, client_row: Optional[dict]) -> None:
+    """Takes a history row and its client row (None for round 0)."""
+    del row, client_row
+
+  def after_round(self, round_num: int, state: Any, stopping: bool) -> None:
+    """Runs once after round ``round_num``'s rows, with the run's state."""
+    del round_num, state, stopping
+
+  def close(self) -> None:
+    """Runs once when the run ends, also on an error."""
+
+
+class _FunctionCallback(Callback):
+  """A plain function ``f(row, client_row)`` as a ``Callback``."""
+
+  def __init__(self, function: Callable[[dict, Optional[dict]], None]):
+    self.function = function
+
+  def __call__(self, row: dict, client_row: Optional[dict]) -> None:
+    self.function(row, client_row)
+
+
+def as_callback(callback: Any, where: str = "callbacks") -> Callback:
+  """``callback`` as a ``Callback``: itself if it is one, a plain function
+  wrapped. An object with ``after_round``, ``close`` or ``stop_requested``
+  that does not subclass ``Callback`` is refused (a TypeError naming
+  ``where``) rather than run with those parts ignored."""
+  if isinstance(callback, Callback):
+    return callback
+  if not callable(callback):
+    raise TypeError(f"{where}: a callback is a types.Callback or a function "
+                    f"(row, client_row), got {type(callback).__name__}")
+  parts = [name for name in ("after_round", "close", "stop_requested")
+           if hasattr(callback, name)]
+  if parts:
+    raise TypeError(
+        f"{where}: {type(callback).__name__} has {', '.join(parts)} but is "
+        "not a types.Callback; subclass fedjax_agg.types.Callback so that "
+        "the run calls them")
+  return _FunctionCallback(callback)

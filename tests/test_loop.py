@@ -15,6 +15,7 @@ from fedjax_agg import history as history_lib
 from fedjax_agg import loop
 from fedjax_agg import simulation
 from fedjax_agg import sweep
+from fedjax_agg import types
 from fedjax_agg.config import Checkpointing, Execution
 from fedjax_agg.config import NonFinite
 from tests._util import _poisoned_data
@@ -94,13 +95,13 @@ def test_the_stopping_round_is_checkpointed(tmp_path):
     checkpointer.close()
 
 
-def _sweep(callbacks):
+def _sweep(member_callbacks=None, callbacks=()):
   data, test = _run_data()
   return sweep.run_sweep(
       lambda h: aggregators.fedadp(h["alpha"], num_clients=6),
       {"alpha": [1.0, 4.0]}, seeds=[0], model=linear_model(), data=data,
       test_data=test, num_rounds=4, participation=0.5, execution=QUIET,
-      callbacks=callbacks)
+      callbacks=callbacks, member_callbacks=member_callbacks)
 
 
 def test_a_sweep_stops_when_every_member_asks():
@@ -158,3 +159,47 @@ def test_the_loop_closes_callbacks_so_a_sparse_writer_keeps_every_row(
   # Rewrites at rounds 0 and 3; round 4 is written when the loop closes.
   frame = pd.read_csv(tmp_path / "run" / "history.csv")
   assert list(frame["round"]) == [0, 1, 2, 3, 4]
+
+
+def test_callbacks_have_one_interface_in_a_run_and_a_sweep():
+  # A plain function and a types.Callback subclass take the same rows in
+  # a run and in a sweep (each member's rows, in order); after_round and
+  # close run once per round and once per run; an object with such
+  # methods that is not a Callback is refused rather than half-called.
+  class Counter(types.Callback):
+    def __init__(self):
+      self.rows, self.rounds, self.closed = [], [], 0
+
+    def __call__(self, row, client_row):
+      self.rows.append((row["round"], client_row is None))
+
+    def after_round(self, round_num, state, stopping):
+      self.rounds.append(round_num)
+
+    def close(self):
+      self.closed += 1
+
+  seen = []
+  counter = Counter()
+  _run(2, [counter, lambda row, client: seen.append(row["round"])])
+  assert counter.rows == [(0, True), (1, False), (2, False)]
+  assert counter.rounds == [1, 2] and counter.closed == 1
+  assert seen == [0, 1, 2]
+  counter, seen = Counter(), []
+  _sweep(callbacks=[counter, lambda row, client: seen.append(row["round"])])
+  assert [r for r, _ in counter.rows] == seen == [0, 0, 1, 1, 2, 2, 3, 3,
+                                                  4, 4]
+  assert counter.rounds == [1, 2, 3, 4] and counter.closed == 1
+
+  class HalfCallback:
+    def __call__(self, row, client_row):
+      pass
+
+    def close(self):
+      pass
+
+  with pytest.raises(TypeError, match=r"callbacks\[0\]: HalfCallback has "
+                     "close but is not a types.Callback"):
+    _run(1, [HalfCallback()])
+  with pytest.raises(TypeError, match="got int"):
+    _run(1, [3])

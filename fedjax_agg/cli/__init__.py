@@ -54,6 +54,7 @@ from typing import Optional, Sequence
 
 from fedjax_agg import aggregators
 from fedjax_agg import objectives
+from fedjax_agg import types
 from fedjax_agg.cli._flags import _flag
 from fedjax_agg.cli._flags import _flag_of
 from fedjax_agg.cli._flags import build_parser
@@ -268,7 +269,7 @@ def _main(argv: list[str]) -> int:
   return single_main(args, config, algorithm, prepared[0], start)
 
 
-class _Start:
+class _Start(types.Callback):
   """A callback that writes the run's config with the run's first row (a
   member's initial evaluation), after everything the run checks up front.
   """
@@ -435,9 +436,8 @@ def single_main(args, config: dict, algorithm: str, prepared,
   except (ValueError, TypeError, OSError) as error:
     raise start.refused(error) from None
   finally:
-    for callback in callbacks:
-      if hasattr(callback, "close"):
-        callback.close()
+    for callback in callbacks:  # also when the run failed to start
+      callback.close()
   if not _is_writer(args):
     return 0  # Every process holds the same history; process 0 writes it.
   start.record(result.history)

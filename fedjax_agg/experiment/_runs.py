@@ -176,7 +176,8 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
       lambda hparams: build_rule(config, algorithm, num_clients, hparams),
       grid, seeds=seeds, model=built.model, data=[p[0] for p in prepared],
       test_data=built.test_data, options=options,
-      callbacks=lambda member: list(callbacks) + stopping_callbacks(config))
+      callbacks=callbacks,
+      member_callbacks=lambda member: stopping_callbacks(config))
 
 
 def write_summary_csv(summary: dict, path: str) -> str:
