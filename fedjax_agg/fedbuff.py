@@ -197,29 +197,18 @@ def make_async_round_fn(
     if codec is not None:
       decoded = compression.compress_updates(codec, decoded, cohort,
                                              train_key)
-    finite = jnp.ones(mask.shape, bool)
-    if exclude:
-      finite = engine.rows_finite(decoded)
-      if aggregator.uses_losses:
-        finite &= (jnp.isfinite(local.loss_before)
-                   & jnp.isfinite(local.loss_after))
+    finite = rounds.finite_clients(exclude, mask, decoded, local,
+                                   aggregator.uses_losses)
     weights = staleness_weight(staleness).astype(jnp.float32)
     client_params = buffered_models(state.params, trained, starts, decoded,
                                     weights)
-    agg_mask = jnp.where(finite, mask, 0.0) if exclude else mask
     if exclude:
       client_params = rounds.exclude_rows(finite, mask, client_params,
                                           state.params)
-    safe = lambda losses: (jnp.where(agg_mask > 0, losses, 0.0) if exclude
-                           else losses)
-    info = info._replace(mask=agg_mask, loss_before=safe(local.loss_before),
-                         loss_after=safe(local.loss_after),
-                         num_steps=local.steps_taken)
+    info, train_loss = rounds.aggregation_info(exclude, finite, info, local)
     new_params, agg_state, agg_metrics = aggregator.aggregate(
         state.params, client_params, info, state.aggregator_state)
     metrics.update(agg_metrics)
-    train_loss = jnp.sum(safe(local.train_loss) * agg_mask) / jnp.maximum(
-        jnp.sum(agg_mask), 1.0)
     new_state = rounds.ServerState(new_params, agg_state, info.round, key,
                                    state.client_state)
     return new_state, rounds.RoundOutput(

@@ -40,9 +40,10 @@ from fedjax_agg.federated import FederatedData
 from fedjax_agg.types import (Aggregator, ClientInfo, LocalUpdate, Model,
                               Params, PRNGKey)
 
-__all__ = ["LocalUpdate", "RoundOutput", "ServerState", "as_local_update",
-           "exclude_rows", "init_state", "make_round_fn", "num_sampled",
-           "round_inputs", "sample_cohort", "stateless"]
+__all__ = ["LocalUpdate", "RoundOutput", "ServerState", "aggregation_info",
+           "as_local_update", "exclude_rows", "finite_clients", "init_state",
+           "make_round_fn", "num_sampled", "round_inputs", "sample_cohort",
+           "stateless"]
 
 
 class ServerState(NamedTuple):
@@ -139,6 +140,38 @@ def init_state(params: Params, aggregator: Aggregator, seed: int = 0,
   return ServerState(params, aggregator.init(params),
                      jnp.zeros((), jnp.int32), jax.random.key(seed),
                      client_state)
+
+
+def finite_clients(exclude: bool, mask, rows, local, uses_losses: bool
+                   ) -> jax.Array:
+  """[K] bool: False for a client whose ``rows`` (its trained model or
+  update, stacked) hold a non-finite value, or whose losses do where the
+  rule reads them (``uses_losses``); every client with ``exclude``
+  False (the "propagate" policy)."""
+  finite = jnp.ones(mask.shape, bool)
+  if exclude:
+    finite = engine.rows_finite(rows)
+    if uses_losses:
+      finite &= (jnp.isfinite(local.loss_before)
+                 & jnp.isfinite(local.loss_after))
+  return finite
+
+
+def aggregation_info(exclude: bool, finite, info: ClientInfo, local
+                     ) -> tuple[ClientInfo, jax.Array]:
+  """The round's tail shared by every round form: (what the rule is told,
+  the train loss). With ``exclude``, the aggregation mask drops the
+  non-finite clients (``finite``) and their losses read 0, so no rule
+  sees a non-finite value; the train loss is the mean over the
+  aggregated clients of their minibatch losses."""
+  agg_mask = jnp.where(finite, info.mask, 0.0) if exclude else info.mask
+  safe = lambda losses: (jnp.where(agg_mask > 0, losses, 0.0) if exclude
+                         else losses)
+  train_loss = jnp.sum(safe(local.train_loss) * agg_mask) / jnp.maximum(
+      jnp.sum(agg_mask), 1.0)
+  return info._replace(mask=agg_mask, loss_before=safe(local.loss_before),
+                       loss_after=safe(local.loss_after),
+                       num_steps=local.steps_taken), train_loss
 
 
 def exclude_rows(finite, mask, client_params, global_params):
@@ -284,18 +317,9 @@ def make_round_fn(
       local, client_state, local_metrics = local_update.update(
           state.client_state, state.params, data, cohort, mask, lrs,
           num_steps, round_num, train_key)
-      finite = jnp.ones(mask.shape, bool)
-      if exclude:
-        finite = engine.rows_finite(local.client_params)
-        if aggregator.uses_losses:
-          finite &= (jnp.isfinite(local.loss_before)
-                     & jnp.isfinite(local.loss_after))
-    agg_mask = jnp.where(finite, mask, 0.0) if exclude else mask
-    safe = lambda losses: (jnp.where(agg_mask > 0, losses, 0.0) if exclude
-                           else losses)
-    info = info._replace(mask=agg_mask, loss_before=safe(local.loss_before),
-                         loss_after=safe(local.loss_after),
-                         num_steps=local.steps_taken)
+      finite = finite_clients(exclude, mask, local.client_params, local,
+                              aggregator.uses_losses)
+    info, train_loss = aggregation_info(exclude, finite, info, local)
     if stream:
       new_params, agg_state, metrics = aggregator.stream.finalize(
           state.params, local.stats, info, state.aggregator_state)
@@ -306,8 +330,6 @@ def make_round_fn(
                                      state.params)
       new_params, agg_state, metrics = aggregator.aggregate(
           state.params, client_params, info, state.aggregator_state)
-    train_loss = jnp.sum(safe(local.train_loss) * agg_mask) / jnp.maximum(
-        jnp.sum(agg_mask), 1.0)
     new_state = ServerState(new_params, agg_state, round_num, key,
                             client_state)
     return new_state, RoundOutput(
