@@ -435,12 +435,11 @@ REFUSALS = {
         lambda: _python_run(aggregators.fedadp(num_clients=NUM_CLIENTS),
                             systems=Systems(secagg_bits=16)),
         ("secure aggregation needs a rule that is a sum over clients",)),
-    # The messages differ (the config names the block's first key and the
-    # private rules, Python the missing noise); both name the cause.
     "privacy_without_private_rule": Refusal(
         _config({"aggregator": "fedavg"}, privacy={"delta": 1e-5}),
         lambda: _python_run(aggregators.fedavg(), privacy=Privacy()),
-        ("privacy", "private", "dp_fedavg")),
+        ("adds no calibrated Gaussian noise", "no privacy guarantee to "
+         "account; use a private rule", "dp_fedavg", "or drop privacy")),
     "privacy_over_selection": Refusal(
         _config(_dp(), systems={"over_selection": 0.5}),
         lambda: _python_run(aggregators.dp_fedavg(noise_multiplier=0.5),
@@ -531,13 +530,12 @@ REFUSALS = {
                                 objective=objectives.fedprox(0.1)),
                             local_update=clients.scaffold),
         ("scaffold", "sets its own local objective")),
-    # The messages differ: the config names the rule the client needs,
-    # Python the shared setting the rule does not read.
     "feddyn_client_without_its_rule": Refusal(
         _config({"aggregator": "fedavg", "client": "feddyn"}),
         lambda: _python_run(aggregators.fedavg(), local_update=functools
                             .partial(clients.feddyn, alpha=0.01)),
-        ("feddyn", "rule")),
+        ("pair the client side with its own rule (e.g. clients.feddyn with "
+         "aggregators.feddyn)",)),
     "feddyn_alpha_mismatch": Refusal(
         _config({"aggregator": "feddyn", "aggregator_args": {"alpha": 0.5},
                  "client": "feddyn", "client_args": {"alpha": 0.01}}),

@@ -146,7 +146,9 @@ def _check_pair(config, name, spec, client, arguments) -> None:
   if spec["aggregator"] != rule:
     raise ConfigError(f"{path}.aggregator", f"{path}.aggregator: the "
                       f"{client} client needs the {rule!r} rule (its server "
-                      f"side), got {spec['aggregator']!r}")
+                      f"side), got {spec['aggregator']!r}; pair the client "
+                      f"side with its own rule (e.g. clients.{client} with "
+                      f"aggregators.{rule})")
   ours = arguments.get(shared, clients.REGISTRY.parameters(client)[
       shared].default)
   theirs = rule_arguments(config, name)[0][shared]
@@ -266,8 +268,10 @@ def _check_privacy(config: dict) -> None:
   if not any(spec.get("aggregator") in PRIVATE_AGGREGATORS
              for spec in config["algorithms"].values()):
     path = f"privacy.{next(iter(block))}" if block else "privacy"
-    raise ConfigError(path, f"{path}: privacy accounting needs an algorithm "
-                      f"with a private aggregator {PRIVATE_AGGREGATORS}")
+    raise ConfigError(path, f"{path}: every algorithm's aggregator adds no "
+                      "calibrated Gaussian noise, so the runs have no privacy "
+                      "guarantee to account; use a private rule "
+                      f"{PRIVATE_AGGREGATORS}, or drop privacy")
   for key, value in block.items():
     _built(f"privacy.{key}", Privacy, 1.0, **{key: value})
   try:

@@ -123,7 +123,8 @@ def test_run_algorithm_checks_the_config_before_running():
   # A privacy block beside rules that add no noise would be ignored by the
   # build; run_algorithm refuses it as run_config does.
   config = {**MNIST_5K, "privacy": {"delta": 1e-5}}
-  with pytest.raises(experiment.ConfigError, match="private aggregator"):
+  with pytest.raises(experiment.ConfigError,
+                     match="adds no calibrated Gaussian noise"):
     experiment.run_algorithm(config, "FedAdp", seed=0)
   with pytest.raises(experiment.ConfigError, match="train.rounds"):
     experiment.run_algorithm(experiment.override(
