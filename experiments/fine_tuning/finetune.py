@@ -1,0 +1,259 @@
+"""Federated fine-tuning of the pre-trained base: full model vs LoRA rules.
+
+  python experiments/fine_tuning/finetune.py            # the experiment
+  python experiments/fine_tuning/finetune.py --tiny --out /tmp/ft
+
+Adapts the base of ``pretrain.py`` (``base/``) on the roles of the 32
+plays it never saw (``data.shakespeare(exclude_plays=HELD_OUT_PLAYS)``)
+with, for each partition (``natural``: one client per role; ``iid``: the
+same rows pooled and dealt at random to as many clients):
+
+* ``full``: FedAvg of the whole model, initialised at the base;
+* ``fedit-r``: LoRA adapters of rank r on every attention projection and
+  MLP layer (``lora.TRANSFORMER_TARGETS``), A and B averaged (FedIT);
+* ``ffa_lora-r``: A frozen at its random start, B averaged (FFA-LoRA);
+* ``flora-r``: the adapters stacked so that the aggregate is the mean of
+  the products B A, merged into the frozen part every round (FLoRA).
+
+It also reads, from XLA's compiled program, what one call of local
+training for 10, 100 and 1,000 clients side by side holds (``--memory``),
+for the full model and for the adapters.
+
+Every run: the same cohorts (seed), one local epoch of SGD (learning
+rate ``--lr`` for the adapters, ``--lr-full`` for the whole model, each
+the best of a short probe); the test set is a fixed random subset of the
+federation's test rows. Writes, under ``--out``, one history folder
+per run (``<partition>/<method>/history.csv|json``, the run's config
+beside its rows), ``summary.json`` (final perplexity and next-character
+accuracy, uplink bytes per client and round, trainable parameters, the
+median round time), and ``perplexity_<partition>.png``.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+# pylint: disable=wrong-import-position
+import jax
+import numpy as np
+
+from fedjax_agg import aggregators
+from fedjax_agg import engine
+from fedjax_agg import data as data_lib
+from fedjax_agg import federated
+from fedjax_agg import history as history_lib
+from fedjax_agg import plotting
+from fedjax_agg import simulation
+from fedjax_agg.config import Evaluation, Execution, LocalTraining
+from fedjax_agg.models import lora
+import pretrain
+# pylint: enable=wrong-import-position
+
+RULES = {"fedit": (aggregators.fedit, {}),
+         "ffa_lora": (aggregators.ffa_lora, {"freeze_a": True}),
+         "flora": (aggregators.flora, {"merged": True})}
+"""LoRA method -> (its rule's factory, the adapters it needs)."""
+
+
+def federations(fed, seed: int) -> dict:
+  """{"natural": the roles as clients, "iid": their rows dealt at random
+  to as many clients of the same sizes}."""
+  natural = federated.from_partition(fed.train_x, fed.train_y,
+                                     list(fed.train_clients))
+  sizes = [len(c) for c in fed.train_clients]
+  order = np.random.default_rng(seed).permutation(len(fed.train_x))
+  iid = np.split(order, np.cumsum(sizes)[:-1])
+  return {"natural": natural,
+          "iid": federated.from_partition(fed.train_x, fed.train_y, iid)}
+
+
+def methods(base, ranks, key) -> dict:
+  """name -> (model, rule, initial params or None)."""
+  out = {"full": (base.model, aggregators.fedavg(), base.variables)}
+  for rank in ranks:
+    for name, (factory, options) in RULES.items():
+      model = lora.lora(base.model, base.variables, rank=rank,
+                        targets=lora.TRANSFORMER_TARGETS, key=key,
+                        **options)
+      out[f"{name}-{rank}"] = (model, factory(), None)
+  return out
+
+
+def uplink_per_client(name: str, model, params) -> int:
+  """Bytes one client sends up per round (float32)."""
+  if name == "full":
+    return 4 * sum(int(np.size(a)) for a in jax.tree.leaves(params))
+  return lora.uplink_bytes(params)
+
+
+def cohort_memory(model, params, data, width: int, batch_size: int) -> dict:
+  """What one call of local training for ``width`` clients side by side
+  holds, from XLA's compiled program (``memory_analysis``): its arguments
+  (the params it starts from, the pooled data) and its working memory
+  (temporaries, every client's trained params). No client model is
+  allocated to measure it."""
+  # As the rounds run it: FedAvg and the LoRA rules read no client losses.
+  train = engine.make_local_trainer(
+      model, LocalTraining(epochs=1, batch_size=batch_size,
+                           compute_losses=False), clients_per_step=width)
+  ids = np.arange(width, dtype=np.int32) % data.num_clients
+  compiled = jax.jit(train).lower(
+      params, data, ids, np.full((width,), 0.1, np.float32),
+      engine.full_steps(data, ids, batch_size, 1),
+      jax.random.key(0)).compile()
+  analysis = compiled.memory_analysis()
+  return {"clients": width,
+          "argument_bytes": int(analysis.argument_size_in_bytes),
+          "output_bytes": int(analysis.output_size_in_bytes),
+          "temp_bytes": int(analysis.temp_size_in_bytes)}
+
+
+def run_one(model, rule, init, data, test, args):
+  """One run; -> (history, final params)."""
+  result = simulation.run(
+      model, data, test, rule, num_rounds=args.rounds,
+      participation=args.clients_per_round / data.num_clients, seed=args.seed,
+      training=LocalTraining(epochs=1, batch_size=args.batch_size,
+                             learning_rate=(args.lr_full if init is not None
+                                            else args.lr)),
+      execution=Execution(progress=False), init_params=init,
+      # The test rows every round; no pass over every client's data.
+      evaluation=Evaluation(clients=False))
+  return result.history, result.state.params
+
+
+def results_table(out: str) -> str:
+  """The Markdown table of ``<out>/summary.json`` and the histories beside
+  it (FedIT's mean inexactness over the rounds included), written to
+  ``<out>/table.md``."""
+  with open(os.path.join(out, "summary.json")) as f:
+    summary = json.load(f)
+  lines = ["| partition | method | trainable | uplink / client / round | "
+           "perplexity start -> end | next-char accuracy | FedIT "
+           "inexactness (mean) | round s (median) |",
+           "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+  for run, entry in summary["runs"].items():
+    partition, method = run.split("/")
+    history = history_lib.History.load(os.path.join(out, partition,
+                                                    method))
+    inexact = history.column("inexact_aggregation")[1:]
+    inexact = (f"{np.nanmean(inexact):.4f}" if len(inexact)
+               and not np.isnan(inexact).all() else "")
+    lines.append(
+        f"| {partition} | {method} | {entry['trainable_params']:,} | "
+        f"{entry['uplink_bytes_per_client']:,} B | "
+        f"{entry['initial_perplexity']:.3f} -> "
+        f"{entry['final_perplexity']:.3f} | {entry['final_accuracy']:.4f} | "
+        f"{inexact} | {entry['median_round_s']:.2f} |")
+  table = "\n".join(lines) + "\n"
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(table)
+  return table
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--base", default=os.path.join(HERE, "base"))
+  parser.add_argument("--out", default=os.path.join(HERE, "results"))
+  parser.add_argument("--rounds", type=int, default=20)
+  parser.add_argument("--clients-per-round", type=int, default=10)
+  parser.add_argument("--batch-size", type=int, default=16)
+  parser.add_argument("--lr", type=float, default=3.0,
+                      help="client SGD learning rate of the adapters")
+  parser.add_argument("--lr-full", type=float, default=0.05,
+                      help="client SGD learning rate of full fine-tuning")
+  parser.add_argument("--ranks", default="2,8")
+  parser.add_argument("--test-rows", type=int, default=2000)
+  parser.add_argument("--partitions", default="natural,iid")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--memory", default="10,100,1000",
+                      help="cohort sizes whose one-call memory is read from "
+                      "the compiled program ('' to skip)")
+  parser.add_argument("--table-only", action="store_true",
+                      help="only write <out>/table.md from a finished run")
+  parser.add_argument("--tiny", action="store_true",
+                      help="two plays, 2 rounds, rank 2 (a smoke run)")
+  args = parser.parse_args(argv)
+  if args.table_only:
+    print(results_table(args.out))
+    return {}
+  ranks = [int(r) for r in args.ranks.split(",")]
+  plays = None
+  if args.tiny:
+    args.rounds, args.clients_per_round, args.test_rows = 2, 2, 64
+    ranks, plays = [2], ["hamlet", "macbeth"]
+    args.memory = "2,4"
+  base = pretrain.load_base(args.base)
+  fed = data_lib.shakespeare(plays=plays,
+                             exclude_plays=pretrain.HELD_OUT_PLAYS)
+  rows = np.random.default_rng(args.seed).permutation(len(fed.test_x))
+  rows = np.sort(rows[:args.test_rows])
+  test = (fed.test_x[rows], fed.test_y[rows])
+  shown = {key: (os.path.relpath(os.path.abspath(getattr(args, key)), ROOT)
+                 if os.path.abspath(getattr(args, key)).startswith(ROOT)
+                 else getattr(args, key)) for key in ("base", "out")}
+  summary = {"settings": {**vars(args), **shown, "ranks": ranks,
+                          "clients": len(fed.train_clients),
+                          "train_rows": int(len(fed.train_x)),
+                          "test_rows": int(len(rows)),
+                          "base_perplexity": base.record.get(
+                              "perplexity_after"),
+                          "data": fed.provenance}, "runs": {}}
+  all_methods = methods(base, ranks, jax.random.key(args.seed))
+  natural = federations(fed, args.seed)["natural"]
+  summary["memory"] = {}
+  for name in ("full", f"fedit-{max(ranks)}"):
+    model, _, init = all_methods[name]
+    params = init if init is not None else model.init(jax.random.key(0))
+    summary["memory"][name] = [
+        cohort_memory(model, params, natural, int(width), args.batch_size)
+        for width in filter(None, args.memory.split(","))]
+    print(json.dumps({"memory": name, "by_cohort": summary["memory"][name]}),
+          flush=True)
+  for partition, data in federations(fed, args.seed).items():
+    if partition not in args.partitions.split(","):
+      continue
+    curves = {}
+    for name, (model, rule, init) in all_methods.items():
+      start = time.perf_counter()
+      history, params = run_one(model, rule, init, data, test, args)
+      seconds = time.perf_counter() - start
+      history_lib.save_run(os.path.join(args.out, partition, name),
+                           {"run": history}, overwrite=True)
+      losses = history.column("test_loss")
+      times = history.column("time_s")[2:]  # after the compiling round
+      entry = {"final_perplexity": float(math.exp(losses[-1])),
+               "initial_perplexity": float(math.exp(losses[0])),
+               "final_accuracy": float(history.column("test_accuracy")[-1]),
+               "uplink_bytes_per_client": uplink_per_client(name, model,
+                                                            params),
+               "trainable_params": (
+                   int(sum(np.size(a) for a in jax.tree.leaves(params)))
+                   if name == "full" else lora.uplink_bytes(params) // 4),
+               "median_round_s": (float(np.median(times)) if len(times)
+                                  else None),
+               "total_s": round(seconds, 1)}
+      summary["runs"][f"{partition}/{name}"] = entry
+      print(json.dumps({"run": f"{partition}/{name}", **entry}), flush=True)
+      curves[name] = history
+    plotting.plot_history(curves, os.path.join(
+        args.out, f"perplexity_{partition}.png"), metrics=("test_loss",
+                                                           "test_accuracy"),
+        title=f"fine-tuning, {partition} partition")
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  results_table(args.out)
+  return summary
+
+
+if __name__ == "__main__":
+  main()

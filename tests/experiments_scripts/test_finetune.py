@@ -1,0 +1,58 @@
+"""``experiments/fine_tuning/finetune.py``'s own parts, without training:
+the IID federation deals the natural one's rows to clients of the same
+sizes, and the table is what the summary and the histories say."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_agg import history as history_lib
+from fedjax_agg.data import NaturalFederation
+from tests.experiments_scripts._util import load_script
+
+
+@pytest.fixture(scope="module")
+def finetune():
+  return load_script("fine_tuning", "finetune.py")
+
+
+def test_the_iid_federation_deals_the_same_rows_to_clients_of_the_same_sizes(
+    finetune):
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 80, size=(30, 5)).astype(np.int32)
+  clients = (np.arange(0, 4), np.arange(4, 5), np.arange(5, 30))
+  fed = NaturalFederation("toy", x, x, clients, x[:3], x[:3],
+                          (np.arange(3),) * 3, ("a", "b", "c"), 80, (5,),
+                          "sequence", {})
+  both = finetune.federations(fed, seed=0)
+  natural, iid = both["natural"], both["iid"]
+  np.testing.assert_array_equal(natural.num_examples, [4, 1, 25])
+  np.testing.assert_array_equal(iid.num_examples, [4, 1, 25])
+  dealt = np.concatenate([np.asarray(iid.client_indices[k][
+      :int(iid.num_examples[k])]) for k in range(3)])
+  assert sorted(dealt.tolist()) == list(range(30))  # every row once
+  assert dealt.tolist() != list(range(30))  # and not in the roles' order
+
+
+def test_the_table_is_the_summary_and_the_histories(finetune, tmp_path):
+  rows = [{"round": 0, "test_loss": 1.7},
+          {"round": 1, "test_loss": 1.6, "inexact_aggregation": 0.02},
+          {"round": 2, "test_loss": 1.5, "inexact_aggregation": 0.04}]
+  history_lib.save_run(str(tmp_path / "natural" / "fedit-2"),
+                       {"run": history_lib.History(rows, [], {})})
+  history_lib.save_run(str(tmp_path / "natural" / "full"), {
+      "run": history_lib.History([{"round": 0, "test_loss": 1.7}], [], {})})
+  entry = {"final_perplexity": float(np.exp(1.5)),
+           "initial_perplexity": float(np.exp(1.7)),
+           "final_accuracy": 0.5, "uplink_bytes_per_client": 18432,
+           "trainable_params": 4608, "median_round_s": 0.95}
+  (tmp_path / "summary.json").write_text(json.dumps({"runs": {
+      "natural/fedit-2": entry, "natural/full": {
+          **entry, "trainable_params": 115536}}}))
+  table = finetune.results_table(str(tmp_path)).splitlines()
+  assert table[2] == ("| natural | fedit-2 | 4,608 | 18,432 B | 5.474 -> "
+                      "4.482 | 0.5000 | 0.0300 | 0.95 |")
+  assert table[3].startswith("| natural | full | 115,536 |")
+  assert table[3].endswith("| 0.5000 |  | 0.95 |")
+  assert (tmp_path / "table.md").read_text().splitlines() == table
