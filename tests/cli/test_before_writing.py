@@ -9,6 +9,7 @@ from fedjax_agg import cli
 
 from tests.cli.test_cli import TINY
 from tests.cli.test_cli import _error_line
+from tests.cli.test_sweep_checkpoints import CONFIG as SEEDS_CONFIG
 
 
 def _files(folder) -> dict:
@@ -54,16 +55,7 @@ def test_refusals_inside_the_run_come_before_any_file(flags, named,
 def test_a_configs_vmap_seeds_false_runs_its_seeds_one_after_the_other(
     tmp_path, capsys):
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  config = {
-      "dataset": {"name": "mnist", "source": "mnist_5k",
-                  "max_train_examples": 400},
-      "partition": {"name": "shards", "num_clients": 4,
-                    "args": {"shards_per_client": 2}},
-      "model": {"name": "mlp2"},
-      "train": {"rounds": 1, "participation": 0.5, "batch_size": 20,
-                "eval_clients": False},
-      "algorithms": {"FedAvg": {"aggregator": "fedavg"}},
-      "seeds": [0, 1], "vmap_seeds": False}
+  config = {**SEEDS_CONFIG, "vmap_seeds": False}
   out = tmp_path / "run"
   path = tmp_path / "seeds.json"
   path.write_text(json.dumps(config))
