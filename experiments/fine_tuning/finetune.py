@@ -87,8 +87,9 @@ def methods(base, ranks, key) -> dict:
   return out
 
 
-def uplink_per_client(name: str, model, params) -> int:
-  """Bytes one client sends up per round (float32)."""
+def uplink_per_client(name: str, params) -> int:
+  """Bytes one client sends up per round: its trainable float32 leaves
+  (all of the model for "full"; A and B for the adapters)."""
   if name == "full":
     return 4 * sum(int(np.size(a)) for a in jax.tree.leaves(params))
   return lora.uplink_bytes(params)
@@ -197,9 +198,12 @@ def main(argv=None) -> dict:
   rows = np.random.default_rng(args.seed).permutation(len(fed.test_x))
   rows = np.sort(rows[:args.test_rows])
   test = (fed.test_x[rows], fed.test_y[rows])
-  shown = {key: (os.path.relpath(os.path.abspath(getattr(args, key)), ROOT)
-                 if os.path.abspath(getattr(args, key)).startswith(ROOT)
-                 else getattr(args, key)) for key in ("base", "out")}
+  # Folders inside the repository are recorded relative to it.
+  inside = lambda path: os.path.commonpath([os.path.abspath(path),
+                                            ROOT]) == ROOT
+  shown = {key: os.path.relpath(os.path.abspath(getattr(args, key)), ROOT)
+           if inside(getattr(args, key)) else getattr(args, key)
+           for key in ("base", "out")}
   summary = {"settings": {**vars(args), **shown, "ranks": ranks,
                           "clients": len(fed.train_clients),
                           "train_rows": int(len(fed.train_x)),
@@ -208,17 +212,18 @@ def main(argv=None) -> dict:
                               "perplexity_after"),
                           "data": fed.provenance}, "runs": {}}
   all_methods = methods(base, ranks, jax.random.key(args.seed))
-  natural = federations(fed, args.seed)["natural"]
+  feds = federations(fed, args.seed)
   summary["memory"] = {}
   for name in ("full", f"fedit-{max(ranks)}"):
     model, _, init = all_methods[name]
     params = init if init is not None else model.init(jax.random.key(0))
     summary["memory"][name] = [
-        cohort_memory(model, params, natural, int(width), args.batch_size)
+        cohort_memory(model, params, feds["natural"], int(width),
+                      args.batch_size)
         for width in filter(None, args.memory.split(","))]
     print(json.dumps({"memory": name, "by_cohort": summary["memory"][name]}),
           flush=True)
-  for partition, data in federations(fed, args.seed).items():
+  for partition, data in feds.items():
     if partition not in args.partitions.split(","):
       continue
     curves = {}
@@ -228,16 +233,14 @@ def main(argv=None) -> dict:
       seconds = time.perf_counter() - start
       history_lib.save_run(os.path.join(args.out, partition, name),
                            {"run": history}, overwrite=True)
+      uplink = uplink_per_client(name, params)
       losses = history.column("test_loss")
       times = history.column("time_s")[2:]  # after the compiling round
       entry = {"final_perplexity": float(math.exp(losses[-1])),
                "initial_perplexity": float(math.exp(losses[0])),
                "final_accuracy": float(history.column("test_accuracy")[-1]),
-               "uplink_bytes_per_client": uplink_per_client(name, model,
-                                                            params),
-               "trainable_params": (
-                   int(sum(np.size(a) for a in jax.tree.leaves(params)))
-                   if name == "full" else lora.uplink_bytes(params) // 4),
+               "uplink_bytes_per_client": uplink,
+               "trainable_params": uplink // 4,  # float32
                "median_round_s": (float(np.median(times)) if len(times)
                                   else None),
                "total_s": round(seconds, 1)}
