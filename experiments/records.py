@@ -167,7 +167,7 @@ def verify(folder: str, config: dict, rounds: int, script, setting: dict,
   comparison made. ``script``: ``_script(folder)``; ``setting``: the
   experiment config of ``config``; ``dataset``: its loaded dataset."""
   test_examples = len(dataset.test_y)
-  seeds = experiment.seeds_of(config)
+  seeds = experiment.check_config(config).seeds
   specs = config["algorithms"]
   runnable = [n for n, spec in specs.items()
               if not set(spec) & set(NOT_RERUN)]

@@ -87,7 +87,8 @@ from fedjax_agg.fingerprint import describe
 __all__ = ["CheckpointError", "CheckpointMismatchError",
     "CorruptCheckpointError", "FORMAT_VERSION", "ITEMS", "MAX_TO_KEEP",
     "RunCheckpointer", "Snapshot", "check_arguments", "config_differences",
-    "data_fingerprint", "describe", "open_run", "spec_differences"]
+    "data_fingerprint", "describe", "load_variables", "open_run",
+    "save_variables", "spec_differences", "VARIABLES"]
 
 FORMAT_VERSION = 1
 """The version of the checkpoint layout written to ``meta``; a checkpoint
@@ -521,3 +522,44 @@ def open_run(checkpoint_dir: str, every: int, resume: bool, config: dict,
   _log.info("resume: round %d from %s", snapshot.round,
             checkpointer.directory)
   return checkpointer, snapshot
+
+
+VARIABLES = "variables"
+"""The orbax item of ``save_variables``' folder."""
+
+
+def save_variables(directory: str, variables) -> str:
+  """Saves a network's variables (e.g. a pre-trained base) to
+  ``<directory>/variables`` with orbax, for ``load_variables`` and a
+  description's ``model.base``. Returns ``directory``."""
+  path = os.path.join(os.path.abspath(directory), VARIABLES)
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(path, variables, force=True)
+  checkpointer.wait_until_finished()
+  # orbax's note of success names the absolute folder; restoring does not
+  # read it, and a committed base carries no machine's paths.
+  marker = os.path.join(path, "commit_success.txt")
+  if os.path.exists(marker):
+    os.remove(marker)
+  return directory
+
+
+def load_variables(directory: str, template):
+  """The variables ``save_variables`` wrote to ``directory``, restored
+  into ``template``'s tree, shapes and dtypes (e.g.
+  ``jax.eval_shape(model.init, key)``).
+
+  Raises:
+    CheckpointError: naming ``directory``: nothing saved there, or
+      variables of another network (another tree or shapes).
+  """
+  path = os.path.join(os.path.abspath(directory), VARIABLES)
+  if not os.path.isdir(path):
+    raise CheckpointError(f"{directory}: no saved variables (expected "
+                          f"{VARIABLES}/ written by save_variables)")
+  try:
+    return ocp.StandardCheckpointer().restore(path, template)
+  except (ValueError, KeyError, TypeError) as error:
+    raise CheckpointError(
+        f"{directory}: its variables are not those of this network (the "
+        f"model's name and arguments must be the base's): {error}") from None

@@ -304,6 +304,7 @@ class Driver:
       return state
     bar = tqdm.trange(first_round, num_rounds, desc=desc,
                       disable=not self.progress or first_round >= num_rounds)
+    shared = self._each_once()  # told after each round, once each
     for r in bar:
       start = time.perf_counter()
       state, outputs = self.round_step(state, self.sample(r))
@@ -331,7 +332,7 @@ class Driver:
         bar.set_postfix(acc=" ".join(f"{row['test_accuracy']:.4f}"
                                      for row in new_rows[:4]))
       stop = self._stop_requested() and round_num < num_rounds
-      for callback in self._each_once():
+      for callback in shared:
         callback.after_round(round_num, state, stop)
       if stop:
         self.stopped_at = round_num

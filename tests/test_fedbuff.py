@@ -254,6 +254,7 @@ def test_flags_and_config_keys_reach_the_same_systems():
       "--aggregator", "fedavg", "--concurrency", "6", "--staleness", "hinge",
       "--staleness-arg", "b=2", "--max-staleness", "5"])
   config, _ = cli.resolve(args, given)
+  config = config.to_dict(written_out=False)
   assert config["systems"] == {"concurrency": 6, "staleness": "hinge",
                                "staleness_args": {"b": 2},
                                "max_staleness": 5}
@@ -268,5 +269,5 @@ def test_flags_and_config_keys_reach_the_same_systems():
                       ({"max_staleness": 3}, "systems.max_staleness"),
                       ({"concurrency": 4, "deadline_s": 3.0},
                        "systems")):
-    with pytest.raises(experiment.ConfigError, match=path):
+    with pytest.raises(spec.ConfigError, match=path):
       experiment.check_config({**config, "systems": block})

@@ -13,6 +13,7 @@ from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
 from fedjax_agg import clients
 from fedjax_agg import experiment
+from fedjax_agg import spec
 from fedjax_agg import history as history_lib
 from fedjax_agg import locks
 from fedjax_agg import loop
@@ -112,7 +113,7 @@ def test_configs_give_poisson_rules_the_fixed_denominator():
   experiment.check_config(config)
   rule, _ = experiment.build_rule(config, "DP", 10)
   assert rule.expected_clients == 5.0 and rule.noise_multiplier == 1.0
-  args, _ = experiment.rule_arguments(config, "DP")
+  args, _ = experiment.check_config(config).rule_arguments("DP")
   assert args["expected_clients"] == 5.0
   # Without Poisson sampling the rule divides by the real participants.
   rule, _ = experiment.build_rule(_config(), "DP", 10)
@@ -122,7 +123,7 @@ def test_configs_give_poisson_rules_the_fixed_denominator():
 def test_an_unreachable_target_epsilon_is_refused_with_the_config():
   one_round = privacy.epsilon(1.0, 1, num_clients=10, cohort_size=5,
                               delta=1e-5)
-  with pytest.raises(experiment.ConfigError, match="single round") as raised:
+  with pytest.raises(spec.ConfigError, match="single round") as raised:
     experiment.check_config(_config(
         privacy={"target_epsilon": one_round / 2}))
   assert raised.value.path == "privacy.target_epsilon"
@@ -141,7 +142,7 @@ def test_a_dp_ftrl_target_is_checked_against_one_tree_node():
   ftrl = {"DP": {"aggregator": "dp_ftrl",
                  "aggregator_args": {"noise_multiplier": 1.0}}}
   target = (sampled + node) / 2  # the DP-FedAvg estimate would pass it
-  with pytest.raises(experiment.ConfigError, match="single round"):
+  with pytest.raises(spec.ConfigError, match="single round"):
     experiment.check_config(_config(algorithms=ftrl,
                                     privacy={"target_epsilon": target}))
   experiment.check_config(_config(algorithms=ftrl,
@@ -156,19 +157,19 @@ def test_a_dp_ftrl_target_is_checked_against_one_tree_node():
                                   "a" * 200])
 def test_algorithm_names_must_be_safe_folder_names(name):
   config = _config(algorithms={name: {"aggregator": "fedavg"}})
-  with pytest.raises(experiment.ConfigError, match="safe folder name"):
+  with pytest.raises(spec.ConfigError, match="safe folder name"):
     experiment.check_config(config)
 
 
 def test_committed_style_names_stay_valid():
   for name in ("FedAvg", "ADCT(25,10)", "FedLap_q0.25", "FedAvg-uniform",
                "FedProx mu=0.01"):
-    experiment.check_algorithm_name(name)
+    spec.check_algorithm_name(name)
 
 
 def test_run_config_refuses_an_escaping_name_before_writing(tmp_path):
   config = _config(algorithms={"../escaped": {"aggregator": "fedavg"}})
-  with pytest.raises(experiment.ConfigError):
+  with pytest.raises(spec.ConfigError):
     experiment.run_config(config, str(tmp_path / "out"), progress=False)
   assert not (tmp_path / "escaped").exists()
   assert not (tmp_path / "out").exists()
@@ -180,7 +181,7 @@ def test_config_nested_past_any_sane_depth_is_a_config_error(tmp_path):
   for _ in range(200_000):
     node["a"] = {}
     node = node["a"]
-  with pytest.raises(experiment.ConfigError, match="nested deeper"):
+  with pytest.raises(spec.ConfigError, match="nested deeper"):
     experiment.check_config(_config(algorithms={"A": {
         "aggregator": "fedavg", "aggregator_args": deep}}))
   path = tmp_path / "deep.json"
@@ -197,7 +198,7 @@ def test_seeds_past_32_bits_are_refused(seed):
   # jax.random.key keeps only the low 32 bits: 2**32 + 5 would be seed 5.
   with pytest.raises(ValueError, match="seed"):
     loop.seed_keys(seed)
-  with pytest.raises(experiment.ConfigError) as raised:
+  with pytest.raises(spec.ConfigError) as raised:
     experiment.check_config(_config(seeds=[0, seed]))
   assert raised.value.path == "seeds[1]"
 

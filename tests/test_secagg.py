@@ -762,11 +762,12 @@ def test_runs_refuse_rules_and_widths_the_secure_sum_cannot_carry():
 
 def test_flags_reach_the_secure_sum():
   from fedjax_agg import cli  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import spec  # pylint: disable=g-import-not-at-top
   args, given = cli.parse(["--aggregator", "fedavg", "--secagg-bits", "16",
                            "--secagg-clip", "0.5"])
-  config, _ = cli.resolve(args, given)
-  assert config["systems"] == {"secagg_bits": 16, "secagg_clip": 0.5}
-  experiment.check_config(config)
-  with pytest.raises(experiment.ConfigError, match="systems.secagg_clip"):
-    experiment.check_config({**config, "systems": {"secagg_clip": 0.5}})
+  run, _ = cli.resolve(args, given)
+  assert run.to_dict(written_out=False)["systems"] == {
+      "secagg_bits": 16, "secagg_clip": 0.5}
+  with pytest.raises(spec.ConfigError, match="systems.secagg_clip"):
+    spec.Experiment.from_dict({**run.to_dict(written_out=False),
+                               "systems": {"secagg_clip": 0.5}})

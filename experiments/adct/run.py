@@ -67,6 +67,7 @@ from fedjax_agg import experiment
 from fedjax_agg import jsonio
 from fedjax_agg import plotting
 from fedjax_agg import simulation
+from fedjax_agg import spec as spec_lib
 from fedjax_agg import validation
 from fedjax_agg import history as history_lib
 from fedjax_agg import drivers
@@ -124,7 +125,7 @@ def spec_config(config: dict) -> dict:
   client's data is computed for the ADCT runs only, before the first and
   after the last round (as the committed runs were)."""
   spec = {key: value for key, value in config.items()
-          if key in experiment.TOP_KEYS
+          if key in spec_lib.keys(spec_lib.Experiment)
           and key not in ("train", "algorithms", "provenance")}
   spec["train"] = {**_spec_train({**TRAIN_DEFAULTS,
                                   **config.get("train", {})}),
@@ -279,8 +280,7 @@ def run_config(config: dict, out_dir: str, resume: bool = False,
   # The config as run: only the algorithms asked for.
   config = {**config, "algorithms": {n: config["algorithms"][n]
                                      for n in names}}
-  setting = spec_config(config)
-  experiment.check_config(setting)
+  setting = experiment.check_config(spec_config(config))
   os.makedirs(out_dir, exist_ok=True)
   dataset = experiment.load_dataset(setting)
   # The config as run (ADCT's format, runnable again), with the
@@ -294,7 +294,7 @@ def run_config(config: dict, out_dir: str, resume: bool = False,
   histories = {name: [] for name in names}
   seeds = config.get("seeds", [0])
   for seed in seeds:
-    prepared = experiment.prepare_data(config, seed, dataset)
+    prepared = experiment.prepare_data(setting, seed, dataset)
     if seed == seeds[0]:
       experiment.plot_partition(prepared,
                                 os.path.join(out_dir, "partition.png"))

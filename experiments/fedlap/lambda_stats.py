@@ -18,6 +18,7 @@ Writes ``results/lambda_stats_<config>/lambda_stats.json``.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -116,7 +117,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   path = experiment.config_path(args.config, False, HERE)
   config = experiment.load_config(path)
-  train = {**experiment.TRAIN_DEFAULTS, **config["train"]}
+  train = dataclasses.asdict(experiment.check_config(config).train)
   objective_args = config["algorithms"]["FedLap"].get("objective_args", {})
   prepared = experiment.prepare_data(config, args.seed)
   data, _, num_classes, input_shape, _, _ = prepared

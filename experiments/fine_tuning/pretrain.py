@@ -44,9 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 
 import fedjax_agg
+from fedjax_agg import checkpoint
 from fedjax_agg import data as data_lib
 from fedjax_agg import models
 from fedjax_agg import types
@@ -59,7 +59,7 @@ folders (comedies, histories, problems, roman, romances, tragedies), so
 that the base has seen every kind of play; the federation fine-tunes on
 the roles of the other 32."""
 MODEL = "transformer_lm"
-VARIABLES = "variables"
+VARIABLES = checkpoint.VARIABLES
 RECORD = "record.json"
 TINY = {"width": 16, "depth": 1, "heads": 2, "steps": 30, "seconds": 60.0,
         "batch_size": 8, "eval_rows": 64}
@@ -135,12 +135,7 @@ def train(model: types.Model, variables, x: np.ndarray, y: np.ndarray, *,
 def save_base(out: pathlib.Path, variables, record: dict) -> None:
   """``out/variables`` (orbax) and ``out/record.json``."""
   out.mkdir(parents=True, exist_ok=True)
-  checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(out.resolve() / VARIABLES, variables, force=True)
-  checkpointer.wait_until_finished()
-  # orbax's note of success names the folder, a path of this machine;
-  # restoring does not read it.
-  (out / VARIABLES / "commit_success.txt").unlink(missing_ok=True)
+  checkpoint.save_variables(str(out), variables)
   (out / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -152,8 +147,7 @@ def load_base(path) -> Base:
   record = json.loads((path / RECORD).read_text())
   model = build_model(record["model_args"])
   template = jax.eval_shape(model.init, jax.random.key(0))
-  variables = ocp.StandardCheckpointer().restore(
-      path.resolve() / VARIABLES, template)
+  variables = checkpoint.load_variables(str(path), template)
   return Base(model, variables, record)
 
 

@@ -60,6 +60,7 @@ from fedjax_agg import jsonio  # pylint: disable=wrong-import-position
 from fedjax_agg import loop  # pylint: disable=wrong-import-position
 from fedjax_agg import privacy as privacy_lib  # pylint: disable=wrong-import-position
 from fedjax_agg import simulation  # pylint: disable=wrong-import-position
+from fedjax_agg import spec  # pylint: disable=wrong-import-position
 from fedjax_agg import sweep  # pylint: disable=wrong-import-position
 
 NUM_CLIENTS = 100
@@ -136,7 +137,7 @@ def study_config(rounds: int, seeds, rules: dict, partition: str = "iid",
                      for name, (factory, arguments) in rules.items()},
       "seeds": list(seeds),
   }
-  if any(factory in experiment.PRIVATE_AGGREGATORS
+  if any(factory in spec.PRIVATE_AGGREGATORS
          for factory, _ in rules.values()):
     config["privacy"] = {"delta": DELTA}
   if attack is not None:

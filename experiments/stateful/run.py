@@ -133,8 +133,7 @@ def build_run(config: dict, name: str, prepared) -> experiment.Built:
   if training.steps_fn is not None:
     # The stragglers' budgets count local steps (U{1..E s}), a unit the
     # format's "stragglers" (whole epochs) does not have.
-    fraction = {**experiment.TRAIN_DEFAULTS, **config.get("train", {}),
-                **spec.get("train", {})}["stragglers"]
+    fraction = experiment.check_config(config).train_of(name).stragglers
     training = dataclasses.replace(training, steps_fn=stragglers.stragglers(
         fraction, training.epochs, unit="steps"))
     notes["stragglers_unit"] = "steps"

@@ -168,7 +168,7 @@ def run_part(part: str) -> None:
     experiment.run_config(config, out_dir, progress=False)
     for png in glob.glob(os.path.join(out_dir, "*.png")):
       os.remove(png)
-    seeds = experiment.seeds_of(config)
+    seeds = experiment.check_config(config).seeds
     for algorithm in config["algorithms"]:  # the histories' CSV copies
       for seed in seeds:
         os.remove(os.path.join(history_lib.member_folder(
@@ -187,7 +187,7 @@ def load_runs(name: str) -> list:
     return []
   with open(path) as f:
     config = json.load(f)
-  seeds = experiment.seeds_of(config)
+  seeds = experiment.check_config(config).seeds
   runs = []
   for algorithm in sorted(config["algorithms"]):
     run_dir = os.path.join(out_dir, algorithm)

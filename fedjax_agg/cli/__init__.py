@@ -33,7 +33,9 @@ tabulates finished runs (``fedjax_agg.report``).
 client learning rate) run every seed x grid point as ONE vmapped
 computation (``fedjax_agg.sweep``) and write ``<out>/<member>/history.*``,
 e.g. ``<out>/alpha5_seed1/history.csv``, and ``<out>/summary.csv``; so
-does a config with several seeds. This is the one output layout of every
+does a config with several seeds (vmapped where it says "vmap_seeds":
+true, else one after the other, as ``experiment.run_config`` runs it).
+This is the one output layout of every
 entry point (``fedjax_agg.history``): one folder per run, a member
 subfolder each when the run has several.
 
@@ -45,7 +47,6 @@ stderr (exit status 2).
 """
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -147,10 +148,12 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, set[str]]:
   return args, set(vars(build_parser(defaults=False).parse_args(argv)))
 
 
-def resolve(args, given: set[str]) -> tuple[dict, str]:
-  """The checked config of the flags (and --config) and the algorithm to
-  run; a bad one raises ``UsageError`` naming the flag (or the file)."""
+def resolve(args, given: set[str]):
+  """The ``spec.Experiment`` of the flags (and --config) and the algorithm
+  to run; a bad one raises ``UsageError`` naming the flag (or the
+  file)."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import spec  # pylint: disable=g-import-not-at-top
   base = None
   if args.config is not None:
     try:
@@ -161,52 +164,51 @@ def resolve(args, given: set[str]) -> tuple[dict, str]:
       raise UsageError(f"--config {args.config}: not a JSON object")
   config, algorithm = config_from_args(args, base, given)
   try:
-    experiment.check_config(config)
-  except experiment.ConfigError as error:
+    checked = spec.Experiment.from_dict(config)
+  except spec.ConfigError as error:
     if error.path == "algorithms" and (base is None or "algorithm" in given):
       flag = "--algorithm"  # The run's name, from --algorithm or the rule.
     else:
       flag = _flag_of(error.path, algorithm, given, args.config)
     raise UsageError(f"{flag}: {error}") from None
-  rounds = config.get("train", {}).get("rounds", 1)
-  if rounds == 0:  # configs may (experiments/records.py re-evaluates)
+  # Configs may (experiments/records.py re-evaluates), not a command.
+  if checked.train.rounds == 0:
     flag = _flag_of("train.rounds", algorithm, given, args.config)
     raise UsageError(f"{flag}: a run needs at least 1 round (0 would only "
                      "evaluate the initial model)")
-  return config, algorithm
+  return checked, algorithm
 
 
-def _check_grid(config: dict, algorithm: str, grid: dict) -> None:
+def _check_grid(run, algorithm: str, grid: dict) -> None:
   """Every --sweep value, checked as the algorithm's argument it sets."""
-  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import spec as spec_lib  # pylint: disable=g-import-not-at-top
   from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
   try:
     sweep.grid_points(grid)
   except (TypeError, ValueError) as error:
     raise UsageError(f"--sweep: {error}") from None
-  spec = config["algorithms"][algorithm]
+  spec = run.algorithms[algorithm]
   takers = {"aggregator_args": aggregators.REGISTRY.parameters(
-                spec["aggregator"]),
-            "objective_args": objectives.REGISTRY.parameters(
-                experiment.objective_of(spec))}
+                spec.aggregator),
+            "objective_args": objectives.REGISTRY.parameters(spec.objective)}
   for name, values in grid.items():
     keys = [key for key, parameters in takers.items() if name in parameters]
     if name != "learning_rate" and not keys:
       raise UsageError(
           f"--sweep: {name!r} is an argument neither of aggregator "
-          f"{spec['aggregator']!r} nor of objective "
-          f"{experiment.objective_of(spec)!r} (nor lr)")
+          f"{spec.aggregator!r} nor of objective {spec.objective!r} (nor "
+          "lr)")
     if not values:
       raise UsageError(f"--sweep: {name} has no values")
     for value in values:
-      trial = copy.deepcopy(config)
+      trial = run.to_dict(written_out=False)
       if name == "learning_rate":
         trial.setdefault("train", {})["learning_rate"] = value
       for key in keys:
         trial["algorithms"][algorithm].setdefault(key, {})[name] = value
       try:
-        experiment.check_config(trial)
-      except experiment.ConfigError as error:
+        spec_lib.Experiment.from_dict(trial)
+      except spec_lib.ConfigError as error:
         raise UsageError(f"--sweep {name}={value!r}: {error}") from None
 
 
@@ -221,20 +223,21 @@ def _main(argv: list[str]) -> int:
   from fedjax_agg import jsonio  # pylint: disable=g-import-not-at-top
 
   config, algorithm = resolve(args, given)
-  print("config: " + json.dumps(jsonio.jsonable(
-      experiment.resolve_config(config))), file=sys.stderr, flush=True)
+  print("config: " + json.dumps(jsonio.jsonable(config.to_dict())),
+        file=sys.stderr, flush=True)
   if algorithm is None:
     return compare_main(args, config)
   grid = parse_grid(args.sweep)
-  # Several seeds of a config run as one vmapped sweep unless the config
-  # says "vmap_seeds": false (then one after the other, as run_config).
+  # --seeds and --sweep run as one vmapped sweep; a config's several seeds
+  # too where it says "vmap_seeds": true (else one after the other, as
+  # run_config runs them).
   sweeping = bool(grid) or args.seeds is not None or (
-      len(config["seeds"]) > 1 and config.get("vmap_seeds", True))
+      len(config.seeds) > 1 and config.vmap_seeds)
   _check_execution(args, given, config, algorithm, grid, sweeping,
-                   several=sweeping or len(config["seeds"]) > 1)
+                   several=sweeping or len(config.seeds) > 1)
   dataset, indices = _load_data(args, given, config)
   prepared = [experiment.prepare_data(config, seed, dataset, indices[seed])
-              for seed in config["seeds"]]
+              for seed in config.seeds]
 
   def write_config():
     if not _is_writer(args):
@@ -264,7 +267,7 @@ def _main(argv: list[str]) -> int:
   start = _Start(write_config, dataset)
   if sweeping:
     return sweep_main(args, config, algorithm, prepared, grid, start)
-  if len(config["seeds"]) > 1:
+  if len(config.seeds) > 1:
     return seeds_main(args, config, algorithm, prepared, start)
   return single_main(args, config, algorithm, prepared[0], start)
 
@@ -299,7 +302,7 @@ class _Start(types.Callback):
     return UsageError(str(error))
 
 
-def _check_execution(args, given: set[str], config: dict, algorithm: str,
+def _check_execution(args, given: set[str], config, algorithm: str,
                      grid: dict, sweeping: bool, several: bool) -> None:
   """The flags of how to run, the devices and the output folder
   (``several``: several members, vmapped or one after the other)."""
@@ -324,7 +327,7 @@ def _check_execution(args, given: set[str], config: dict, algorithm: str,
       experiment.check_output_dir(_checkpoint_dir(args))
     except ValueError as error:
       raise UsageError(f"--checkpoint-dir: {error}") from None
-  devices = config.get("train", {}).get("devices")
+  devices = config.train_of(algorithm).devices
   if devices is not None:
     import jax  # pylint: disable=g-import-not-at-top
     if devices > jax.device_count():
@@ -356,7 +359,7 @@ def _check_execution(args, given: set[str], config: dict, algorithm: str,
       raise UsageError(f"--tensorboard: {error}") from None
 
 
-def _load_data(args, given: set[str], config: dict):
+def _load_data(args, given: set[str], config):
   """-> (the dataset, seed -> partition indices); a failure names the flags
   behind it."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
@@ -367,7 +370,7 @@ def _load_data(args, given: set[str], config: dict):
                          given, args.config)
     raise UsageError(f"{flags}: {error}") from None
   indices = {}
-  for seed in config["seeds"]:
+  for seed in config.seeds:
     try:
       indices[seed] = experiment.partition_indices(
           config, seed, experiment.partition_source(dataset))
@@ -404,12 +407,12 @@ def _given_flags(dests: Sequence[str], given: set[str],
   return f"--config {config_file}" if config_file else _flag(dests[0])
 
 
-def _title(config: dict, algorithm: str, dataset=None) -> str:
+def _title(config, algorithm: str, dataset=None) -> str:
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   return f"{algorithm}: {experiment.setting_title(config, dataset)}"
 
 
-def single_main(args, config: dict, algorithm: str, prepared,
+def single_main(args, config, algorithm: str, prepared,
                 start: _Start) -> int:
   """One run: writes ``history.csv|json`` and ``accuracy.png``."""
   from fedjax_agg import checkpoint  # pylint: disable=g-import-not-at-top
@@ -427,7 +430,7 @@ def single_main(args, config: dict, algorithm: str, prepared,
       callbacks.append(history.TensorBoardWriter(args.tensorboard))
   try:
     result = experiment.run_algorithm(
-        config, algorithm, config["seeds"][0], prepared,
+        config, algorithm, config.seeds[0], prepared,
         progress=not args.no_progress, checkpoint_dir=_checkpoint_dir(args),
         checkpoint_every=args.checkpoint_every, resume=args.resume,
         callbacks=callbacks)
@@ -460,16 +463,16 @@ def single_main(args, config: dict, algorithm: str, prepared,
   return 0
 
 
-def seeds_main(args, config: dict, algorithm: str, prepared: list,
+def seeds_main(args, config, algorithm: str, prepared: list,
                start: _Start) -> int:
   """A config's seeds one after the other ("vmap_seeds": false): the
   sweep's layout and summary, each member a run of its own."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import runner  # pylint: disable=g-import-not-at-top
   members = []
-  for seed, data in zip(config["seeds"], prepared, strict=True):
+  checkpoint_dir = _checkpoint_dir(args)
+  for seed, data in zip(config.seeds, prepared, strict=True):
     try:
-      checkpoint_dir = _checkpoint_dir(args)
       result = experiment.run_algorithm(
           config, algorithm, seed, data, progress=not args.no_progress,
           callbacks=[start],
@@ -482,7 +485,7 @@ def seeds_main(args, config: dict, algorithm: str, prepared: list,
   return _save_members(args, config, algorithm, members, start)
 
 
-def sweep_main(args, config: dict, algorithm: str, prepared: list,
+def sweep_main(args, config, algorithm: str, prepared: list,
                grid: dict, start: _Start) -> int:
   """``--seeds`` / ``--sweep``: every member in one vmapped computation;
   writes the run in the one layout (``history.save_run``:
@@ -492,7 +495,7 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
   from fedjax_agg import round_forms  # pylint: disable=g-import-not-at-top
   try:
     members = experiment.sweep_algorithm(
-        config, algorithm, config["seeds"], prepared, grid,
+        config, algorithm, config.seeds, prepared, grid,
         progress=not args.no_progress, callbacks=[start],
         checkpoint_dir=_checkpoint_dir(args),
         checkpoint_every=args.checkpoint_every, resume=args.resume)
@@ -503,7 +506,7 @@ def sweep_main(args, config: dict, algorithm: str, prepared: list,
   return _save_members(args, config, algorithm, members, start)
 
 
-def compare_main(args, config: dict) -> int:
+def compare_main(args, config) -> int:
   """A config of several algorithms without ``--algorithm``: every
   algorithm x seed, as ``experiment.run_config`` runs them (its layout:
   ``<out>/<algorithm>/...``, ``summary.json`` and ``curves.png``)."""
@@ -530,7 +533,7 @@ def compare_main(args, config: dict) -> int:
   return 0
 
 
-def _save_members(args, config: dict, algorithm: str, members,
+def _save_members(args, config, algorithm: str, members,
                   start: _Start) -> int:
   """Writes several members' histories, summary and plot."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
@@ -557,7 +560,7 @@ def _save_members(args, config: dict, algorithm: str, members,
   plot_path = os.path.join(args.out, "accuracy.png")
   plotting.plot_mean_curves(by_point, plot_path,
                             title=_title(config, algorithm, start.dataset))
-  summary = experiment.summarize(by_point, config.get("target_accuracy"))
+  summary = experiment.summarize(by_point, config.target_accuracy)
   summary_path = os.path.join(args.out, "summary.csv")
   experiment.write_summary_csv(summary, summary_path)
   print(json.dumps({"members": rows,

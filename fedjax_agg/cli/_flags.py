@@ -280,7 +280,6 @@ def describe(what: str) -> list[str]:
   """One line per name of ``what`` (one of ``LISTS``): the name with its
   arguments and their defaults (an argument without one is bare; "..."
   where the factory passes other keyword arguments on)."""
-  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   lines = []
   from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
   from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
@@ -297,25 +296,26 @@ def describe(what: str) -> list[str]:
     for name in registry.names:
       defaults = {arg: value for arg, value in registry.describe(name).items()
                   if arg not in registry.context}
-      lines.append(_call_line(name, defaults, experiment.takes_any_keyword(
+      lines.append(_call_line(name, defaults, spec_lib.takes_any_keyword(
           registry.factory(name))))
   elif what == "partitions":
     for name in partitions.NAMES:
-      lines.append(_call_line(name, experiment.describe_parameters(
-          experiment.partition_parameters(name))))
+      lines.append(_call_line(name, spec_lib.describe_parameters(
+          spec_lib.partition_parameters(name))))
   elif what == "models":
     for name in models.NAMES:
-      lines.append(_call_line(name, experiment.describe_parameters(
-          experiment.model_parameters(name)),
-                              experiment.model_takes_options(name)))
+      lines.append(_call_line(name, spec_lib.describe_parameters(
+          spec_lib.model_parameters(name)),
+                              spec_lib.model_takes_options(name)))
   elif what == "datasets":
     for name in data_lib.NAMES:
       spec = data_lib.REGISTRY.factory(name)
       shape = "x".join(str(d) for d in spec.input_shape)
-      lines.append(f"{_call_line(name, experiment.DATASET_DEFAULTS)}: "
-                   f"{spec.num_classes} classes, inputs {shape}")
+      defaults = spec_lib.defaults(spec_lib.DataSpec)
+      lines.append(f"{_call_line(name, defaults)}: {spec.num_classes} "
+                   f"classes, inputs {shape}")
     for name in data_lib.FEDERATIONS:
-      arguments = experiment.describe_parameters(
+      arguments = spec_lib.describe_parameters(
           data_lib.federation_parameters(name))
       lines.append(f"{_call_line(name, arguments)}: natural federation "
                    f"(--partition {partitions.NATURAL}; arguments with "

@@ -35,12 +35,15 @@ written out, plus a "provenance" entry with the data source and sizes,
 every rule's full arguments, versions, devices and the command line; it
 can be run again as it is).
 
-``check_config`` refuses unknown keys anywhere (naming the key path and
-the allowed keys), values of the wrong type or range, and arguments that
-the aggregator or objective factories reject, before anything runs;
-``check_output_dir`` refuses an output folder that cannot take the
-results. The keys "report_rounds", "early_rounds", "reference" and an
-algorithm's "two_stage" belong to scripts of ``experiments/`` and are
+A config is read into the typed description ``spec.Experiment`` by
+``check_config`` (``spec.Experiment.from_dict``), which refuses unknown
+keys anywhere (naming the key path and the allowed keys), values of the
+wrong type or range, and arguments that the aggregator or objective
+factories reject, before anything runs; every function here that takes
+an experiment takes the ``spec.Experiment`` (a JSON config is read the
+same way). ``check_output_dir`` refuses an output folder that cannot take
+the results. The keys "report_rounds", "early_rounds", "reference" and
+an algorithm's "two_stage" belong to scripts of ``experiments/`` and are
 passed over here.
 
 "train.devices" picks the devices a run shards its clients over
@@ -55,71 +58,45 @@ list (every public name is re-exported here):
 - ``_data``: reading a config (``load_config``, ``override``) and its
   data (``load_dataset``, ``partition_indices``, ``prepare_data``,
   ``plot_partition``).
-- ``_build``: one algorithm built (``build`` -> ``Built``: model, data,
-  rule and ``RunOptions``; ``seeds_of``, ``objective_of``,
-  ``rule_arguments``, ``build_rule``, ``run_privacy``,
+- ``_build``: one algorithm built (``check_config``; ``build`` ->
+  ``Built``: model, data, rule and ``RunOptions``; ``build_rule``,
   ``attack_update``).
-- ``_checks_setting``: a config's errors (``ConfigError``,
-  ``ConfigTypeError``), the checks of its setting (dataset, partition,
-  model, train, seeds; ``TRAIN_CHECKS``) and the arguments of the
-  partition recipes and networks (``partition_parameters``,
-  ``model_parameters``, ...).
-- ``_checks``: ``check_config``: the setting's checks, each algorithm's
-  (``check_algorithm_name``) and those of the attack, privacy, systems
-  and early-stopping blocks; the keys of the config's other parts.
-- ``_record``: what a run writes down (``resolve_config``,
-  ``run_record``, ``write_run_config``, ``environment``,
-  ``describe_data``, ``shown_path``), the output folder's check
-  (``check_output_dir``, ``output_names``) and ``setting_title``.
+- ``_record``: what a run writes down (``run_record``,
+  ``write_run_config``, ``environment``, ``describe_data``,
+  ``shown_path``), the output folder's check (``check_output_dir``,
+  ``output_names``) and ``setting_title``.
 - ``_runs``: running (``run_algorithm``, ``sweep_algorithm``,
   ``run_config``, ``warn_short_feddrl``) and summing up (``summarize``,
   ``write_summary_csv``).
 - ``_script``: the command line of the ``experiments/`` scripts
   (``script_parser``, ``config_path``, ``parse_sets``,
   ``script_config``).
+
+The checks themselves live with the description, in ``fedjax_agg.spec``.
 """
 
+from fedjax_agg.experiment._build import attack_update
 from fedjax_agg.experiment._build import build
 from fedjax_agg.experiment._build import build_rule
 from fedjax_agg.experiment._build import Built
-from fedjax_agg.experiment._build import objective_of
-from fedjax_agg.experiment._build import rule_arguments
-from fedjax_agg.experiment._build import seeds_of
-from fedjax_agg.experiment._build import TRAIN_DEFAULTS
-from fedjax_agg.experiment._checks import ALGORITHM_KEYS
-from fedjax_agg.experiment._checks import check_algorithm_name
-from fedjax_agg.experiment._checks import check_config
-from fedjax_agg.experiment._checks import SCRIPT_ALGORITHM_KEYS
-from fedjax_agg.experiment._checks import SCRIPT_KEYS
-from fedjax_agg.experiment._checks import TOP_KEYS
-from fedjax_agg.experiment._checks_setting import ConfigError
-from fedjax_agg.experiment._checks_setting import ConfigTypeError
-from fedjax_agg.experiment._checks_setting import describe_parameters
-from fedjax_agg.experiment._checks_setting import MODEL_KEYS
-from fedjax_agg.experiment._checks_setting import model_parameters
-from fedjax_agg.experiment._checks_setting import model_takes_options
-from fedjax_agg.experiment._checks_setting import PARTITION_KEYS
-from fedjax_agg.experiment._checks_setting import partition_parameters
-from fedjax_agg.experiment._checks_setting import takes_any_keyword
-from fedjax_agg.experiment._checks_setting import TRAIN_CHECKS
-from fedjax_agg.experiment._data import DATASET_DEFAULTS
+from fedjax_agg.experiment._build import check_config
 from fedjax_agg.experiment._data import load_config
 from fedjax_agg.experiment._data import load_dataset
-from fedjax_agg.experiment._data import note_substitution
-from fedjax_agg.experiment._data import substitution
-from fedjax_agg.experiment._data import override
 from fedjax_agg.experiment._data import natural_clients
+from fedjax_agg.experiment._data import note_substitution
+from fedjax_agg.experiment._data import override
 from fedjax_agg.experiment._data import partition_indices
 from fedjax_agg.experiment._data import partition_source
 from fedjax_agg.experiment._data import plot_partition
 from fedjax_agg.experiment._data import prepare_data
+from fedjax_agg.experiment._data import substitution
 from fedjax_agg.experiment._record import check_output_dir
 from fedjax_agg.experiment._record import describe_data
 from fedjax_agg.experiment._record import environment
 from fedjax_agg.experiment._record import output_names
-from fedjax_agg.experiment._record import resolve_config
 from fedjax_agg.experiment._record import run_record
 from fedjax_agg.experiment._record import setting_title
+from fedjax_agg.experiment._record import shown_path
 from fedjax_agg.experiment._record import write_run_config
 from fedjax_agg.experiment._runs import FEDDRL_MIN_AGENT_STEPS
 from fedjax_agg.experiment._runs import run_algorithm
@@ -133,35 +110,14 @@ from fedjax_agg.experiment._script import parse_sets
 from fedjax_agg.experiment._script import script_config
 from fedjax_agg.experiment._script import script_parser
 
-# Public names outside ``__all__``, importable here as before the split
-# (scripts and tests use some of them):
-from fedjax_agg.experiment._build import ATTACK_DEFAULTS as ATTACK_DEFAULTS
-from fedjax_agg.experiment._build import attack_update as attack_update
-from fedjax_agg.experiment._build import (
-    PRIVATE_AGGREGATORS as PRIVATE_AGGREGATORS)
-from fedjax_agg.experiment._build import run_privacy as run_privacy
-from fedjax_agg.experiment._checks import ADVERSARY_MODES as ADVERSARY_MODES
-from fedjax_agg.experiment._checks import ATTACK_KEYS as ATTACK_KEYS
-from fedjax_agg.experiment._checks import PRIVACY_KEYS as PRIVACY_KEYS
-from fedjax_agg.experiment._data import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
-from fedjax_agg.experiment._data import SUBSET_SOURCES as SUBSET_SOURCES
-from fedjax_agg.experiment._record import shown_path as shown_path
-
-__all__ = ["ALGORITHM_KEYS", "build", "build_rule", "Built",
-           "check_algorithm_name", "check_config", "check_output_dir",
-           "config_path", "ConfigError", "ConfigTypeError", "DATASET_DEFAULTS",
-           "describe_data", "describe_parameters", "environment",
-           "FEDDRL_MIN_AGENT_STEPS", "load_config", "load_dataset",
-           "note_substitution",
-           "MODEL_KEYS", "model_parameters", "model_takes_options",
-           "objective_of", "output_names", "override", "parse_sets",
-           "natural_clients", "partition_indices", "partition_source",
-           "PARTITION_KEYS", "partition_parameters",
-           "plot_partition", "prepare_data", "resolve_config",
-           "rule_arguments", "run_algorithm", "run_config", "run_record",
-           "SCRIPT_ALGORITHM_KEYS", "script_config", "SCRIPT_KEYS",
-           "script_parser", "seeds_of", "setting_title", "substitution",
-           "summarize",
-           "sweep_algorithm", "takes_any_keyword", "TOP_KEYS", "TRAIN_CHECKS",
-           "TRAIN_DEFAULTS", "warn_short_feddrl", "write_run_config",
+__all__ = ["attack_update", "build", "build_rule", "Built", "check_config",
+           "check_output_dir", "config_path", "describe_data",
+           "environment", "FEDDRL_MIN_AGENT_STEPS", "load_config",
+           "load_dataset", "natural_clients", "note_substitution",
+           "output_names", "override", "parse_sets", "partition_indices",
+           "partition_source", "plot_partition", "prepare_data",
+           "run_algorithm", "run_config", "run_record", "script_config",
+           "script_parser", "setting_title", "shown_path",
+           "substitution", "summarize",
+           "sweep_algorithm", "warn_short_feddrl", "write_run_config",
            "write_summary_csv"]

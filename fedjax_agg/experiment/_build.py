@@ -13,164 +13,77 @@ import dataclasses
 import inspect
 from typing import Any, NamedTuple, Optional
 
+import jax
+
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
+from fedjax_agg import checkpoint
 from fedjax_agg import clients
 from fedjax_agg import distributed
 from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import rounds
 from fedjax_agg import spec as spec_lib
+from fedjax_agg import stragglers
+from fedjax_agg.models import lora
 from fedjax_agg.config import client_optimizer
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
-from fedjax_agg.config import Privacy
 from fedjax_agg.config import Systems
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.options import RunOptions
 from fedjax_agg.types import Aggregator, Model
 
 
-TRAIN_DEFAULTS = spec_lib.defaults(spec_lib.TrainSpec)
-"""The defaults of a config's "train" block, from the typed spec (one name and
-one default per concept, ``fedjax_agg.spec``)."""
-# The defaults of a config's "attack" block (see ``_checks.ATTACK_KEYS``).
-# Client sides that set their own local objective (F_k plus their terms).
-OWN_OBJECTIVE_CLIENTS = ("scaffold", "feddyn", "apfl")
-# Client side -> (the server rule it needs, the argument both must share).
-PAIRED_RULES = {"feddyn": ("feddyn", "alpha")}
-ATTACK_DEFAULTS = spec_lib.defaults(spec_lib.AttackSpec)
-# Aggregators whose runs record their privacy (the "privacy" block, see
-# ``_checks.PRIVACY_KEYS``).
-PRIVATE_AGGREGATORS = ("dp_fedavg", "dp_ftrl")
-
-
-def seeds_of(config: dict) -> list[int]:
-  """A config's seeds (the spec's default where it names none)."""
-  return list(config.get("seeds", spec_lib.defaults(
-      spec_lib.Experiment)["seeds"]))
-
-
-def objective_of(algorithm: dict) -> str:
-  """An algorithm entry's local objective (the spec's default where it
-  names none)."""
-  return algorithm.get("objective", spec_lib.defaults(
-      spec_lib.AlgorithmSpec)["objective"])
-
-
-def _train_config(config: dict, algorithm: str) -> dict:
-  spec = config["algorithms"][algorithm]
-  return {**TRAIN_DEFAULTS, **config.get("train", {}),
-          **spec.get("train", {})}
-
-
-def _defaults(parameters: dict[str, inspect.Parameter]) -> dict[str, Any]:
-  return {name: p.default for name, p in parameters.items()
-          if p.default is not inspect.Parameter.empty}
-
-
-def _rule_parameters(registry, name: str) -> dict[str, inspect.Parameter]:
-  """A rule's arguments a config may give (all but the context ones)."""
-  return {arg: p for arg, p in registry.parameters(name).items()
-          if arg not in registry.context}
+def check_config(config) -> spec_lib.Experiment:
+  """A JSON config (or an ``Experiment``, returned as it is) -> the
+  checked ``spec.Experiment`` (``Experiment.from_dict``: every key and
+  value checked before anything runs, a ``spec.ConfigError`` naming the
+  key path of the first bad entry)."""
+  return spec_lib.Experiment.from_dict(config)
 
 
 def _parameters(factory) -> set[str]:
   return set(inspect.signature(factory).parameters)
 
 
-def _runner_arguments(config: dict, algorithm: str) -> dict[str, Any]:
-  """Aggregator arguments the runner fills in unless the spec gives them:
-  the client learning rate and the cohort size (as ``build_rule``)."""
-  train = _train_config(config, algorithm)
-  cohort = rounds.num_sampled(config["partition"]["num_clients"],
-                              train["participation"])
-  filled = {"learning_rate": train["learning_rate"],
-            "num_participants": cohort}
-  expected = _expected_clients(config, cohort)
-  if expected is not None:
-    filled["expected_clients"] = expected
-  return filled
-
-
-def _expected_clients(config: dict, cohort: int) -> Optional[float]:
-  """The fixed denominator q N = m of a private rule under Poisson
-  sampling (McMahan et al. 2018), else None."""
-  if (config.get("privacy") or {}).get("sampling") == "poisson":
-    return float(cohort)
-  return None
-
-
-def rule_arguments(config: dict, algorithm: str) -> tuple[dict, dict]:
-  """An algorithm's full aggregator and objective arguments.
-
-  The factories' defaults, the arguments the runner fills in (the client
-  learning rate and cohort size, to rules that take them), then the
-  spec's ``aggregator_args`` / ``objective_args``; context arguments
-  (``num_clients``, FedACS's model and data) are left out.
-
-  Returns:
-    ``(aggregator_args, objective_args)``.
-  """
-  spec = config["algorithms"][algorithm]
-  parameters = _rule_parameters(aggregators.REGISTRY, spec["aggregator"])
-  aggregator_args = _defaults(parameters)
-  for name, value in _runner_arguments(config, algorithm).items():
-    if name in parameters:
-      aggregator_args[name] = value
-  aggregator_args.update(spec.get("aggregator_args", {}))
-  objective = objective_of(spec)
-  objective_args = {
-      **_defaults(_rule_parameters(objectives.REGISTRY, objective)),
-      **spec.get("objective_args", {})}
-  return aggregator_args, objective_args
-
-
-def run_privacy(config: dict, algorithm: str) -> Optional[Privacy]:
-  """The accounting of ``algorithm``'s runs (None for a non-private rule):
-  the config's "privacy" block with the rule's noise multiplier."""
-  spec = config["algorithms"][algorithm]
-  if spec.get("aggregator") not in PRIVATE_AGGREGATORS:
-    return None
-  aggregator_args, _ = rule_arguments(config, algorithm)
-  return Privacy(aggregator_args["noise_multiplier"],
-                 **(config.get("privacy") or {}))
-
-
-def build_rule(config: dict, algorithm: str, num_clients: int,
-               hparams: Optional[dict] = None, aggregator=None):
-  """The aggregator and local objective of one algorithm of ``config``.
+def build_rule(experiment: spec_lib.Experiment, algorithm: str,
+               num_clients: int, hparams: Optional[dict] = None,
+               aggregator=None):
+  """The aggregator and local objective of one algorithm.
 
   Args:
-    config: the experiment config.
-    algorithm: a key of ``config["algorithms"]``.
+    experiment: the ``spec.Experiment`` (or a JSON config, read by
+      ``spec.Experiment.from_dict``).
+    algorithm: a key of its ``algorithms``.
     num_clients: N, the federation size.
     hparams: name -> value replacing the aggregator's or the objective's
       argument of that name (a sweep's grid point; values may be traced).
       "learning_rate" is the client learning rate: it also reaches an
-      aggregator that takes one (as the train config's rate does).
+      aggregator that takes one (as the training's rate does).
     aggregator: a ready aggregator to use instead of the spec's.
 
   Returns:
     ``(aggregator, objective)``.
   """
-  spec = config["algorithms"][algorithm]
-  train = _train_config(config, algorithm)
+  experiment = spec_lib.Experiment.from_dict(experiment)
+  spec = experiment.algorithms[algorithm]
+  train = experiment.train_of(algorithm)
   hparams = dict(hparams or {})
-  cohort = rounds.num_sampled(num_clients, train["participation"])
-  agg_args = dict(spec.get("aggregator_args", {}))
-  factory = aggregators.REGISTRY[spec["aggregator"]]
+  cohort = rounds.num_sampled(num_clients, train.participation)
+  agg_args = dict(spec.aggregator_args)
+  factory = aggregators.REGISTRY[spec.aggregator]
+  expected = (float(cohort) if experiment.expected_clients(algorithm)
+              is not None else None)
   for name, value in (("learning_rate", hparams.pop(
-      "learning_rate", train["learning_rate"])), ("num_participants",
-                                                  cohort),
-                      ("expected_clients", _expected_clients(config,
-                                                             cohort))):
+      "learning_rate", train.learning_rate)), ("num_participants", cohort),
+                      ("expected_clients", expected)):
     if (value is not None and name in _parameters(factory)
         and name not in agg_args):
       agg_args[name] = value
-  objective_name = objective_of(spec)
-  objective_args = dict(spec.get("objective_args", {}))
+  objective_name = spec.objective
+  objective_args = dict(spec.objective_args)
   objective_factory = objectives.REGISTRY[objective_name]
   for name, value in hparams.items():
     takers = [args for args, fn in ((agg_args, factory),
@@ -179,11 +92,11 @@ def build_rule(config: dict, algorithm: str, num_clients: int,
     if not takers:
       raise ValueError(
           f"hyperparameter {name!r} is an argument neither of aggregator "
-          f"{spec['aggregator']!r} nor of objective {objective_name!r}")
+          f"{spec.aggregator!r} nor of objective {objective_name!r}")
     for args in takers:
       args[name] = value
   if aggregator is None:
-    aggregator = aggregators.get(spec["aggregator"], num_clients=num_clients,
+    aggregator = aggregators.get(spec.aggregator, num_clients=num_clients,
                                  **agg_args)
   return aggregator, objectives.get(objective_name, **objective_args)
 
@@ -191,7 +104,7 @@ def build_rule(config: dict, algorithm: str, num_clients: int,
 class Built(NamedTuple):
   """One algorithm of a config, built for a run of one seed::
 
-    built = experiment.build(config, "FedAvg", prepare_data(config, seed))
+    built = experiment.build(spec, "FedAvg", prepare_data(spec, seed))
     simulation.run(*built, seed=seed)
 
   Attributes:
@@ -213,109 +126,148 @@ class Built(NamedTuple):
   options: RunOptions
 
 
-def build(config: dict, algorithm: str, prepared, *, aggregator=None,
-          progress: bool = False, devices: Any = "config") -> Built:
-  """Builds one algorithm of ``config`` on ``prepare_data``'s result.
+def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
+          aggregator=None, progress: bool = False,
+          devices: Any = "config", seed: int = 0) -> Built:
+  """Builds one algorithm of ``experiment`` on ``prepare_data``'s result.
 
   Args:
-    config: a checked experiment config.
-    algorithm: a key of ``config["algorithms"]``.
-    prepared: ``prepare_data(config, seed)``.
+    experiment: the ``spec.Experiment`` (a JSON config is read with
+      ``spec.Experiment.from_dict``).
+    algorithm: a key of its ``algorithms``.
+    prepared: ``prepare_data(experiment, seed)``.
     aggregator: a ready rule instead of the one the algorithm names (e.g.
-      built from a pre-trained state); everything else from ``config``.
+      built from a pre-trained state); everything else from
+      ``experiment``.
     progress: show a progress bar.
-    devices: ``Execution.devices``; "config": the config's
-      "train.devices".
+    devices: ``Execution.devices``; "config": the training's ``devices``.
+    seed: with ``model.adapters``: draws the base where no ``model.base``
+      is given, FFA-LoRA's frozen A and the adapters' dropout masks.
   """
-  train = _train_config(config, algorithm)
+  experiment = spec_lib.Experiment.from_dict(experiment)
+  train = experiment.train_of(algorithm)
   data, test, num_classes, input_shape, _, _ = prepared
-  mcfg = config["model"]
-  model = models.get(mcfg["name"], num_classes=num_classes,
-                     input_shape=input_shape, **{
-                         **mcfg.get("args", {}),
-                         **config["algorithms"][algorithm].get("model_args",
-                                                               {})})
-  rule, objective = build_rule(config, algorithm, data.num_clients,
+  model, init_params = _model(experiment, algorithm, num_classes,
+                              input_shape, seed)
+  rule, objective = build_rule(experiment, algorithm, data.num_clients,
                                aggregator=aggregator)
   execution = Execution(
-      clients_per_step=train["clients_per_step"] or None, progress=progress,
-      devices=train["devices"] if devices == "config" else devices)
+      clients_per_step=train.clients_per_step, progress=progress,
+      devices=train.devices if devices == "config" else devices)
   training = _training(train, objective)
+  systems = experiment.systems
   options = RunOptions(
-      num_rounds=train["rounds"], participation=train["participation"],
+      num_rounds=train.rounds, participation=train.participation,
       training=training, execution=execution,
-      evaluation=Evaluation(every=train["eval_every"],
-                            clients=train["eval_clients"],
-                            personalized=train["personalized"],
-                            finetune_steps=train["finetune_steps"],
-                            extra=attack_eval_sets(config, test)),
-      local_update=local_update(config, algorithm, model, training,
+      evaluation=Evaluation(every=train.eval_every,
+                            clients=train.eval_clients,
+                            personalized=train.personalized,
+                            finetune_steps=train.finetune_steps,
+                            extra=attack_eval_sets(experiment, test)),
+      local_update=local_update(experiment, algorithm, model, training,
                                 execution, data.num_clients),
-      privacy=run_privacy(config, algorithm),
-      systems=(None if config.get("systems") is None
-               else Systems(**config["systems"])),
-      config={"experiment": config.get("name"), "algorithm": algorithm,
-              **{f"train.{k}": v for k, v in train.items()}})
+      privacy=experiment.privacy_of(algorithm), init_params=init_params,
+      systems=(None if systems is None
+               else Systems(**dataclasses.asdict(systems))),
+      config={"experiment": experiment.name, "algorithm": algorithm,
+              **{f"train.{k}": value
+                 for k, value in dataclasses.asdict(train).items()}})
   return Built(model, data, test, rule, options)
 
 
-def _training(train: dict, objective) -> LocalTraining:
-  """The clients' training of a resolved "train" block."""
+def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
+           input_shape, seed: int):
+  """-> (the run's network, its initial params or None for
+  ``model.init``): the network of the "model" section, started from its
+  pre-trained ``base``, or with ``adapters`` the LoRA network over that
+  base (frozen, shared by every client) whose params are the adapters."""
+  spec = experiment.model
+  model = models.get(spec.name, num_classes=num_classes,
+                     input_shape=input_shape,
+                     **{**spec.args,
+                        **experiment.algorithms[algorithm].model_args})
+  variables = None
+  if spec.base is not None:
+    template = jax.eval_shape(model.init, jax.random.key(0))
+    try:
+      variables = checkpoint.load_variables(spec.base, template)
+    except checkpoint.CheckpointError as error:
+      raise spec_lib.ConfigError("model.base", f"model.base: {error}"
+                                 ) from None
+  if spec.adapters is None:
+    return model, variables
+  key = jax.random.key(seed)
+  if variables is None:
+    variables = model.init(jax.random.fold_in(key, 1))
+  adapters = spec.adapters
+  aggregator = experiment.algorithms[algorithm].aggregator
+  try:
+    adapted = lora.lora(model, variables, rank=adapters.rank,
+                        alpha=adapters.alpha, targets=adapters.patterns(),
+                        dropout=adapters.dropout, key=key,
+                        **spec_lib.RULE_OPTIONS.get(aggregator, {}))
+  except (TypeError, ValueError) as error:
+    raise spec_lib.ConfigError("model.adapters",
+                               f"model.adapters: {error}") from None
+  return adapted, None
+
+
+def _training(train: spec_lib.TrainSpec, objective) -> LocalTraining:
+  """The clients' training of an algorithm's ``TrainSpec``."""
   steps_fn = None
-  if train["stragglers"]:
-    from fedjax_agg import stragglers  # pylint: disable=g-import-not-at-top
-    steps_fn = stragglers.stragglers(train["stragglers"],
-                                     train["local_epochs"],
-                                     train["straggler_unit"])
+  if train.stragglers:
+    steps_fn = stragglers.stragglers(train.stragglers, train.local_epochs,
+                                     train.straggler_unit)
   return LocalTraining(
-      epochs=train["local_epochs"], batch_size=train["batch_size"],
-      learning_rate=train["learning_rate"],
-      optimizer=client_optimizer(train["optimizer"], train["momentum"],
-                                 train["weight_decay"]),
-      compute_losses=train["compute_losses"], steps_fn=steps_fn,
-      objective=objective, matmul_precision=train["matmul_precision"])
+      epochs=train.local_epochs, batch_size=train.batch_size,
+      learning_rate=train.learning_rate,
+      optimizer=client_optimizer(train.optimizer, train.momentum,
+                                 train.weight_decay),
+      compute_losses=train.compute_losses, steps_fn=steps_fn,
+      objective=objective, matmul_precision=train.matmul_precision)
 
 
-def attack_eval_sets(config: dict, test) -> tuple:
-  """The config's attack's scored sets: a backdoor's attack success on the
+def attack_eval_sets(experiment: spec_lib.Experiment, test) -> tuple:
+  """The attack's scored sets: a backdoor's attack success on the
   triggered test set (``attacks.backdoor_eval_set``), else none."""
-  attack = config.get("attack")
-  if attack is None or attack.get("name") != "backdoor":
+  attack = experiment.attack
+  if attack is None or attack.name != "backdoor":
     return ()
-  return (attacks.backdoor_eval_set(*test, **attack.get("args", {})),)
+  return (attacks.backdoor_eval_set(*test, **attack.args),)
 
 
-def local_update(config: dict, algorithm: str, model,
+def local_update(experiment: spec_lib.Experiment, algorithm: str, model,
                  training: LocalTraining, execution: Execution,
                  num_clients: int):
   """The algorithm's client side (``client``), the attacked local
-  training (the config's "attack"), or None (plain local training)."""
-  spec = config["algorithms"][algorithm]
-  if spec.get("client") is None:
-    return attack_update(config, model, training, execution, num_clients)
-  if spec["client"] in OWN_OBJECTIVE_CLIENTS:
+  training (the experiment's ``attack``), or None (plain local
+  training)."""
+  spec = experiment.algorithms[algorithm]
+  if spec.client is None:
+    return attack_update(experiment, model, training, execution, num_clients)
+  if spec.client in spec_lib.OWN_OBJECTIVE_CLIENTS:
     # SCAFFOLD's and FedDyn's losses are F_k plus their own terms, set by
     # the client.
     training = dataclasses.replace(training, objective=None)
   mesh, _ = distributed.round_mesh(execution.devices)
   return clients.REGISTRY.build(
-      spec["client"], model=model, training=training, mesh=mesh,
-      clients_per_step=execution.clients_per_step,
-      **spec.get("client_args", {}))
+      spec.client, model=model, training=training, mesh=mesh,
+      clients_per_step=execution.clients_per_step, **spec.client_args)
 
 
-def attack_update(config: dict, model, training: LocalTraining,
-                  execution: Execution, num_clients: int):
-  """The run's local update with the config's attack, or None."""
-  if config.get("attack") is None:
+def attack_update(experiment: spec_lib.Experiment, model,
+                  training: LocalTraining, execution: Execution,
+                  num_clients: int):
+  """The run's local update with the experiment's attack, or None."""
+  attack = experiment.attack
+  if attack is None:
     return None
-  attack = {**ATTACK_DEFAULTS, **config["attack"]}
-  if attack["adversaries"] == "fixed":
-    adversaries = attacks.fixed(num_clients, attack["fraction"],
-                                seed=attack["seed"])
+  if attack.adversaries == "fixed":
+    adversaries = attacks.fixed(num_clients, attack.fraction,
+                                seed=attack.seed)
   else:
-    adversaries = attacks.per_round(attack["fraction"])
+    adversaries = attacks.per_round(attack.fraction)
   mesh, _ = distributed.round_mesh(execution.devices)
   return attacks.local_update(
-      model, training, attacks.build(attack["name"], **attack["args"]),
+      model, training, attacks.build(attack.name, **attack.args),
       adversaries, execution=execution, mesh=mesh)

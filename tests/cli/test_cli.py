@@ -269,7 +269,7 @@ def test_tiny_run_writes_config_json(tmp_path, capsys):
   assert record["dataset"]["name"] == "mnist"
   assert record["partition"] == {"name": "shards", "num_clients": 4,
                                  "args": {"shards_per_client": 2},
-                                 "seed_offset": 0}
+                                 "seed_offset": 0, "holdout_fraction": 0.0}
   assert record["model"]["name"] == "mlp2"
   assert record["train"]["learning_rate"] == 0.05
   assert record["seeds"] == [2]

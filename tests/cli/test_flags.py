@@ -7,6 +7,7 @@ import re
 import pytest
 
 from fedjax_agg import cli
+from fedjax_agg import spec
 from tests.cli._util import _config_file
 
 
@@ -44,36 +45,35 @@ def test_config_file_with_flags_overriding(tmp_path):
   # --rounds 10 is the flag's default: given, it still overrides the file.
   args, given = cli.parse(["--config", path, "--rounds", "10",
                            "--agg-arg", "smoothing=round"])
-  config, algorithm = cli.resolve(args, given)
+  run, algorithm = cli.resolve(args, given)
   assert algorithm == "FedAdp"
-  assert config["train"] == {"rounds": 10, "learning_rate": 0.1,
-                             "participation": 0.5}
-  assert config["algorithms"]["FedAdp"]["aggregator_args"] == {
+  assert (run.train.rounds, run.train.learning_rate,
+          run.train.participation) == (10, 0.1, 0.5)
+  assert run.algorithms["FedAdp"].aggregator_args == {
       "alpha": 2.0, "smoothing": "round"}
-  assert config["seeds"] == [3] and config["model"]["args"] == {"hidden": 16}
+  assert run.seeds == [3] and run.model.args == {"hidden": 16}
   # Another aggregator drops the file's arguments of the old one.
   args, given = cli.parse(["--config", path, "--aggregator", "fedavg"])
-  config, _ = cli.resolve(args, given)
-  assert config["algorithms"]["FedAdp"] == {"aggregator": "fedavg"}
+  run, _ = cli.resolve(args, given)
+  assert run.algorithms["FedAdp"] == spec.AlgorithmSpec("fedavg")
   # Several algorithms: --algorithm picks one.
   path = _config_file(tmp_path, algorithms={
       "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedadp"}})
-  config, algorithm = cli.resolve(*cli.parse(["--config", path,
-                                              "--algorithm", "B"]))
-  assert algorithm == "B" and list(config["algorithms"]) == ["B"]
+  run, algorithm = cli.resolve(*cli.parse(["--config", path,
+                                           "--algorithm", "B"]))
+  assert algorithm == "B" and list(run.algorithms) == ["B"]
 
 
 def test_flags_alone_give_the_former_config():
   args, given = cli.parse(["--aggregator", "fedadp", "--agg-arg",
                            "alpha=2", "--conv-impl", "xla"])
-  config, algorithm = cli.resolve(args, given)
-  assert algorithm == "fedadp" and config["name"] == "cli"
-  assert config["algorithms"] == {"fedadp": {
-      "aggregator": "fedadp", "aggregator_args": {"alpha": 2},
-      "objective": "cross_entropy", "objective_args": {}}}
-  assert config["model"] == {"name": "cnn_mcmahan",
-                             "args": {"conv_impl": "xla"}}
-  assert config["train"]["participation"] == 0.1 and config["seeds"] == [0]
+  run, algorithm = cli.resolve(args, given)
+  assert algorithm == "fedadp" and run.name == "cli"
+  assert run.algorithms == {"fedadp": spec.AlgorithmSpec(
+      "fedadp", aggregator_args={"alpha": 2}, objective="cross_entropy")}
+  assert run.model == spec.ModelSpec("cnn_mcmahan",
+                                     args={"conv_impl": "xla"})
+  assert run.train.participation == 0.1 and run.seeds == [0]
 
 
 def test_help_is_grouped_by_section_with_one_default_each(capsys):
@@ -94,8 +94,8 @@ def test_help_is_grouped_by_section_with_one_default_each(capsys):
 
 
 def test_first_class_dp_flags_set_the_rules_arguments():
-  config, name = cli.resolve(*cli.parse([
+  run, name = cli.resolve(*cli.parse([
       "--aggregator", "dp_fedavg", "--dp-noise-multiplier", "0.7",
       "--dp-clip-norm", "0.5"]))
-  assert config["algorithms"][name]["aggregator_args"] == {
+  assert run.algorithms[name].aggregator_args == {
       "noise_multiplier": 0.7, "clip_norm": 0.5}

@@ -96,7 +96,7 @@ def test_a_config_selects_plays_and_an_unknown_one_is_refused_by_name():
   experiment.check_config(config)
   federation = experiment.load_dataset(config)
   assert federation.provenance["plays"] == ["macbeth"]
-  resolved = experiment.resolve_config(config)["dataset"]["args"]
+  resolved = experiment.check_config(config).to_dict()["dataset"]["args"]
   assert resolved["plays"] == TWO and resolved["exclude_plays"] == ["othello"]
   unknown = _config({"exclude_plays": ["othello", "the-scottish-play"]})
   experiment.check_config(unknown)  # names are checked when it is built
@@ -111,6 +111,7 @@ def test_the_command_line_takes_the_selection_as_a_dataset_arg():
       "--dataset", "shakespeare", "--dataset-arg",
       "exclude_plays=['macbeth', 'othello']", "--dataset-arg",
       "plays=macbeth", "--rounds", "1"]))
+  config = config.to_dict(written_out=False)
   assert config["dataset"]["args"] == {"exclude_plays": TWO,
                                        "plays": "macbeth"}
   experiment.check_config(config)

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from fedjax_agg import experiment
+from fedjax_agg import spec
 
 CONFIG = {
     "name": "tiny",
@@ -190,7 +191,7 @@ def test_bad_configs_name_the_key_path(overrides, error, path):
   config = experiment.override(CONFIG, overrides)
   with pytest.raises(error) as raised:
     experiment.check_config(config)
-  assert isinstance(raised.value, experiment.ConfigError)
+  assert isinstance(raised.value, spec.ConfigError)
   assert raised.value.path == path
   assert path in str(raised.value)
   if "unknown key" in str(raised.value):
@@ -206,9 +207,9 @@ def test_missing_sections_are_named():
 
 def test_good_config_and_its_resolution_pass():
   experiment.check_config(CONFIG)
-  resolved = experiment.resolve_config(CONFIG)
+  resolved = experiment.check_config(CONFIG).to_dict()
   experiment.check_config(resolved)
-  assert experiment.resolve_config(resolved) == resolved
+  assert experiment.check_config(resolved).to_dict() == resolved
   assert resolved["train"]["momentum"] == 0.0  # a default written out
   assert resolved["dataset"]["standardize"] is False
   assert resolved["partition"]["args"] == {"shards_per_client": 2}
@@ -216,11 +217,11 @@ def test_good_config_and_its_resolution_pass():
   assert fedadp["alpha"] == 5.0 and fedadp["smoothing"] == "participation"
   # The runner fills in the client learning rate: not frozen in the config.
   assert "learning_rate" not in fedadp
-  aggregator_args, objective_args = experiment.rule_arguments(CONFIG,
-                                                              "FedAdp")
+  checked = experiment.check_config(CONFIG)
+  aggregator_args, objective_args = checked.rule_arguments("FedAdp")
   assert aggregator_args["learning_rate"] == 0.1
   assert objective_args == {}
-  assert experiment.rule_arguments(CONFIG, "FedProx")[1] == {"mu": 0.1}
+  assert checked.rule_arguments("FedProx")[1] == {"mu": 0.1}
 
 
 def test_bulyan_and_qffl_take_the_cohort_and_client_rate_of_the_run():
@@ -232,15 +233,15 @@ def test_bulyan_and_qffl_take_the_cohort_and_client_rate_of_the_run():
           "qFFL": {"aggregator": "qffl", "aggregator_args": {"q": 5.0}}}})
   experiment.check_config(config)
   # 10 clients per round: the bound 4 f + 3 = 7 holds for f = 1, not 2.
-  assert experiment.rule_arguments(config, "Bulyan")[0] == {
+  assert experiment.check_config(config).rule_arguments("Bulyan")[0] == {
       "num_byzantine": 1, "num_participants": 10}
   with pytest.raises(ValueError, match=r"4 num_byzantine \+ 3 = 11"):
     experiment.check_config(experiment.override(
         config, {"algorithms.Bulyan.aggregator_args.num_byzantine": 2}))
   # L = 1 / the client learning rate, filled in by the runner.
-  assert experiment.rule_arguments(config, "qFFL")[0] == {
+  assert experiment.check_config(config).rule_arguments("qFFL")[0] == {
       "q": 5.0, "lipschitz": None, "learning_rate": 0.1}
-  resolved = experiment.resolve_config(config)
+  resolved = experiment.check_config(config).to_dict()
   experiment.check_config(resolved)
   assert resolved["algorithms"]["Bulyan"]["aggregator_args"] == {
       "num_byzantine": 1}
@@ -259,7 +260,7 @@ def test_experiment_configs_pass():
     with open(path) as f:
       config = json.load(f)
     experiment.check_config(config)
-    experiment.check_config(experiment.resolve_config(config))
+    experiment.check_config(experiment.check_config(config).to_dict())
 
 
 def test_feddyn_pair_and_fednova_take_their_arguments():
@@ -269,11 +270,12 @@ def test_feddyn_pair_and_fednova_take_their_arguments():
       "FedNova": {"aggregator": "fednova",
                   "aggregator_args": {"momentum": 0.9}}}})
   experiment.check_config(config)
-  resolved = experiment.resolve_config(config)
+  resolved = experiment.check_config(config).to_dict()
   experiment.check_config(resolved)
-  assert experiment.rule_arguments(config, "FedDyn")[0] == {"alpha": 0.1}
+  assert experiment.check_config(config).rule_arguments("FedDyn")[0] == {
+      "alpha": 0.1}
   # The client learning rate reaches FedNova's proximal normaliser.
-  assert experiment.rule_arguments(config, "FedNova")[0] == {
+  assert experiment.check_config(config).rule_arguments("FedNova")[0] == {
       "momentum": 0.9, "proximal_mu": 0.0, "learning_rate": 0.1,
       "tau_eff": "normalized"}
   # Both at their defaults share alpha too.

@@ -5,6 +5,7 @@ run on the MNIST subset.
 import pytest
 
 from fedjax_agg import experiment
+from fedjax_agg import spec
 from tests.experiment._util import CONFIG
 
 
@@ -24,21 +25,24 @@ def test_override_and_bad_configs_are_named():
           experiment.override(CONFIG, {"partition.name": name}))
 
 
-def test_full_scale_configs_never_run_on_the_subset():
+def test_full_scale_configs_never_run_on_the_subset(monkeypatch):
   from fedjax_agg import data as data_lib
-  config = {"dataset": {"name": "mnist", "source": "mnist_5k",
-                        "allow_subset": False}}
-  with pytest.raises(data_lib.DatasetNotFoundError, match="subset"):
-    experiment.load_dataset(config)
   full = {"name": "x", "dataset": {"name": "mnist", "source": "mnist_5k",
                                    "allow_subset": False},
           "partition": {"name": "iid", "num_clients": 4},
           "model": {"name": "mlp2"},
           "algorithms": {"FedAvg": {"aggregator": "fedavg"}}}
-  with pytest.raises(experiment.ConfigError, match="allow_subset"):
+  # Asked for by name, the subset is refused with the description.
+  with pytest.raises(spec.ConfigError, match="allow_subset"):
     experiment.check_config(full)
-  dataset = experiment.load_dataset({"dataset": {"name": "mnist",
-                                                 "source": "mnist_5k"}})
+  dataset = experiment.load_dataset({**full, "dataset": {
+      "name": "mnist", "source": "mnist_5k"}})
+  # Found by "auto" where only the subset is installed: refused on reading.
+  auto = {**full, "dataset": {"name": "mnist", "allow_subset": False}}
+  monkeypatch.setattr(data_lib, "load", lambda *a, **k: dataset)
+  with pytest.raises(data_lib.DatasetNotFoundError, match="subset"):
+    experiment.load_dataset(auto)
+  monkeypatch.undo()
   described = experiment.describe_data(
       {**full, "dataset": {"name": "mnist", "source": "mnist_5k"}},
       dataset, [0])

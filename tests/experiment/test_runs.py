@@ -11,6 +11,7 @@ import pytest
 
 from fedjax_agg import data as data_lib
 from fedjax_agg import experiment
+from fedjax_agg import spec
 from fedjax_agg.experiment import _runs
 from tests.experiment._util import CONFIG
 
@@ -107,12 +108,12 @@ def test_run_config_checks_the_output_folder_before_the_data(tmp_path,
 
 
 def test_a_feddrl_run_too_short_for_its_agent_says_so():
-  config = {"algorithms": {"D": {"aggregator": "feddrl"},
-                           "Long": {"aggregator": "feddrl",
-                                    "aggregator_args": {
-                                        "updates_per_round": 20}},
-                           "A": {"aggregator": "fedavg"}},
-            "train": {"rounds": 20}}
+  config = experiment.override(MNIST_5K, {
+      "algorithms": {"D": {"aggregator": "feddrl"},
+                     "Long": {"aggregator": "feddrl",
+                              "aggregator_args": {"updates_per_round": 20}},
+                     "A": {"aggregator": "fedavg"}},
+      "train.rounds": 20})
   with pytest.warns(UserWarning, match="19 learning steps in 20 rounds"):
     experiment.warn_short_feddrl(config, "D")
   assert experiment.warn_short_feddrl(config, "Long") is None  # 380 steps
@@ -123,9 +124,9 @@ def test_run_algorithm_checks_the_config_before_running():
   # A privacy block beside rules that add no noise would be ignored by the
   # build; run_algorithm refuses it as run_config does.
   config = {**MNIST_5K, "privacy": {"delta": 1e-5}}
-  with pytest.raises(experiment.ConfigError,
+  with pytest.raises(spec.ConfigError,
                      match="adds no calibrated Gaussian noise"):
     experiment.run_algorithm(config, "FedAdp", seed=0)
-  with pytest.raises(experiment.ConfigError, match="train.rounds"):
+  with pytest.raises(spec.ConfigError, match="train.rounds"):
     experiment.run_algorithm(experiment.override(
         MNIST_5K, {"train.rounds": -1}), "FedAdp", seed=0)

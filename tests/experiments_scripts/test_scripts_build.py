@@ -38,6 +38,7 @@ from fedjax_agg import objectives
 from fedjax_agg import partitions
 from fedjax_agg import rounds as rounds_lib
 from fedjax_agg import simulation
+from fedjax_agg import spec as spec_lib
 from fedjax_agg import stragglers
 from fedjax_agg import sweep
 from fedjax_agg import validation
@@ -437,8 +438,7 @@ def adct_old_run(config, name, seed, prepared):
 @pytest.fixture(scope="module")
 def adct_prepared():
   ADCT.check(ADCT_CONFIG)
-  experiment.check_config(ADCT.spec_config(ADCT_CONFIG))
-  return experiment.prepare_data(ADCT_CONFIG, 1)
+  return experiment.prepare_data(ADCT.spec_config(ADCT_CONFIG), 1)
 
 
 @pytest.mark.parametrize("name", list(ADCT_CONFIG["algorithms"]))
@@ -461,8 +461,8 @@ def feddrl_old_aggregator(config, name, seed, prepared):
   d06d70c."""
   spec = config["algorithms"][name]
   stages = spec["two_stage"]
-  train = {**experiment.TRAIN_DEFAULTS, **config.get("train", {}),
-           **spec.get("train", {})}
+  train = {**dataclasses.asdict(spec_lib.TrainSpec()),
+           **config.get("train", {}), **spec.get("train", {})}
   data, _, num_classes, input_shape, _, _ = prepared
   mcfg = config["model"]
   model = models.get(mcfg["name"], num_classes=num_classes,

