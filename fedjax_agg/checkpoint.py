@@ -560,6 +560,9 @@ def load_variables(directory: str, template):
   try:
     return ocp.StandardCheckpointer().restore(path, template)
   except (ValueError, KeyError, TypeError) as error:
+    # orbax's first sentence names the leaf; the rest is about its own API.
+    reason = str(error).split(". ")[0]
     raise CheckpointError(
         f"{directory}: its variables are not those of this network (the "
-        f"model's name and arguments must be the base's): {error}") from None
+        f"model's name and arguments must be the base's): {reason}"
+    ) from None

@@ -128,7 +128,7 @@ class Built(NamedTuple):
 
 def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
           aggregator=None, progress: bool = False,
-          devices: Any = "config", seed: int = 0) -> Built:
+          devices: Any = "config") -> Built:
   """Builds one algorithm of ``experiment`` on ``prepare_data``'s result.
 
   Args:
@@ -141,14 +141,12 @@ def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
       ``experiment``.
     progress: show a progress bar.
     devices: ``Execution.devices``; "config": the training's ``devices``.
-    seed: with ``model.adapters``: draws the base where no ``model.base``
-      is given, FFA-LoRA's frozen A and the adapters' dropout masks.
   """
   experiment = spec_lib.Experiment.from_dict(experiment)
   train = experiment.train_of(algorithm)
   data, test, num_classes, input_shape, _, _ = prepared
   model, init_params = _model(experiment, algorithm, num_classes,
-                              input_shape, seed)
+                              input_shape)
   rule, objective = build_rule(experiment, algorithm, data.num_clients,
                                aggregator=aggregator)
   execution = Execution(
@@ -176,7 +174,7 @@ def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
 
 
 def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
-           input_shape, seed: int):
+           input_shape):
   """-> (the run's network, its initial params or None for
   ``model.init``): the network of the "model" section, started from its
   pre-trained ``base``, or with ``adapters`` the LoRA network over that
@@ -196,10 +194,10 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
                                  ) from None
   if spec.adapters is None:
     return model, variables
-  key = jax.random.key(seed)
+  adapters = spec.adapters
+  key = jax.random.key(adapters.seed)
   if variables is None:
     variables = model.init(jax.random.fold_in(key, 1))
-  adapters = spec.adapters
   aggregator = experiment.algorithms[algorithm].aggregator
   try:
     adapted = lora.lora(model, variables, rank=adapters.rank,

@@ -69,7 +69,7 @@ def run_algorithm(experiment: spec_lib.Experiment, algorithm: str, seed: int,
   experiment = spec_lib.Experiment.from_dict(experiment)
   built = build(experiment, algorithm,
                 prepared or prepare_data(experiment, seed),
-                aggregator=aggregator, progress=progress, seed=seed)
+                aggregator=aggregator, progress=progress)
   checkpointing = _checkpointing(checkpoint_dir, checkpoint_every, resume)
   warn_short_feddrl(experiment, algorithm)
   return simulation.run(
@@ -165,7 +165,7 @@ def sweep_algorithm(experiment: spec_lib.Experiment, algorithm: str,
                         "attacked local update; run them one at a time")
   # The members' shared local update is built on one device.
   built = build(experiment, algorithm, prepared[0], progress=progress,
-                devices=1, seed=seeds[0])
+                devices=1)
   options = built.options.replace(execution=dataclasses.replace(
       built.options.execution, devices=devices))
   if options.privacy is not None:  # each member's from its rule

@@ -39,11 +39,15 @@ class AdaptersSpec:
       ``TARGET_PRESETS`` ("transformer"), or a list of regular expressions
       matched in full against the layers' '/'-joined module paths.
     dropout: the rate of dropout on the adapters' input, in [0, 1).
+    seed: draws the base where no ``model.base`` is given, FFA-LoRA's
+      frozen A and the dropout masks: one network for all of a run's
+      seeds, so that a sweep's members are the runs of their seeds.
   """
   rank: int
   alpha: Optional[float] = None
   targets: Union[None, str, list] = None
   dropout: float = 0.0
+  seed: int = 0
 
   def __post_init__(self):
     path = "model.adapters"
@@ -51,6 +55,7 @@ class AdaptersSpec:
     if self.alpha is not None:
       v.number(f"{path}.alpha", self.alpha, 0, low_open=True)
     v.number(f"{path}.dropout", self.dropout, 0, 1, high_open=True)
+    v.integer(f"{path}.seed", self.seed, 0)
     targets = self.targets
     if isinstance(targets, str) and targets in TARGET_PRESETS:
       return

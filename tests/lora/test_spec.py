@@ -43,12 +43,12 @@ def _network():
 
 
 def test_a_config_lora_run_is_the_lora_model_written_by_hand():
-  config = _config({"rank": 2, "alpha": 4.0})
+  config = _config({"rank": 2, "alpha": 4.0, "seed": 5})
   prepared = experiment.prepare_data(config, SEED)
   from_config = experiment.run_algorithm(config, "A", SEED, prepared)
-  # The same run from the public Python API: the seed's base, adapters of
-  # rank 2 on every Dense layer, FedIT.
-  key = jax.random.key(SEED)
+  # The same run from the public Python API: the adapters' seed's base,
+  # adapters of rank 2 on every Dense layer, FedIT.
+  key = jax.random.key(5)
   base = _network()
   model = lora.lora(base, base.init(jax.random.fold_in(key, 1)), rank=2,
                     alpha=4.0, key=key)
@@ -86,7 +86,7 @@ def test_the_base_is_read_frozen_and_only_adapters_travel(tmp_path):
   config = _config({"rank": 2}, aggregator="ffa_lora", base=base,
                    systems={})
   prepared = experiment.prepare_data(config, SEED)
-  model = experiment.build(config, "A", prepared, seed=SEED).model
+  model = experiment.build(config, "A", prepared).model
   result = experiment.run_algorithm(config, "A", SEED, prepared)
   frozen = lora.spec(model).base_variables
   for got, want in zip(jax.tree.leaves(frozen), jax.tree.leaves(variables),
@@ -101,6 +101,20 @@ def test_the_base_is_read_frozen_and_only_adapters_travel(tmp_path):
       cohort * per_client * r for r in range(1, ROUNDS + 1)]
 
 
+def test_a_vmapped_sweep_of_seeds_is_the_runs_of_its_seeds():
+  # FFA-LoRA: the frozen A and the base are the adapters' seed's, one
+  # network for every member.
+  config = _config({"rank": 2}, aggregator="ffa_lora")
+  seeds = [0, 1]
+  prepared = [experiment.prepare_data(config, seed) for seed in seeds]
+  members = experiment.sweep_algorithm(config, "A", seeds, prepared)
+  for member, data in zip(members, prepared, strict=True):
+    alone = experiment.run_algorithm(config, "A", member.seed, data)
+    np.testing.assert_allclose(member.history.column("test_loss"),
+                               alone.history.column("test_loss"),
+                               rtol=2e-5)
+
+
 @pytest.mark.parametrize("change,path", [
     ({"adapters": {"rank": 2}, "aggregator": "fedadp"},
      "algorithms.A.aggregator"),
@@ -110,6 +124,7 @@ def test_the_base_is_read_frozen_and_only_adapters_travel(tmp_path):
     ({"adapters": {"rank": 0}}, "model.adapters.rank"),
     ({"adapters": {"rnk": 2}}, "model.adapters.rnk"),
     ({"adapters": {"rank": 2, "dropout": 1.0}}, "model.adapters.dropout"),
+    ({"adapters": {"rank": 2, "seed": -1}}, "model.adapters.seed"),
     ({"adapters": {"rank": 2, "targets": ["fc("]}},
      "model.adapters.targets[0]"),
     ({"adapters": {"rank": 2, "targets": "bert"}}, "model.adapters.targets"),
@@ -162,3 +177,30 @@ def test_the_command_line_sets_the_adapters():
   again = spec.Experiment.from_dict(run.to_dict())
   assert again.to_dict() == run.to_dict()
   assert again.model.adapters == run.model.adapters
+
+
+def test_a_command_line_fine_tuning_run_records_its_adapters(tmp_path,
+                                                             capsys):
+  import json  # pylint: disable=g-import-not-at-top
+  # The command line's network: mlp2 at its defaults.
+  variables = models.get("mlp2", num_classes=10, input_shape=(28, 28, 1)
+                         ).init(jax.random.key(2))
+  checkpoint.save_variables(str(tmp_path / "base"), variables)
+  out = tmp_path / "run"
+  assert cli.main([
+      "--dataset", "mnist", "--source", "mnist_5k", "--max-train-examples",
+      "400", "--num-clients", "4", "--model", "mlp2", "--rounds", "1",
+      "--participation", "0.5", "--batch-size", "20", "--no-progress",
+      "--no-client-eval", "--aggregator", "flora", "--lora-rank", "2",
+      "--base", str(tmp_path / "base"), "--out", str(out)]) == 0
+  capsys.readouterr()
+  record = json.loads((out / "config.json").read_text())
+  assert record["model"]["adapters"] == {"rank": 2, "alpha": None,
+                                         "targets": None, "dropout": 0.0,
+                                         "seed": 0}
+  assert record["model"]["base"] == str(tmp_path / "base")
+  # The record runs again as it is: the same description.
+  again = experiment.check_config(record)
+  assert again.model.adapters == spec.AdaptersSpec(2)
+  rows = json.loads((out / "history.json").read_text())["rows"]
+  assert len(rows) == 2 and np.isfinite(rows[-1]["test_loss"])
