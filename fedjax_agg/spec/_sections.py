@@ -168,8 +168,10 @@ class ModelSpec:
   name: str = _field(dataclasses.MISSING, Flag(
       "--model", "network", choices=_MODELS, preset="cnn_mcmahan"))
   args: dict = _field({}, Flag(
-      "--conv-impl", "conv lowering (default: the models' default)",
-      kind="subkey", subkey="conv_impl"))
+      "--model-arg", "argument of the network (repeatable; see --list "
+      "models), e.g. width=64", kind="pairs"), Flag(
+          "--conv-impl", "conv lowering (default: the models' default)",
+          kind="subkey", subkey="conv_impl"))
   # Fine-tuning: the pre-trained variables the network starts from (a
   # folder written by checkpoint.save_variables), and LoRA adapters.
   base: Optional[str] = _field(None, Flag(

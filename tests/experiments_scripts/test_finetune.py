@@ -56,3 +56,42 @@ def test_the_table_is_the_summary_and_the_histories(finetune, tmp_path):
   assert table[3].startswith("| natural | full | 115,536 |")
   assert table[3].endswith("| 0.5000 |  | 0.95 |")
   assert (tmp_path / "table.md").read_text().splitlines() == table
+
+
+def test_a_config_runs_the_scripts_fedit_on_the_committed_base(finetune):
+  # The script builds its runs in Python; the same run described as a
+  # config (model.base, model.adapters) trains the same adapters.
+  import argparse  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import data as data_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  pretrain = load_script("fine_tuning", "pretrain.py")
+  folder = os.path.join(os.path.dirname(finetune.__file__), "base")
+  base = pretrain.load_base(folder)
+  plays = ["macbeth"]
+  fed = data_lib.shakespeare(plays=plays,
+                             exclude_plays=pretrain.HELD_OUT_PLAYS)
+  natural = finetune.federations(fed, 0)["natural"]
+  args = argparse.Namespace(rounds=2, clients_per_round=3, batch_size=16,
+                            lr=3.0, lr_full=0.05, seed=0)
+  model, rule, init = finetune.methods(base, [2], jax.random.key(0))[
+      "fedit-2"]
+  test = (fed.test_x[:16], fed.test_y[:16])
+  _, by_script = finetune.run_one(model, rule, init, natural, test, args)
+  config = {
+      "dataset": {"name": "shakespeare",
+                  "args": {"plays": plays,
+                           "exclude_plays": list(pretrain.HELD_OUT_PLAYS)}},
+      "partition": {"name": "natural", "num_clients": natural.num_clients},
+      "model": {"name": "transformer_lm", "args": base.record["model_args"],
+                "base": folder,
+                "adapters": {"rank": 2, "targets": "transformer"}},
+      "train": {"rounds": 2, "participation": 3 / natural.num_clients,
+                "batch_size": 16, "learning_rate": 3.0,
+                "eval_clients": False, "eval_every": 2},
+      "algorithms": {"FedIT": {"aggregator": "fedit"}}, "seeds": [0]}
+  by_config = experiment.run_algorithm(config, "FedIT", 0).state.params
+  for got, want in zip(jax.tree.leaves(by_config),
+                       jax.tree.leaves(by_script), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
