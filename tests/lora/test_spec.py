@@ -26,8 +26,8 @@ MODEL = {"name": "mlp2", "args": {"hidden": 8}}
 
 def _config(adapters=None, aggregator="fedit", base=None, **blocks):
   model = {**MODEL, "adapters": adapters, "base": base}
-  return {"dataset": {"name": "mnist", "source": "mnist_5k",
-                      "max_train_examples": 400, "max_test_examples": 100},
+  return {"dataset": {"name": "fashion_mnist", "max_train_examples": 400,
+                      "max_test_examples": 100},
           "partition": {"name": "iid", "num_clients": 4},
           "model": {k: v for k, v in model.items() if v is not None},
           "train": {"rounds": ROUNDS, "participation": 0.5,
@@ -188,8 +188,8 @@ def test_a_command_line_fine_tuning_run_records_its_adapters(tmp_path,
   checkpoint.save_variables(str(tmp_path / "base"), variables)
   out = tmp_path / "run"
   assert cli.main([
-      "--dataset", "mnist", "--source", "mnist_5k", "--max-train-examples",
-      "400", "--num-clients", "4", "--model", "mlp2", "--rounds", "1",
+      "--dataset", "fashion_mnist", "--max-train-examples", "400",
+      "--num-clients", "4", "--model", "mlp2", "--rounds", "1",
       "--participation", "0.5", "--batch-size", "20", "--no-progress",
       "--no-client-eval", "--aggregator", "flora", "--lora-rank", "2",
       "--base", str(tmp_path / "base"), "--out", str(out)]) == 0
