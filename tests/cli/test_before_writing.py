@@ -153,7 +153,10 @@ def test_a_subset_in_place_of_the_dataset_is_announced(tmp_path, capsys):
   cli.main(TINY + ["--out", str(out)])
   err = capsys.readouterr().err
   notes = [line for line in err.splitlines() if line.startswith("note: ")]
-  assert len(notes) == 1 and "'mnist_5k' subset" in notes[0], err
+  # Once the subset, once the cut that kept one class of its sorted rows.
+  assert len([n for n in notes if "'mnist_5k' subset" in n]) == 1, err
+  assert len([n for n in notes if "hold 1 of its 10 classes" in n]) == 1, err
+  assert len(notes) == 2, err
   saved = json.loads((out / "history.json").read_text())
   assert "mnist_5k" in saved["config"]["data_substitution"]
   config = json.loads((out / "config.json").read_text())
