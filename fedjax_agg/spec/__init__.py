@@ -38,6 +38,7 @@ from fedjax_agg.spec._experiment import PAIRED_RULES
 from fedjax_agg.spec._experiment import PERSONAL_CLIENTS
 from fedjax_agg.spec._experiment import PRIVATE_AGGREGATORS
 from fedjax_agg.spec._experiment import SECTIONS
+from fedjax_agg.spec._adapters import ADAPTER_ONLY_RULES
 from fedjax_agg.spec._adapters import ADAPTER_RULES
 from fedjax_agg.spec._adapters import AdaptersSpec
 from fedjax_agg.spec._adapters import RULE_OPTIONS
@@ -71,8 +72,8 @@ from fedjax_agg.spec._values import model_takes_options
 from fedjax_agg.spec._values import partition_parameters
 from fedjax_agg.spec._values import takes_any_keyword
 
-__all__ = ["ADAPTER_RULES", "AdaptersSpec", "ADVERSARY_MODES",
-           "AlgorithmSpec", "AttackSpec",
+__all__ = ["ADAPTER_ONLY_RULES", "ADAPTER_RULES", "AdaptersSpec",
+           "ADVERSARY_MODES", "AlgorithmSpec", "AttackSpec",
            "check_algorithm_name", "check_train", "CLIENT_OPTIONS",
            "ConfigError", "ConfigTypeError", "DataSpec", "defaults",
            "describe_parameters", "EarlyStoppingSpec", "Experiment", "Flag",

@@ -17,8 +17,12 @@ from typing import Optional, Union
 from fedjax_agg.models import lora
 from fedjax_agg.spec import _values as v
 
-ADAPTER_RULES = ("fedit", "ffa_lora", "flora", "hetlora")
-"""The rules defined for LoRA adapters (and only for them)."""
+ADAPTER_ONLY_RULES = ("fedit", "ffa_lora", "flora", "hetlora")
+"""The rules defined only for LoRA adapters."""
+ADAPTER_RULES = ADAPTER_ONLY_RULES + ("dp_fedavg",)
+"""The rules a run with LoRA adapters may use: those for adapters, and
+DP-FedAvg (each client's adapters update clipped as one vector, Gaussian
+noise on their mean: A and B averaged as FedIT does, with privacy)."""
 RULE_OPTIONS = {"ffa_lora": {"freeze_a": True}, "flora": {"merged": True}}
 """Rule -> the ``models.lora.lora`` options its adapters need."""
 TARGET_PRESETS = {"transformer": lora.TRANSFORMER_TARGETS}

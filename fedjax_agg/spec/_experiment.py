@@ -20,6 +20,7 @@ from fedjax_agg import partitions
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import rounds
 from fedjax_agg.spec import _values as v
+from fedjax_agg.spec._adapters import ADAPTER_ONLY_RULES
 from fedjax_agg.spec._adapters import ADAPTER_RULES
 from fedjax_agg.spec._sections import _field
 from fedjax_agg.spec._sections import AlgorithmSpec
@@ -387,8 +388,9 @@ def _check_adapters(experiment: Experiment, name: str) -> None:
   """LoRA adapters go with the rules defined for them, and only there."""
   spec, path = experiment.algorithms[name], f"algorithms.{name}"
   if experiment.model.adapters is None:
-    if spec.aggregator in ADAPTER_RULES or spec.client == "lora_ranks":
-      key = "aggregator" if spec.aggregator in ADAPTER_RULES else "client"
+    if spec.aggregator in ADAPTER_ONLY_RULES or spec.client == "lora_ranks":
+      key = ("aggregator" if spec.aggregator in ADAPTER_ONLY_RULES
+             else "client")
       raise v.ConfigError(
           f"{path}.{key}", f"{path}.{key}: {getattr(spec, key)!r} works on "
           "LoRA adapters; set model.adapters (e.g. {\"rank\": 8}, "

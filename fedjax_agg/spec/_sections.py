@@ -179,7 +179,8 @@ class ModelSpec:
       "(checkpoint.save_variables); with --lora-rank, the frozen base"))
   adapters: Optional[AdaptersSpec] = _field(None, Flag(
       "--lora-rank", "fine-tune LoRA adapters of this rank on the Dense "
-      "layers (with --aggregator fedit, ffa_lora, flora or hetlora)",
+      "layers (with --aggregator fedit, ffa_lora, flora, hetlora or "
+      "dp_fedavg)",
       type=int, kind="subkey", subkey="rank"), Flag(
           "--lora-alpha", "with --lora-rank: the scale numerator (alpha / "
           "r) B A (default r)", type=float, kind="subkey", subkey="alpha"),

@@ -204,3 +204,22 @@ def test_a_command_line_fine_tuning_run_records_its_adapters(tmp_path,
   assert again.model.adapters == spec.AdaptersSpec(2)
   rows = json.loads((out / "history.json").read_text())["rows"]
   assert len(rows) == 2 and np.isfinite(rows[-1]["test_loss"])
+
+
+def test_dp_fedavg_privatises_the_adapters_and_accounts_them():
+  config = _config({"rank": 2}, aggregator="dp_fedavg")
+  config["algorithms"]["A"]["aggregator_args"] = {"clip_norm": 0.1,
+                                                  "noise_multiplier": 1.0}
+  prepared = experiment.prepare_data(config, SEED)
+  result = experiment.run_algorithm(config, "A", SEED, prepared)
+  params = result.state.params
+  assert lora.is_adapters(params)
+  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
+  epsilons = result.history.column("epsilon")[1:]
+  assert np.all(np.isfinite(epsilons)) and epsilons[1] > epsilons[0] > 0
+  # The noise reaches the adapters: the same run without noise differs.
+  quiet = experiment.override(
+      config, {"algorithms.A.aggregator_args.noise_multiplier": 0.0})
+  plain = experiment.run_algorithm(quiet, "A", SEED, prepared).state.params
+  assert any(not np.allclose(a, b) for a, b in zip(
+      jax.tree.leaves(params), jax.tree.leaves(plain), strict=True))
