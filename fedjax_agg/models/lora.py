@@ -54,8 +54,10 @@ Interpretation choices:
   the frozen base); ``train`` only switches the adapter dropout.
 """
 
+import dataclasses
 import re
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import (Any, Callable, Mapping, NamedTuple, Optional,
+                    Sequence)
 
 import flax.linen as nn
 import jax
@@ -129,20 +131,25 @@ class LoRASpec(NamedTuple):
   merged: bool
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class _AdaptedApply:
-  """``apply(adapters, x, train)`` of a LoRA model; carries its spec."""
+  """``apply(adapters, x, train)`` of a LoRA model; carries its spec. A
+  dataclass, so that a checkpoint's fingerprint (``fingerprint.describe``)
+  holds its fields: the base's variables, rank, scale, dropout, frozen A."""
+  spec: LoRASpec
+  _base_apply: Callable
+  _dropout_key: jax.Array
 
-  def __init__(self, lora_spec: LoRASpec, base_apply, dropout_key):
-    self.spec = lora_spec
-    self._base_apply = base_apply
-    self._dropout_key = dropout_key
-    self._by_path = {t.path: t for t in lora_spec.targets}
+  @property
+  def _by_path(self) -> dict:
+    return {t.path: t for t in self.spec.targets}
 
   def __call__(self, adapters, x, train: bool = False):
     lora_spec = self.spec
+    by_path = self._by_path
     nodes = check_adapters(adapters, "apply", "adapters")
-    if set(nodes) != set(self._by_path):
-      raise ValueError(f"adapters must adapt {sorted(self._by_path)}, got "
+    if set(nodes) != set(by_path):
+      raise ValueError(f"adapters must adapt {sorted(by_path)}, got "
                        f"{sorted(nodes)}")
     use_dropout = bool(train) and lora_spec.dropout > 0
     step_key = _step_key(self._dropout_key, nodes, x) if use_dropout else None
@@ -150,9 +157,9 @@ class _AdaptedApply:
     def adapt(next_fun, args, kwargs, context):
       out = next_fun(*args, **kwargs)
       path = "/".join(context.module.path)
-      if context.method_name != "__call__" or path not in self._by_path:
+      if context.method_name != "__call__" or path not in by_path:
         return out
-      target = self._by_path[path]
+      target = by_path[path]
       node = nodes[path]
       a = (lora_spec.frozen_a[path] if lora_spec.frozen_a is not None
            else node["a"])
@@ -162,7 +169,7 @@ class _AdaptedApply:
       dropped = flat
       if use_dropout:
         layer_key = jax.random.fold_in(
-            step_key, list(self._by_path).index(path))
+            step_key, list(by_path).index(path))
         keep = jax.random.bernoulli(layer_key, 1.0 - lora_spec.dropout,
                                     flat.shape)
         dropped = jnp.where(keep, flat / (1.0 - lora_spec.dropout), 0.0)

@@ -223,3 +223,17 @@ def test_dp_fedavg_privatises_the_adapters_and_accounts_them():
   plain = experiment.run_algorithm(quiet, "A", SEED, prepared).state.params
   assert any(not np.allclose(a, b) for a, b in zip(
       jax.tree.leaves(params), jax.tree.leaves(plain), strict=True))
+
+
+def test_a_resume_with_other_adapters_is_refused(tmp_path):
+  # The checkpoint's fingerprint holds the adapted network: its base,
+  # rank, scale and dropout.
+  config = _config({"rank": 2, "alpha": 2.0})
+  prepared = experiment.prepare_data(config, SEED)
+  folder = str(tmp_path / "checkpoint")
+  experiment.run_algorithm(config, "A", SEED, prepared,
+                           checkpoint_dir=folder, checkpoint_every=1)
+  other = _config({"rank": 2, "alpha": 8.0})
+  with pytest.raises(checkpoint.CheckpointError):
+    experiment.run_algorithm(other, "A", SEED, prepared,
+                             checkpoint_dir=folder, resume=True)
