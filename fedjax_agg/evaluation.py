@@ -112,16 +112,20 @@ def map_batches(fn, params, x, y, batch_size: int, sharding=None):
   """``fn(params, x_batch, y_batch) -> (losses, preds)`` over (x, y).
 
   Runs ``fn`` on batches of ``batch_size`` (the last one padded, so ``fn``
-  compiles once) and concatenates along the example axis: losses [..., M]
-  and predictions [..., M] ([..., M, T] for per-token targets); a leading
+  compiles once; a set smaller than a batch is one batch of its size)
+  and concatenates along the example axis: losses [..., M] and
+  predictions [..., M] ([..., M, T] for per-token targets); a leading
   axis is kept, e.g. the members of a sweep. ``sharding``: where each
   batch goes (e.g. split over the devices of a mesh, ``params`` replicated
   there): the forward passes then run on every device.
   """
+  total = x.shape[0]
+  # A set smaller than one batch is one batch of its own size: padding
+  # 200 test examples to 2,048 would compute 10x the forward passes.
+  batch_size = max(1, min(batch_size, total))
   if sharding is not None:
     devices = len(sharding.device_set)
     batch_size = -(-batch_size // devices) * devices
-  total = x.shape[0]
   losses, preds = [], []
   for start in range(0, total, batch_size):
     xb = x[start:start + batch_size]
@@ -244,6 +248,7 @@ def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
                      num_examples, batch_size: int) -> jax.Array:
   """Mean task loss of ``params`` over one client's examples. -> []."""
   width = indices.shape[0]
+  batch_size = max(1, min(batch_size, width))  # no padding past one batch
   num_batches = -(-width // batch_size)
   padded = jnp.pad(indices, (0, num_batches * batch_size - width))
   positions = jnp.arange(num_batches * batch_size)

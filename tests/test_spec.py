@@ -200,3 +200,74 @@ def test_algorithms_must_be_a_mapping():
                     partition={"name": "iid", "num_clients": 2},
                     model={"name": "mlp2"},
                     algorithms=[spec.AlgorithmSpec("fedavg")])
+
+
+# A valid value other than the default for every "train" key.
+_OTHER_TRAIN_VALUES = {
+    "rounds": 3, "participation": 0.5, "local_epochs": 2, "batch_size": 8,
+    "learning_rate": 0.2, "momentum": 0.9, "stragglers": 0.5,
+    "straggler_unit": "steps", "eval_every": 2, "eval_clients": False,
+    "clients_per_step": 4, "compute_losses": True,
+    "matmul_precision": "default", "devices": 1, "optimizer": "adam",
+    "weight_decay": 0.1, "personalized": True, "finetune_steps": 3}
+
+
+def test_every_train_field_sets_a_field_of_a_run_object():
+  """``sets`` names an existing field of ``RunOptions``, ``LocalTraining``,
+  ``Execution`` or ``Evaluation``, with the same default where it has
+  one (a run described in Python and one in a config start alike)."""
+  from fedjax_agg.config import Evaluation, Execution, LocalTraining
+  from fedjax_agg.options import RunOptions
+  classes = {"options": RunOptions, "training": LocalTraining,
+             "execution": Execution, "evaluation": Evaluation}
+  assert set(classes) == set(spec.RUN_OBJECTS)
+  # The spec's own defaults where the object has none or a different one.
+  own_default = {"rounds"}
+  for f in dataclasses.fields(spec.TrainSpec):
+    sets = f.metadata["sets"]
+    if sets is None:
+      continue
+    target, name = sets.split(".")
+    fields = {g.name: g for g in dataclasses.fields(classes[target])}
+    assert name in fields, f"train.{f.name} sets unknown {sets}"
+    if f.name not in own_default:
+      assert fields[name].default == f.default, f.name
+
+
+def _described(objects):
+  """``run_objects``' output with its functions replaced by what they
+  compute: the optimizer's first two updates of a small tree, the
+  stragglers' steps for a few keys."""
+  import jax
+  import numpy as np
+  out = {target: dict(kwargs) for target, kwargs in objects.items()}
+  training = out["training"]
+  optimizer = training["optimizer"](0.1)
+  params = {"w": np.array([1.0, -2.0], np.float32)}
+  grads = {"w": np.array([0.5, 0.25], np.float32)}
+  state, steps = optimizer.init(params), []
+  for _ in range(2):
+    updates, state = optimizer.update(grads, state, params)
+    steps.append(tuple(np.asarray(updates["w"]).tolist()))
+  training["optimizer"] = tuple(steps)
+  if "steps_fn" in training:
+    keys = jax.random.split(jax.random.key(0), 8)
+    training["steps_fn"] = tuple(
+        np.asarray(training["steps_fn"](key, np.full((16,), 12))).tolist()
+        for key in keys)
+  return out
+
+
+def test_no_train_key_is_ignored_by_the_run_objects():
+  """Changing any "train" key changes what ``run_objects`` builds: a key
+  that reached no run object would be accepted and silently ignored."""
+  assert set(_OTHER_TRAIN_VALUES) == set(spec.keys(spec.TrainSpec))
+  for key, value in _OTHER_TRAIN_VALUES.items():
+    # The straggler unit is read with stragglers only.
+    start = {"stragglers": 0.5} if key == "straggler_unit" else {}
+    base = spec.TrainSpec(**start).run_objects()
+    changed = spec.TrainSpec(**start, **{key: value}).run_objects()
+    assert _described(changed) != _described(base), key
+  # And the description compares equal where nothing changed.
+  assert (_described(spec.TrainSpec(stragglers=0.5).run_objects())
+          == _described(spec.TrainSpec(stragglers=0.5).run_objects()))

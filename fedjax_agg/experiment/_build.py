@@ -24,9 +24,7 @@ from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import rounds
 from fedjax_agg import spec as spec_lib
-from fedjax_agg import stragglers
 from fedjax_agg.models import lora
-from fedjax_agg.config import client_optimizer
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
@@ -149,19 +147,17 @@ def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
                               input_shape)
   rule, objective = build_rule(experiment, algorithm, data.num_clients,
                                aggregator=aggregator)
-  execution = Execution(
-      clients_per_step=train.clients_per_step, progress=progress,
-      devices=train.devices if devices == "config" else devices)
-  training = _training(train, objective)
+  # What "train" sets on each run object (``TrainSpec.run_objects``).
+  sets = train.run_objects(objective)
+  if devices != "config":
+    sets["execution"]["devices"] = devices
+  execution = Execution(progress=progress, **sets["execution"])
+  training = LocalTraining(**sets["training"])
   systems = experiment.systems
   options = RunOptions(
-      num_rounds=train.rounds, participation=train.participation,
       training=training, execution=execution,
-      evaluation=Evaluation(every=train.eval_every,
-                            clients=train.eval_clients,
-                            personalized=train.personalized,
-                            finetune_steps=train.finetune_steps,
-                            extra=attack_eval_sets(experiment, test)),
+      evaluation=Evaluation(extra=attack_eval_sets(experiment, test),
+                            **sets["evaluation"]),
       local_update=local_update(experiment, algorithm, model, training,
                                 execution, data.num_clients),
       privacy=experiment.privacy_of(algorithm), init_params=init_params,
@@ -169,7 +165,8 @@ def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
                else Systems(**dataclasses.asdict(systems))),
       config={"experiment": experiment.name, "algorithm": algorithm,
               **{f"train.{k}": value
-                 for k, value in dataclasses.asdict(train).items()}})
+                 for k, value in dataclasses.asdict(train).items()}},
+      **sets["options"])
   return Built(model, data, test, rule, options)
 
 
@@ -208,21 +205,6 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
     raise spec_lib.ConfigError("model.adapters",
                                f"model.adapters: {error}") from None
   return adapted, None
-
-
-def _training(train: spec_lib.TrainSpec, objective) -> LocalTraining:
-  """The clients' training of an algorithm's ``TrainSpec``."""
-  steps_fn = None
-  if train.stragglers:
-    steps_fn = stragglers.stragglers(train.stragglers, train.local_epochs,
-                                     train.straggler_unit)
-  return LocalTraining(
-      epochs=train.local_epochs, batch_size=train.batch_size,
-      learning_rate=train.learning_rate,
-      optimizer=client_optimizer(train.optimizer, train.momentum,
-                                 train.weight_decay),
-      compute_losses=train.compute_losses, steps_fn=steps_fn,
-      objective=objective, matmul_precision=train.matmul_precision)
 
 
 def attack_eval_sets(experiment: spec_lib.Experiment, test) -> tuple:

@@ -27,9 +27,11 @@ The command line starts from a preset where a config must name something
 the clients per round at learning rate 0.05 (``Flag.preset``); a config
 file states what it runs.
 
-Modules: ``_values`` (the errors and the checks of values),
-``_adapters`` (LoRA adapters of the model section), ``_sections`` (the
-sections), ``_experiment`` (``Experiment``).
+Modules: ``_values`` (the errors and the checks of values), ``_fields``
+(a field's default, flag, check and target), ``_adapters`` (LoRA adapters
+of the model section), ``_train`` (the "train" section and the run
+objects it builds), ``_sections`` (the other sections), ``_experiment``
+(``Experiment``).
 """
 
 from fedjax_agg.spec._experiment import Experiment
@@ -46,12 +48,12 @@ from fedjax_agg.spec._sections import ADVERSARY_MODES
 from fedjax_agg.spec._sections import AlgorithmSpec
 from fedjax_agg.spec._sections import AttackSpec
 from fedjax_agg.spec._values import check_algorithm_name
-from fedjax_agg.spec._values import check_train
+from fedjax_agg.spec._train import check_train
 from fedjax_agg.spec._sections import CLIENT_OPTIONS
 from fedjax_agg.spec._sections import DataSpec
 from fedjax_agg.spec._sections import defaults
 from fedjax_agg.spec._sections import EarlyStoppingSpec
-from fedjax_agg.spec._sections import Flag
+from fedjax_agg.spec._fields import Flag
 from fedjax_agg.spec._sections import keys
 from fedjax_agg.spec._sections import ModelSpec
 from fedjax_agg.spec._sections import OWN_OBJECTIVE_CLIENTS
@@ -61,8 +63,9 @@ from fedjax_agg.spec._sections import SCRIPT_ALGORITHM_KEYS
 from fedjax_agg.spec._sections import SCRIPT_KEYS
 from fedjax_agg.spec._sections import SUBSET_SOURCES
 from fedjax_agg.spec._sections import SystemsSpec
-from fedjax_agg.spec._values import TRAIN_CHECKS
-from fedjax_agg.spec._sections import TrainSpec
+from fedjax_agg.spec._train import TRAIN_CHECKS
+from fedjax_agg.spec._train import TrainSpec
+from fedjax_agg.spec._train import RUN_OBJECTS
 from fedjax_agg.spec._values import ConfigError
 from fedjax_agg.spec._values import ConfigTypeError
 from fedjax_agg.spec._values import describe_parameters
@@ -81,7 +84,7 @@ __all__ = ["ADAPTER_ONLY_RULES", "ADAPTER_RULES", "AdaptersSpec",
            "model_parameters", "model_takes_options", "OWN_OBJECTIVE_CLIENTS",
            "PAIRED_RULES", "partition_parameters", "PartitionSpec",
            "PERSONAL_CLIENTS", "PRIVATE_AGGREGATORS", "PrivacySpec",
-           "RULE_OPTIONS",
+           "RULE_OPTIONS", "RUN_OBJECTS",
            "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "SECTIONS",
            "SUBSET_SOURCES", "SystemsSpec", "takes_any_keyword",
            "TRAIN_CHECKS", "TrainSpec"]

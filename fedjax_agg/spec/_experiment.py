@@ -22,13 +22,13 @@ from fedjax_agg import rounds
 from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._adapters import ADAPTER_ONLY_RULES
 from fedjax_agg.spec._adapters import ADAPTER_RULES
-from fedjax_agg.spec._sections import _field
+from fedjax_agg.spec._fields import spec_field as _field
 from fedjax_agg.spec._sections import AlgorithmSpec
 from fedjax_agg.spec._sections import AttackSpec
 from fedjax_agg.spec._values import check_algorithm_name
 from fedjax_agg.spec._sections import DataSpec
 from fedjax_agg.spec._sections import EarlyStoppingSpec
-from fedjax_agg.spec._sections import Flag
+from fedjax_agg.spec._fields import Flag
 from fedjax_agg.spec._sections import keys
 from fedjax_agg.spec._sections import ModelSpec
 from fedjax_agg.spec._sections import PartitionSpec
@@ -36,7 +36,7 @@ from fedjax_agg.spec._sections import PrivacySpec
 from fedjax_agg.spec._sections import SCRIPT_ALGORITHM_KEYS
 from fedjax_agg.spec._sections import SCRIPT_KEYS
 from fedjax_agg.spec._sections import SystemsSpec
-from fedjax_agg.spec._sections import TrainSpec
+from fedjax_agg.spec._train import TrainSpec
 
 PAIRED_RULES = {"feddyn": ("feddyn", "alpha")}
 """Client side -> (the server rule it needs, the argument both must share)."""

@@ -2,18 +2,19 @@
 of a JSON config, each checking its own values when it is built.
 
 ``DataSpec`` is "dataset", ``PartitionSpec`` "partition", ``ModelSpec``
-"model", ``TrainSpec`` "train", ``AlgorithmSpec`` each entry of
+"model", ``AlgorithmSpec`` each entry of
 "algorithms", ``AttackSpec`` "attack", ``PrivacySpec`` "privacy",
 ``SystemsSpec`` "systems" and ``EarlyStoppingSpec`` "early_stopping".
 Each field is one concept with ONE name, ONE default and its command-line
 flags (``Flag``). A section's ``__post_init__`` checks every field that
 needs no other section (a ``ConfigError`` naming the key path); what
-needs two sections is checked once, by ``Experiment``.
+needs two sections is checked once, by ``Experiment``. "train" is
+``_train.TrainSpec``.
 """
 
 import dataclasses
 import os
-from typing import Any, Mapping, NamedTuple, Optional, Union
+from typing import Any, Mapping, Optional
 
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
@@ -26,12 +27,12 @@ from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import partitions
 from fedjax_agg import privacy as privacy_lib
-from fedjax_agg import stragglers
 from fedjax_agg import systems as systems_lib
 from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._adapters import AdaptersSpec
-from fedjax_agg.spec._values import check_train
-from fedjax_agg.spec._values import TRAIN_CHECKS
+from fedjax_agg.spec._fields import Flag
+from fedjax_agg.spec._fields import spec_field as _field
+from fedjax_agg.spec._train import check_train
 
 ADVERSARY_MODES = ("per_round", "fixed")
 """Who is malicious in an attacked run (``fedjax_agg.attacks``): a new draw from
@@ -52,42 +53,6 @@ CLIENT_OPTIONS = ("placement", "path")
 (``clients.ClientOptions``; how its training runs comes from "train")."""
 
 
-class Flag(NamedTuple):
-  """How the command line sets a field.
-
-  Attributes:
-    name: the flag, e.g. "--lr".
-    help: its help text.
-    kind: "value" (the flag's value is the field's), "pairs" (repeatable
-      NAME=VALUE, merged into the field's mapping), "switch" (given: True),
-      "negate" (given: False, else "auto"), "seed" (one int: the list
-      [seed]), "seeds" (comma-separated ints), "subkey" (sets the entry
-      ``subkey`` of the field's mapping).
-    type: the argparse type of the value (None: a string).
-    choices: the names the value must be one of (None: any).
-    preset: the command line's value when the flag is not given (None:
-      the key is left out, so the spec's default holds).
-    subkey: for kind "subkey".
-  """
-  name: str
-  help: str
-  kind: str = "value"
-  type: Any = None
-  choices: Any = None
-  preset: Any = None
-  subkey: Optional[str] = None
-
-
-def _field(default: Any = dataclasses.MISSING, *flag_list: Flag):
-  """A spec field with its default and its command-line flags."""
-  metadata = {"flags": tuple(flag_list)}
-  if isinstance(default, (dict, list)):
-    value = default
-    return dataclasses.field(default_factory=lambda: type(value)(value),
-                             metadata=metadata)
-  return dataclasses.field(default=default, metadata=metadata)
-
-
 def _registry(registry):
   """A registry's names when the flags are built (``Registry.names`` also
   holds the "module:factory" names of user components)."""
@@ -98,9 +63,6 @@ _DATASETS = lambda: data_lib.ALL_NAMES
 _SOURCES = lambda: data_lib.SOURCES
 _PARTITIONS = lambda: partitions.ALL_NAMES
 _MODELS = lambda: models.NAMES
-_OPTIMIZERS = lambda: config_lib.OPTIMIZERS
-_STRAGGLER_UNITS = lambda: stragglers.UNITS
-_MATMUL_PRECISIONS = lambda: config_lib.MATMUL_PRECISIONS
 _SAMPLINGS = lambda: privacy_lib.SAMPLINGS
 _ACCOUNTANTS = lambda: privacy_lib.ACCOUNTANTS
 _STOPPING_MODES = lambda: loop.STOPPING_MODES
@@ -209,69 +171,6 @@ class ModelSpec:
           "model.adapters", "model.adapters must be a mapping of "
           f"{list(keys(AdaptersSpec))} or null, got {self.adapters!r}")
 
-
-@dataclasses.dataclass(frozen=True)
-class TrainSpec:
-  """"train": what every round does (an algorithm may override any)."""
-  rounds: int = _field(10, Flag("--rounds", "R: rounds", type=int,
-                                preset=10))
-  participation: float = _field(1.0, Flag(
-      "--participation", "C: fraction of clients per round", type=float,
-      preset=0.1))
-  local_epochs: int = _field(1, Flag("--epochs", "E: local epochs",
-                                     type=int, preset=1))
-  batch_size: int = _field(16, Flag("--batch-size", "B: local batch size",
-                                    type=int, preset=16))
-  learning_rate: float = _field(0.01, Flag(
-      "--lr", "client learning rate", type=float, preset=0.05))
-  momentum: float = _field(0.0, Flag("--momentum", "client SGD momentum",
-                                     type=float, preset=0.0))
-  stragglers: float = _field(0.0, Flag(
-      "--stragglers", "fraction of each cohort that straggles", type=float,
-      preset=0.0))
-  straggler_unit: str = _field("epochs", Flag(
-      "--straggler-unit", "what a straggler's share of its work is drawn "
-      "in: whole epochs x ~ U{1..E} (FedProx's setting) or steps",
-      choices=_STRAGGLER_UNITS))
-  eval_every: int = _field(1, Flag(
-      "--eval-every", "evaluate the global model every this many rounds",
-      type=int, preset=1))
-  eval_clients: Union[bool, int, str] = _field("auto", Flag(
-      "--no-client-eval", "skip the global model's loss on every client's "
-      "data (by default computed before the first and after the last "
-      "round: train.eval_clients \"auto\"; true or an int n in a --config "
-      "file for every or every n-th evaluation)", kind="negate"))
-  clients_per_step: Optional[int] = _field(None, Flag(
-      "--clients-per-step", "clients trained side by side (vmap width)",
-      type=int))
-  compute_losses: Union[bool, str] = _field("auto")
-  matmul_precision: str = _field("highest", Flag(
-      "--matmul-precision", "precision of local training's matrix products: "
-      "highest (full float32 on every backend) or default (the backend's: "
-      "TF32 on an NVIDIA GPU, bfloat16 on a TPU)",
-      choices=_MATMUL_PRECISIONS))
-  devices: Optional[int] = _field(None, Flag(
-      "--devices", "shard each round's clients over this many devices "
-      "(default: all devices of the job; 1: unsharded)", type=int))
-  optimizer: str = _field("sgd", Flag(
-      "--optimizer", "client optimizer", choices=_OPTIMIZERS, preset="sgd"))
-  weight_decay: float = _field(0.0, Flag(
-      "--weight-decay", "client L2 weight decay (parameters only, not "
-      "BatchNorm statistics)", type=float, preset=0.0))
-  personalized: bool = _field(False, Flag(
-      "--personalized", "at the client evaluations, also the accuracy of "
-      "each client's personal model on its held-out split (needs --client "
-      "fedbn or ditto and --holdout-fraction)", kind="switch"))
-  finetune_steps: int = _field(0, Flag(
-      "--finetune-steps", "at the client evaluations, also the accuracy of "
-      "the global model fine-tuned for this many local steps on each "
-      "client (needs --holdout-fraction)", type=int))
-
-
-
-  def __post_init__(self):
-    for key, check in TRAIN_CHECKS.items():
-      check(f"train.{key}", getattr(self, key))
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:

@@ -13,10 +13,8 @@ from typing import Any
 import numpy as np
 
 from fedjax_agg import checks
-from fedjax_agg import config as config_lib
 from fedjax_agg import models
 from fedjax_agg import partitions
-from fedjax_agg import stragglers
 from fedjax_agg.models import layers
 
 MAX_CONFIG_DEPTH = 32
@@ -214,58 +212,6 @@ def model_arguments(path: str, name: str, arguments: dict) -> None:
     arguments_of(path, arguments, model_parameters(name))
   if "conv_impl" in arguments:
     name_in(f"{path}.conv_impl", arguments["conv_impl"], layers.CONV_IMPLS)
-
-
-def _check_eval_clients(path: str, value) -> None:
-  if value == "auto" or isinstance(value, bool):
-    return
-  integer(path, value, 1)
-
-
-def _check_compute_losses(path: str, value) -> None:
-  if not (isinstance(value, bool) or value == "auto"):
-    raise ConfigTypeError(path, f"{path} must be true, false or \"auto\", "
-                            f"got {value!r}")
-
-
-def _in(names):
-  return lambda path, value: name_in(path, value, names)
-
-
-TRAIN_CHECKS = {
-    "rounds": lambda path, value: integer(path, value, 0),
-    "participation": lambda path, value: number(path, value, 0, 1,
-                                                  low_open=True),
-    "local_epochs": lambda path, value: integer(path, value, 1),
-    "batch_size": lambda path, value: integer(path, value, 1),
-    "learning_rate": lambda path, value: number(path, value, 0,
-                                                low_open=True),
-    "momentum": lambda path, value: number(path, value, 0, 1,
-                                           high_open=True),
-    "stragglers": lambda path, value: number(path, value, 0, 1),
-    "straggler_unit": _in(stragglers.UNITS),
-    "eval_every": lambda path, value: integer(path, value, 1),
-    "eval_clients": _check_eval_clients,
-    "clients_per_step": lambda path, value: optional_integer(path, value,
-                                                             1),
-    "compute_losses": _check_compute_losses,
-    "matmul_precision": _in(config_lib.MATMUL_PRECISIONS),
-    "devices": lambda path, value: optional_integer(path, value, 1),
-    "optimizer": _in(config_lib.OPTIMIZERS),
-    "weight_decay": lambda path, value: number(path, value, 0),
-    "personalized": boolean,
-    "finetune_steps": lambda path, value: integer(path, value, 0),
-}
-"""Train key -> ``check(path, value)``, the check of that key of "train" and
-of an algorithm's train overrides (raises naming ``path``)."""
-
-
-def check_train(path: str, train) -> None:
-  """A "train" mapping (an algorithm's overrides): known keys, each value
-  of its type and range."""
-  keys_in(path, train, TRAIN_CHECKS)
-  for key, value in train.items():
-    TRAIN_CHECKS[key](f"{path}.{key}", value)
 
 
 # An algorithm's name becomes a folder of the output (results and
