@@ -6,6 +6,10 @@ padded) so each function compiles once per model and batch size.
 
 * ``evaluate``: test loss, accuracy and macro-F1 of one model;
 * ``client_losses``: one model's mean loss on every client's training data;
+* ``member_rows``: a run's evaluation row (test metrics, the clients'
+  losses, the accuracy on extra sets) of one model or of each of S
+  stacked members of a sweep, the one evaluation both forms of a run
+  use;
 * ``per_example_fn`` / ``map_batches``: the batched pieces, also vmapped
   over the members of a sweep (``stacked_per_example_fn``);
 * ``EvalSet``: a labelled set scored besides the test set
@@ -23,7 +27,8 @@ from fedjax_agg.types import Model, PAD_TARGET, Params, target_counts
 
 __all__ = ["EvalSet", "check_eval_sets", "classification_metrics",
            "client_losses", "evaluate", "example_weights", "map_batches",
-           "mean_client_loss", "mean_loss", "per_client_mean",
+           "mean_client_loss", "mean_loss", "member_rows",
+           "per_client_mean",
            "per_example_fn", "per_example_losses", "stacked_per_example_fn"]
 
 
@@ -224,6 +229,70 @@ def client_losses(model: Model, params: Params, data: FederatedData,
                           else None)
   return per_client_mean(losses, data.client_indices, data.num_examples,
                          example_weights(data.y))
+
+
+def member_rows(model: Model, params, test, num_classes: int,
+                batch_size: int, *, stacked: bool = False, clients=None,
+                clients_stacked: bool = False, extra=(),
+                sharding=None) -> list[dict[str, float]]:
+  """A run's evaluation rows: one per model.
+
+  Args:
+    model: the network.
+    params: one model's params, or (``stacked``) S members' stacked along
+      a leading axis.
+    test: (x, y), scored as ``test_loss``, ``test_accuracy``,
+      ``test_macro_f1``.
+    num_classes: of the labels.
+    batch_size: examples per forward pass.
+    stacked: ``params`` hold S members (one vmapped forward pass each
+      batch).
+    clients: a ``FederatedData`` whose clients' mean losses give
+      ``client_loss_mean`` and ``client_loss_var``; None: not computed.
+    clients_stacked: ``clients`` has a member axis on its indices and
+      counts (each member's own partition).
+    extra: ``(name, x, y)`` sets, each scored as the accuracy ``name``.
+    sharding: where each batch goes (``map_batches``; one model only).
+
+  Returns:
+    One row per member (one row for one model).
+  """
+  fn = stacked_per_example_fn(model) if stacked else per_example_fn(model)
+
+  def scored(x, y):
+    losses, preds = map_batches(fn, params, x, y, batch_size, sharding)
+    if not stacked:  # the same member axis for one model
+      losses, preds = losses[None], preds[None]
+    return losses, np.asarray(preds)
+
+  test_losses, test_preds = scored(*test)
+  mean = np.asarray(mean_loss(test_losses, test[1]))
+  rows = []
+  for m in range(mean.shape[0]):
+    test_row = classification_metrics(test[1], test_preds[m], num_classes)
+    test_row["loss"] = float(mean[m])
+    rows.append({f"test_{k}": v for k, v in test_row.items()})
+  if clients is not None:
+    losses, _ = scored(clients.x, clients.y)
+    indices, counts = clients.client_indices, clients.num_examples
+    weights = example_weights(clients.y)
+    if stacked:
+      axis = 0 if clients_stacked else None
+      per_client = jax.vmap(per_client_mean, in_axes=(0, axis, axis, None))(
+          losses, indices, counts, weights)
+    else:
+      # On the devices the indices live on (split over a round's mesh).
+      losses = jax.device_put(losses[0], getattr(indices, "sharding", None))
+      per_client = per_client_mean(losses, indices, counts, weights)[None]
+    per_client = np.asarray(per_client)
+    for row, member in zip(rows, per_client, strict=True):
+      row["client_loss_mean"] = float(member.mean())
+      row["client_loss_var"] = float(member.var())
+  for name, x, y in extra:
+    _, preds = scored(jnp.asarray(x), jnp.asarray(y))
+    for row, member in zip(rows, preds, strict=True):
+      row[name] = classification_metrics(y, member, num_classes)["accuracy"]
+  return rows
 
 
 def per_client_mean(losses, client_indices, num_examples,

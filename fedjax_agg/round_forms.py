@@ -165,7 +165,8 @@ def unvmapped(plan, state, built, cohort_size: int,
   if mesh is not None and jax.process_count() == 1:
     batch_sharding = jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
-  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
+  test = tuple(jnp.asarray(a) for a in plan.test_data)
+  extra = [tuple(item) for item in evaluation.extra]
 
   def evaluate(state, with_clients):
     params = aggregators.eval_params(state.aggregator_state, state.params)
@@ -173,17 +174,11 @@ def unvmapped(plan, state, built, cohort_size: int,
       params = distributed.local_copy(params, device)
     else:
       params = place(params)
-    test = evaluation_lib.evaluate(model, params, test_x, test_y,
-                                   num_classes, evaluation.batch_size,
-                                   batch_sharding)
-    row = {f"test_{k}": v for k, v in test.items()}
-    if with_clients:
-      losses = np.asarray(evaluation_lib.client_losses(
-          model, params, data if batch_sharding is not None else eval_data,
-          evaluation.batch_size, batch_sharding))
-      row["client_loss_mean"] = float(losses.mean())
-      row["client_loss_var"] = float(losses.var())
-    return [row]
+    clients = data if batch_sharding is not None else eval_data
+    return evaluation_lib.member_rows(
+        model, params, test, num_classes, evaluation.batch_size,
+        clients=clients if with_clients else None, extra=extra,
+        sharding=batch_sharding)
 
   return Round(state=state, round_step=round_step, sample=sample,
                 evaluate=evaluate, member_output=lambda out, m: out,
@@ -306,40 +301,15 @@ def vmapped(plan, state, built, cohort_size: int,
   sample_keys = jax.vmap(lambda key: loop.cohort_keys(
       key, num_rounds))(jnp.stack(run_keys))
   mask = jnp.ones((cohort_size,), jnp.float32)
-  stacked_eval = evaluation_lib.stacked_per_example_fn(model)
-  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
-  labels = np.asarray(test_y)
+  test = tuple(jnp.asarray(a) for a in plan.test_data)
+  extra = [tuple(item) for item in evaluation.extra]
 
   def evaluate(state, with_clients) -> list[dict]:
     params = aggregators.eval_params(state.aggregator_state, state.params)
-    losses, preds = evaluation_lib.map_batches(
-        stacked_eval, params, test_x, test_y, evaluation.batch_size)
-    mean_loss = np.asarray(evaluation_lib.mean_loss(losses, test_y))
-    preds = np.asarray(preds)
-    if with_clients:
-      train_losses, _ = evaluation_lib.map_batches(
-          stacked_eval, params, round_data.x, round_data.y,
-          evaluation.batch_size)
-      # Per-token targets (pooled, shared by the members): each example
-      # weighs its real tokens.
-      weights = evaluation_lib.example_weights(round_data.y)
-      client_losses = np.asarray(jax.vmap(
-          evaluation_lib.per_client_mean,
-          in_axes=(0, data_axes.client_indices, data_axes.num_examples,
-                   None))(
-              train_losses, round_data.client_indices,
-              round_data.num_examples, weights))
-    rows = []
-    for m in range(len(members)):
-      test = evaluation_lib.classification_metrics(labels, preds[m],
-                                                   num_classes)
-      test["loss"] = float(mean_loss[m])
-      row = {f"test_{k}": v for k, v in test.items()}
-      if with_clients:
-        row["client_loss_mean"] = float(client_losses[m].mean())
-        row["client_loss_var"] = float(client_losses[m].var())
-      rows.append(row)
-    return rows
+    return evaluation_lib.member_rows(
+        model, params, test, num_classes, evaluation.batch_size,
+        stacked=True, clients=round_data if with_clients else None,
+        clients_stacked=per_seed_data, extra=extra)
 
   _check_traceable(sweep_round, points, hparams, state, round_data,
                    by_member(sample(sample_keys[:, 0])), mask)

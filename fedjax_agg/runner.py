@@ -6,9 +6,10 @@ seeds, over one ``FederatedData`` or one per seed, with the settings every
 member shares. ``execute(plan)`` does everything a run does once, for one
 member or S: the argument checks, the seeds' keys and the members' initial
 states, the label checks, the privacy accounting (per member, from each
-member's rule), the checkpoint fingerprint and resume, the evaluation of
-the test set, of the clients' data and of their held-out splits
-(personalised and fine-tuned accuracies), the round loop
+member's rule: ``fedjax_agg.accounting``), the checkpoint fingerprint
+and resume, the evaluation of the clients' held-out splits (personalised
+and fine-tuned accuracies; the test set and the clients' losses are
+``evaluation.member_rows``, which both forms call), the round loop
 (``loop.Driver``), and the histories with their recorded settings.
 
 Only the round itself has two forms (``Plan.vmapped``; see
@@ -26,33 +27,30 @@ Only the round itself has two forms (``Plan.vmapped``; see
 
 import dataclasses
 import sys
-import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_agg import accounting
 from fedjax_agg import aggregators
 from fedjax_agg import clients as clients_lib
 from fedjax_agg import clock
 from fedjax_agg import config as config_lib
 from fedjax_agg import distributed
 from fedjax_agg import engine
-from fedjax_agg import evaluation as evaluation_lib
 from fedjax_agg import loop
-from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import round_forms
 from fedjax_agg import rounds
 from fedjax_agg import run_context
-from fedjax_agg.config import (LocalTraining, Privacy)
+from fedjax_agg.config import LocalTraining
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.history import History
 from fedjax_agg.options import RunOptions
 from fedjax_agg.types import Aggregator, LocalObjective, Model, RunContext
 
-__all__ = ["CLIENT_LEARNING_RATE", "Member", "Plan", "execute", "parts",
-           "resolve_privacy"]
+__all__ = ["CLIENT_LEARNING_RATE", "Member", "Plan", "execute", "parts"]
 
 CLIENT_LEARNING_RATE = "learning_rate"
 """The grid name that also sets the members' client learning rate."""
@@ -167,104 +165,6 @@ def _check_per_client_evaluation(plan: Plan) -> None:
         "clients.fedbn); use finetune_steps for fine-tuned global models")
 
 
-def resolve_privacy(privacy: Optional[Privacy], aggregator: Aggregator,
-                    cohort_size: int) -> Optional[Privacy]:
-  """``privacy`` with the noise multiplier of the rule that adds the noise.
-
-  The accounting is derived from ``aggregator.noise_multiplier``, never
-  taken on trust: a rule that adds no calibrated Gaussian noise, a stated
-  ``Privacy.noise_multiplier`` that differs from the rule's, Poisson
-  sampling with a rule that divides by the realised cohort size (its noise
-  then depends on who was drawn) and Poisson sampling with a rule whose
-  noise is tree-aggregated (``aggregators.TreeAggregationNoise``, DP-FTRL:
-  accounted from the participations in its fixed-size cohorts) are
-  refused.
-
-  Args:
-    privacy: the run's ``config.Privacy`` or None.
-    aggregator: the run's rule.
-    cohort_size: m; under Poisson sampling q N = m.
-  """
-  if privacy is None:
-    return None
-  if not isinstance(privacy, Privacy):
-    raise TypeError(f"privacy must be a config.Privacy, got "
-                    f"{type(privacy).__name__}")
-  rule_z = aggregator.noise_multiplier
-  if rule_z is None:
-    raise ValueError(
-        "privacy: the aggregator adds no calibrated Gaussian noise "
-        "(Aggregator.noise_multiplier is None), so the run has no privacy "
-        "guarantee to account; use a private rule such as "
-        "aggregators.dp_fedavg, or drop privacy")
-  rule_z = float(rule_z)
-  if privacy.noise_multiplier is not None and not np.isclose(
-      privacy.noise_multiplier, rule_z, rtol=1e-6, atol=0.0):
-    raise ValueError(
-        f"privacy.noise_multiplier={privacy.noise_multiplier} differs from "
-        f"the noise the aggregator adds (noise_multiplier={rule_z}); the "
-        "accounting is that of the rule's noise: leave "
-        "Privacy.noise_multiplier unset or make them equal")
-  if privacy.sampling == "poisson" and isinstance(
-      aggregator.noise_multiplier, aggregators.TreeAggregationNoise):
-    raise ValueError(
-        "privacy.sampling='poisson': the aggregator adds its noise by tree "
-        "aggregation (DP-FTRL), whose accounting takes no amplification by "
-        "sampling; it counts how often each client takes part in the run's "
-        "fixed-size cohorts: use sampling='without_replacement'")
-  if privacy.sampling == "poisson":
-    expected = aggregator.expected_clients
-    if expected is None or not np.isclose(float(expected), cohort_size):
-      raise ValueError(
-          f"privacy.sampling='poisson': the aggregator must divide by the "
-          f"fixed expected cohort size q N = {cohort_size} (e.g. "
-          f"dp_fedavg(expected_clients={cohort_size})), got expected_clients="
-          f"{expected}; dividing by the realised cohort size makes the "
-          "noise depend on who was drawn, which the accountant does not "
-          "cover")
-  return dataclasses.replace(privacy, noise_multiplier=rule_z)
-
-
-def _accounting(privacy: Optional[Privacy], num_clients: int,
-                cohort_size: int, num_rounds: int, tree=None) -> dict:
-  """Epsilon after each round, and where the target ends the run (the
-  Poisson rate is q = m / N, as the sampler draws). ``tree``: (rounds per
-  tree or None, the [R, m] cohorts the run draws) for a rule whose noise
-  is tree-aggregated, accounted from those cohorts."""
-  if privacy is None or num_rounds == 0:
-    return {}
-  if tree is None:
-    epsilons = privacy_lib.epsilons(
-        privacy.noise_multiplier, num_rounds, num_clients=num_clients,
-        delta=privacy.delta, sampling=privacy.sampling,
-        accountant=privacy.accountant, cohort_size=cohort_size)
-  else:
-    restart_every, cohorts = tree
-    epsilons = privacy_lib.tree_epsilons(
-        privacy.noise_multiplier, cohorts, delta=privacy.delta,
-        restart_every=restart_every)
-  out = {"epsilons": epsilons, "requested_rounds": num_rounds}
-  if privacy.target_epsilon is not None:
-    allowed = int(np.sum(epsilons <= privacy.target_epsilon))
-    if allowed == 0:
-      raise ValueError(
-          f"privacy: a single round already costs epsilon="
-          f"{epsilons[0]:.4g} > target_epsilon={privacy.target_epsilon}")
-    if allowed < num_rounds:
-      out["rounds_run"] = allowed
-      out["stopped_by"] = "target_epsilon"
-  out["final_epsilon"] = float(epsilons[out.get("rounds_run",
-                                                num_rounds) - 1])
-  if tree is not None:
-    restart_every, cohorts = tree
-    out.update(mechanism="tree_aggregation", neighboring_relation="zero_out",
-               restart_every=restart_every,
-               max_participations=int(privacy_lib.tree_participations(
-                   cohorts[:out.get("rounds_run", num_rounds)],
-                   restart_every).max()))
-  return out
-
-
 def _client_state(plan: Plan, params, num_clients: int):
   """The client side's initial state (the codec's residuals with it)."""
   local_update = plan.options.local_update
@@ -277,72 +177,6 @@ def _client_state(plan: Plan, params, num_clients: int):
   return local_update.init(num_clients)
 
 
-class _Accounts(NamedTuple):
-  privacy: list  # per member: the resolved Privacy or None
-  accounting: list  # per member: _accounting's dict
-  num_rounds: int  # the rounds the run makes (target epsilon may end it)
-
-
-def _account(plan: Plan, built, cohort_size: int, run_keys) -> _Accounts:
-  """Every member's privacy, resolved from its own rule, and accounting
-  (``run_keys``: per seed; a tree-aggregation rule is accounted from the
-  cohorts its seed draws)."""
-  num_clients = plan.data[0].num_clients
-  if plan.vmapped and isinstance(plan.options.privacy, Privacy) and (
-      plan.options.privacy.sampling == "poisson"):
-    raise ValueError(
-        "privacy.sampling='poisson' draws a cohort of random size each "
-        "round, which members stepped as one vmapped call cannot share; "
-        "use sampling='fixed' in a sweep, or run the members one at a time")
-  resolved = [resolve_privacy(plan.options.privacy, built[p][0], cohort_size)
-              for p, _ in plan.members]
-  cache, cohorts = {}, {}
-  accounting = []
-  for (p, s), privacy in zip(plan.members, resolved, strict=True):
-    rule_z = built[p][0].noise_multiplier
-    tree = None
-    if privacy is not None and isinstance(
-        rule_z, aggregators.TreeAggregationNoise) and plan.options.num_rounds:
-      if s not in cohorts:
-        cohorts[s] = loop.drawn_cohorts(
-            run_keys[s], plan.options.num_rounds, num_clients, cohort_size,
-            plan.options.execution.sampler)
-      tree = (rule_z.restart_every, cohorts[s])
-    key = None if privacy is None else (
-        privacy.noise_multiplier,
-        None if tree is None else (tree[0], s))
-    if key not in cache:
-      cache[key] = _accounting(privacy, num_clients, cohort_size,
-                               plan.options.num_rounds, tree)
-    accounting.append(cache[key])
-  ends = {a.get("rounds_run", plan.options.num_rounds) for a in accounting}
-  if len(ends) > 1:
-    raise ValueError(
-        f"privacy.target_epsilon: the members reach the target after "
-        f"different numbers of rounds {sorted(ends)} (their rules add "
-        "different noise); members stepped together must run as many "
-        "rounds: run them one at a time")
-  end = ends.pop()
-  if end < plan.options.num_rounds:
-    warnings.warn(
-        f"privacy: epsilon passes target_epsilon="
-        f"{plan.options.privacy.target_epsilon} after round {end}; the run "
-        f"ends there instead of at round {plan.options.num_rounds}",
-        stacklevel=4)
-  return _Accounts(resolved, accounting, end)
-
-
-def _privacy_callbacks(accounts: _Accounts, m: int,
-                       num_rounds: int) -> list:
-  """Member ``m``'s ``loop.PrivacyAccounting`` callback, or none."""
-  accounting = accounts.accounting[m]
-  if "epsilons" not in accounting:
-    return []
-  final = accounting.get("rounds_run")
-  return [loop.PrivacyAccounting(accounting["epsilons"],
-                                 final_round=final or num_rounds)]
-
-
 def _global_for_all(client_state, params, client_ids):
   """The global model as every listed client's model. -> [R, ...]."""
   del client_state
@@ -351,49 +185,34 @@ def _global_for_all(client_state, params, client_ids):
 
 
 def execute(plan: Plan) -> list[Member]:
-  """Runs ``plan``'s members. -> one ``Member`` per (point, seed)."""
+  """Runs ``plan``'s members. -> one ``Member`` per (point, seed).
+
+  In order: the plan's checks; each grid point's rule (with the systems
+  layer's server rule); the privacy accounting (which may set R); the
+  members' initial states; the labels' checks; the checkpoint (its
+  fingerprint refused or its snapshot resumed); the round's form; the
+  driver's loop; each member's result.
+  """
   options = plan.options
   _check_per_client_evaluation(plan)
   clock.check(options.systems, vmapped=plan.vmapped, privacy=options.privacy,
               local_update=options.local_update,
               stream=options.execution.stream)
-  model, members = plan.model, plan.members
-  built = [plan.parts_of(point) for point in plan.points]
-  num_clients = plan.data[0].num_clients
-  cohort_size = rounds.num_sampled(num_clients, plan.options.participation)
-  built = [(clock.server_rule(plan.options.systems, aggregator, cohort_size,
+  cohort_size = rounds.num_sampled(plan.data[0].num_clients,
+                                   options.participation)
+  built = [(clock.server_rule(options.systems, aggregator, cohort_size,
                               plan.data[0]), objective)
-           for aggregator, objective in built]
+           for aggregator, objective in map(plan.parts_of, plan.points)]
   keys = [loop.seed_keys(s) for s in plan.seeds]
-  accounts = _account(plan, built, cohort_size,
-                      [run_key for _, run_key in keys])
+  accounts = accounting.account(
+      options, plan.members, plan.vmapped, plan.data[0].num_clients, built,
+      cohort_size, [run_key for _, run_key in keys])
   num_rounds = accounts.num_rounds
-  states, run_keys = [], []
-  for p, s in members:
-    init_key, run_key = keys[s]
-    params = (model.init(init_key) if plan.options.init_params is None
-              else plan.options.init_params)
-    client_state = _client_state(plan, params, num_clients)
-    _check_host_table(plan, client_state)
-    states.append(rounds.init_state(
-        params, built[p][0], client_state=client_state)._replace(
-            key=run_key))
-    run_keys.append(run_key)
-  if plan.vmapped:
-    _check_same_shapes(plan, states)
-    # Stacking copies: the caller's init_params stay valid.
-    state, run_key = round_forms.stack(states), jnp.stack(run_keys)
-  else:
-    # Rounds donate their input state; copy it so that the caller's
-    # ``init_params`` (which the state may alias) stay valid.
-    state, run_key = jax.tree.map(jnp.copy, states[0]), run_keys[0]
-  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
-  num_classes = loop.num_classes_of(model, states[0].params, test_x)
-  loop.check_labels(test_y, num_classes, "test_data")
-  loop.check_labels(plan.data[0].y, num_classes,
-                    "data (the clients' training labels)")
+  state, run_keys, first_params = _initial_state(plan, built, keys)
+  num_classes = _check_labels(plan, first_params)
+  run_key = jnp.stack(run_keys) if plan.vmapped else run_keys[0]
   checkpointer, snapshot = loop.open_checkpoints(
-      plan.options.checkpointing, lambda: _fingerprint(plan, built, accounts),
+      options.checkpointing, lambda: _fingerprint(plan, built, accounts),
       state, run_key, num_rounds)
   if snapshot is not None:
     state = snapshot.state
@@ -404,76 +223,133 @@ def execute(plan: Plan) -> list[Member]:
           else round_forms.unvmapped)(
       plan, state, built, cohort_size, accounts, run_keys, num_rounds,
       num_classes)
+  driver = _driver(plan, form, built, accounts, run_keys, num_rounds)
+  rows, client_rows = _first_rows(plan, driver, form.state, snapshot,
+                                  num_rounds)
+  if checkpointer is not None:
+    pack = round_forms.pack_rows if plan.vmapped else (
+        lambda rows, client_rows: (rows[0], client_rows[0]))
+    driver.callbacks[0].append(loop.Checkpoints(
+        checkpointer, run_key, num_rounds, rows, client_rows, pack))
+  state = driver.loop(form.state, len(rows[0]) - 1, num_rounds, rows,
+                      client_rows)
+  stopped = driver.stop_record()
+  return [Member(dict(plan.points[p]), int(plan.seeds[s]),
+                 History(rows[m], client_rows[m],
+                         _recorded_config(plan, m, accounts, cohort_size,
+                                          num_classes, form.num_devices,
+                                          stopped)),
+                 form.member_state(state, m))
+          for m, (p, s) in enumerate(plan.members)]
+
+
+def _initial_state(plan: Plan, built, keys):
+  """The members' initial server states (stacked when vmapped), their run
+  keys, and the first member's initial params."""
+  states, run_keys = [], []
+  for p, s in plan.members:
+    init_key, run_key = keys[s]
+    params = (plan.model.init(init_key) if plan.options.init_params is None
+              else plan.options.init_params)
+    client_state = _client_state(plan, params, plan.data[0].num_clients)
+    _check_host_table(plan, client_state)
+    states.append(rounds.init_state(
+        params, built[p][0], client_state=client_state)._replace(
+            key=run_key))
+    run_keys.append(run_key)
+  if plan.vmapped:
+    _check_same_shapes(plan, states)
+    # Stacking copies: the caller's init_params stay valid.
+    return round_forms.stack(states), run_keys, states[0].params
+  # Rounds donate their input state; copy it so that the caller's
+  # ``init_params`` (which the state may alias) stay valid.
+  return jax.tree.map(jnp.copy, states[0]), run_keys, states[0].params
+
+
+def _check_labels(plan: Plan, params) -> int:
+  """The model's number of classes, every label set checked against it."""
+  test_x, test_y = (jnp.asarray(a) for a in plan.test_data)
+  num_classes = loop.num_classes_of(plan.model, params, test_x)
+  loop.check_labels(test_y, num_classes, "test_data")
+  loop.check_labels(plan.data[0].y, num_classes,
+                    "data (the clients' training labels)")
+  for item in plan.options.evaluation.extra:
+    loop.check_labels(jnp.asarray(item.y), num_classes,
+                      f"Evaluation.extra {item.name!r}")
+  return num_classes
+
+
+def _driver(plan: Plan, form, built, accounts: accounting.Accounts, run_keys,
+            num_rounds: int) -> loop.Driver:
+  """The loop over rounds of ``form``: its evaluation (the form's rows,
+  then the clients' held-out splits) and callbacks (privacy first)."""
+  options = plan.options
   held_out = _held_out_evaluation(plan, built, run_keys, form.device)
-  extra = _extra_evaluation(plan, num_classes, form.device)
 
   def evaluate(state, with_clients):
     rows = form.evaluate(state, with_clients)
-    for m, row in enumerate(rows):
-      member = form.member_state(state, m)
-      row.update(extra(member))
-      if with_clients and held_out is not None:
-        row.update(held_out(member, m))
+    if with_clients and held_out is not None:
+      for m, row in enumerate(rows):
+        row.update(held_out(form.member_state(state, m), m))
     return rows
 
-  driver = loop.Driver(
+  return loop.Driver(
       round_step=form.round_step, sample=form.sample, evaluate=evaluate,
       member_output=form.member_output, member_state=form.member_state,
-      num_members=len(members), nonfinite=options.nonfinite,
+      num_members=len(plan.members), nonfinite=options.nonfinite,
       evaluation=options.evaluation, progress=options.execution.progress,
-      callbacks=[_privacy_callbacks(accounts, m, num_rounds) + list(c)
+      callbacks=[accounting.callbacks(accounts, m, num_rounds) + list(c)
                  for m, c in enumerate(plan.callbacks)],
-      with_losses=plan.options.training.losses_for(any(
+      with_losses=options.training.losses_for(any(
           b[0].uses_losses for b in built)))
-  state = form.state
-  pack = round_forms.pack_rows if plan.vmapped else (
-      lambda rows, client_rows: (rows[0], client_rows[0]))
+
+
+def _first_rows(plan: Plan, driver: loop.Driver, state, snapshot,
+                num_rounds: int):
+  """Each member's rows before the loop: the initial evaluation, or a
+  resumed checkpoint's rows (replayed to the callbacks)."""
   if snapshot is None:
     rows = [[row] for row in driver.initial_rows(state, num_rounds)]
-    client_rows = [[] for _ in members]
-  else:
-    rows, client_rows = (
-        round_forms.unpack_rows(snapshot.rows, snapshot.client_rows,
-                                len(members)) if plan.vmapped
-        else ([snapshot.rows], [snapshot.client_rows]))
-    driver.replay(rows, client_rows)
-    done = len(rows[0]) - 1  # say where the run picks up
-    print(f"resumed from round {done} of {num_rounds}" + (
-        " (already finished)" if done >= num_rounds else ""),
-          file=sys.stderr, flush=True)
-  if checkpointer is not None:
-    driver.callbacks[0].append(loop.Checkpoints(
-        checkpointer, run_key, num_rounds, rows, client_rows, pack))
-  state = driver.loop(state, len(rows[0]) - 1, num_rounds, rows,
-                      client_rows)
-  results = []
-  for m, (p, s) in enumerate(members):
-    point = plan.points[p]
-    extra = ({"sweep_size": len(members), "sweep_hparams": dict(point)}
-             if plan.vmapped else {})
-    extra.update(driver.stop_record())
-    if accounts.privacy[m] is not None:
-      extra["privacy"] = {
-          **dataclasses.asdict(accounts.privacy[m]),
-          **{k: v for k, v in accounts.accounting[m].items()
-             if k != "epsilons"}}
-    if plan.options.systems is not None:
-      extra["systems"] = dataclasses.asdict(plan.options.systems)
-      if plan.options.systems.asynchronous:  # the resolved default
-        extra["systems"]["max_staleness"] = plan.options.systems.num_versions(
-            cohort_size) - 1
-    extra.update(plan.options.config or {})
-    config = loop.base_config(
-        num_rounds=num_rounds, participation=plan.options.participation,
-        cohort_size=cohort_size, training=plan.options.training,
-        learning_rate=plan.training_of(point).learning_rate,
-        seed=plan.seeds[s], num_clients=num_clients, num_classes=num_classes,
-        num_devices=form.num_devices, extra=extra)
-    results.append(Member(
-        dict(point), int(plan.seeds[s]),
-        History(rows[m], client_rows[m], config),
-        form.member_state(state, m)))
-  return results
+    return rows, [[] for _ in plan.members]
+  rows, client_rows = (
+      round_forms.unpack_rows(snapshot.rows, snapshot.client_rows,
+                              len(plan.members)) if plan.vmapped
+      else ([snapshot.rows], [snapshot.client_rows]))
+  driver.replay(rows, client_rows)
+  done = len(rows[0]) - 1  # say where the run picks up
+  print(f"resumed from round {done} of {num_rounds}" + (
+      " (already finished)" if done >= num_rounds else ""),
+        file=sys.stderr, flush=True)
+  return rows, client_rows
+
+
+def _recorded_config(plan: Plan, m: int, accounts: accounting.Accounts,
+                     cohort_size: int, num_classes: int, num_devices: int,
+                     stopped: dict) -> dict:
+  """Member ``m``'s history config: the settings of its run, its grid
+  point in a sweep, its privacy and systems, the entry point's own."""
+  p, s = plan.members[m]
+  options, point = plan.options, plan.points[p]
+  extra = ({"sweep_size": len(plan.members), "sweep_hparams": dict(point)}
+           if plan.vmapped else {})
+  extra.update(stopped)
+  if accounts.privacy[m] is not None:
+    extra["privacy"] = {
+        **dataclasses.asdict(accounts.privacy[m]),
+        **{k: v for k, v in accounts.accounting[m].items()
+           if k != "epsilons"}}
+  if options.systems is not None:
+    extra["systems"] = dataclasses.asdict(options.systems)
+    if options.systems.asynchronous:  # the resolved default
+      extra["systems"]["max_staleness"] = options.systems.num_versions(
+          cohort_size) - 1
+  extra.update(options.config or {})
+  return loop.base_config(
+      num_rounds=accounts.num_rounds, participation=options.participation,
+      cohort_size=cohort_size, training=options.training,
+      learning_rate=plan.training_of(point).learning_rate,
+      seed=plan.seeds[s], num_clients=plan.data[0].num_clients,
+      num_classes=num_classes, num_devices=num_devices, extra=extra)
 
 
 def _check_host_table(plan: Plan, client_state) -> None:
@@ -502,7 +378,7 @@ def _check_same_shapes(plan: Plan, states) -> None:
           "shapes and cannot be swept in one call")
 
 
-def _fingerprint(plan: Plan, built, accounts: _Accounts) -> dict:
+def _fingerprint(plan: Plan, built, accounts: accounting.Accounts) -> dict:
   """What a checkpoint must match (``loop.fingerprint``): a run's seed,
   rule and privacy; a sweep's build, grid and seeds (and privacy)."""
   if plan.vmapped:
@@ -524,26 +400,6 @@ def _fingerprint(plan: Plan, built, accounts: _Accounts) -> dict:
       evaluation=options.evaluation, nonfinite=options.nonfinite,
       local_update=options.local_update, init_params=options.init_params,
       config=options.config, **specific)
-
-
-def _extra_evaluation(plan: Plan, num_classes: int, device):
-  """``member state -> {name: accuracy}`` on ``Evaluation.extra``."""
-  sets = [(item.name, jnp.asarray(item.x), jnp.asarray(item.y))
-          for item in plan.options.evaluation.extra]
-  for name, _, y in sets:
-    loop.check_labels(y, num_classes, f"Evaluation.extra {name!r}")
-
-  def scores(state):
-    if not sets:
-      return {}
-    params = distributed.local_copy(
-        aggregators.eval_params(state.aggregator_state, state.params),
-        device)
-    return {name: evaluation_lib.evaluate(
-        plan.model, params, x, y, num_classes,
-        plan.options.evaluation.batch_size)["accuracy"] for name, x, y in sets}
-
-  return scores
 
 
 def _held_out_evaluation(plan: Plan, built, run_keys, device):
