@@ -17,6 +17,11 @@ The aggregation is then exact, since A is common to all clients:
 and the uplink is r d_out numbers per adapted layer instead of r (d_in +
 d_out): half of FedIT's for square layers.
 
+Streaming form (``Aggregator.stream``): FedAvg's over B, B = B_t + sum_k
+p_k (B_k - B_t), so that a cohort is summed a chunk at a time and secure
+aggregation (``secagg``, the paper's privacy-preserving setting) can wrap
+the rule: the server then sees only the sum of the clients' B updates.
+
 Interpretation choices: the paper aggregates with FedAvg (example
 weights); ``weighting="uniform"`` is offered as FedAvg's. The paper's
 larger scale alpha is the model's (``lora(alpha=...)``), not the rule's.
@@ -28,7 +33,7 @@ from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.aggregators import _fedavg
 from fedjax_agg.models import lora
-from fedjax_agg.types import Aggregator, empty_init
+from fedjax_agg.types import Aggregator, empty_init, StreamingForm
 
 
 class FFALoRAState(NamedTuple):
@@ -42,10 +47,10 @@ def ffa_lora(weighting: str = "num_examples") -> Aggregator:
     weighting: "num_examples" (p_k proportional to n_k) or "uniform".
 
   Returns:
-    An ``Aggregator`` over the adapters of ``models.lora.lora(...,
-    freeze_a=True)`` (only "b" leaves; a tree holding A, which this rule
-    would average as FedIT does, is refused naming ffa_lora). Metrics:
-    ``client_weights`` [K].
+    An ``Aggregator`` with a streaming form over the adapters of
+    ``models.lora.lora(..., freeze_a=True)`` (only "b" leaves; a tree
+    holding A, which this rule would average as FedIT does, is refused
+    naming ffa_lora). Metrics: ``client_weights`` [K].
   """
   checks.check_choice("weighting", weighting, _fedavg.WEIGHTINGS)
 
@@ -58,4 +63,15 @@ def ffa_lora(weighting: str = "num_examples") -> Aggregator:
     new_global = tree_math.keep_if_no_clients(info.mask, mean, global_params)
     return new_global, state, {"client_weights": weights}
 
-  return Aggregator(empty_init(FFALoRAState), aggregate)
+  averaged = _fedavg.fedavg(weighting).stream
+
+  def client_stats(global_params, client_params, info_k):
+    for name, params in (("global_params", global_params),
+                         ("client_params", client_params)):
+      lora.check_adapters(params, "ffa_lora", name, need=("b",),
+                          refuse=("a", "merged"))
+    # Eq. (1) as a sum: p_k (B_k - B_t), accumulated over the chunks.
+    return averaged.client_stats(global_params, client_params, info_k)
+
+  return Aggregator(empty_init(FFALoRAState), aggregate,
+                    StreamingForm(client_stats, averaged.finalize))
