@@ -174,8 +174,10 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
            input_shape):
   """-> (the run's network, its initial params or None for
   ``model.init``): the network of the "model" section, started from its
-  pre-trained ``base``, or with ``adapters`` the LoRA network over that
-  base (frozen, shared by every client) whose params are the adapters."""
+  pre-trained ``base``, or with adapters (the model's, or the
+  algorithm's over them: ``Experiment.adapters_of``) the LoRA network
+  over that base (frozen, shared by every client) whose params are the
+  adapters."""
   spec = experiment.model
   model = models.get(spec.name, num_classes=num_classes,
                      input_shape=input_shape,
@@ -189,9 +191,11 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
     except checkpoint.CheckpointError as error:
       raise spec_lib.ConfigError("model.base", f"model.base: {error}"
                                  ) from None
-  if spec.adapters is None:
+  adapters = experiment.adapters_of(algorithm)
+  if adapters is None:
     return model, variables
-  adapters = spec.adapters
+  where = ("model.adapters" if not experiment.algorithms[algorithm].adapters
+           else f"algorithms.{algorithm}.adapters")
   key = jax.random.key(adapters.seed)
   if variables is None:
     variables = model.init(jax.random.fold_in(key, 1))
@@ -202,8 +206,7 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
                         dropout=adapters.dropout, key=key,
                         **spec_lib.RULE_OPTIONS.get(aggregator, {}))
   except (TypeError, ValueError) as error:
-    raise spec_lib.ConfigError("model.adapters",
-                               f"model.adapters: {error}") from None
+    raise spec_lib.ConfigError(where, f"{where}: {error}") from None
   return adapted, None
 
 

@@ -52,9 +52,11 @@ class AdaptersSpec:
   targets: Union[None, str, list] = None
   dropout: float = 0.0
   seed: int = 0
+  # Where the adapters sit in a config (an algorithm may set its own), for
+  # the errors.
+  path: dataclasses.InitVar[str] = "model.adapters"
 
-  def __post_init__(self):
-    path = "model.adapters"
+  def __post_init__(self, path: str):
     v.integer(f"{path}.rank", self.rank, 1)
     if self.alpha is not None:
       v.number(f"{path}.alpha", self.alpha, 0, low_open=True)

@@ -22,6 +22,7 @@ from fedjax_agg import rounds
 from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._adapters import ADAPTER_ONLY_RULES
 from fedjax_agg.spec._adapters import ADAPTER_RULES
+from fedjax_agg.spec._adapters import AdaptersSpec
 from fedjax_agg.spec._fields import spec_field as _field
 from fedjax_agg.spec._sections import AlgorithmSpec
 from fedjax_agg.spec._sections import AttackSpec
@@ -158,6 +159,24 @@ class Experiment:
         continue  # Left out unless set, as a config file does.
       config[f.name] = value
     return _written_out(self, config) if written_out else config
+
+  def adapters_of(self, algorithm: str) -> Optional[AdaptersSpec]:
+    """``algorithm``'s LoRA adapters: "model.adapters" with the
+    algorithm's ``adapters`` over them, or None (the whole model)."""
+    override = self.algorithms[algorithm].adapters
+    if override is None:
+      return None
+    if not override:
+      return self.model.adapters
+    path = f"algorithms.{algorithm}.adapters"
+    merged = ({} if self.model.adapters is None
+              else dataclasses.asdict(self.model.adapters))
+    merged.update(override)
+    if "rank" not in merged:
+      raise v.ConfigError(f"{path}.rank", f"{path}.rank: the model has no "
+                          "adapters (model.adapters), so the algorithm's "
+                          "must give their rank")
+    return AdaptersSpec(**merged, path=path)
 
   def train_of(self, algorithm: str) -> TrainSpec:
     """``algorithm``'s training: "train" with its overrides."""
@@ -387,25 +406,29 @@ def _check_algorithm(experiment: Experiment, name: str) -> None:
 def _check_adapters(experiment: Experiment, name: str) -> None:
   """LoRA adapters go with the rules defined for them, and only there."""
   spec, path = experiment.algorithms[name], f"algorithms.{name}"
-  if experiment.model.adapters is None:
+  adapters = experiment.adapters_of(name)
+  where = ("model.adapters" if adapters is None or not spec.adapters
+           else f"{path}.adapters")
+  if adapters is None:
     if spec.aggregator in ADAPTER_ONLY_RULES or spec.client == "lora_ranks":
       key = ("aggregator" if spec.aggregator in ADAPTER_ONLY_RULES
              else "client")
       raise v.ConfigError(
           f"{path}.{key}", f"{path}.{key}: {getattr(spec, key)!r} works on "
-          "LoRA adapters; set model.adapters (e.g. {\"rank\": 8}, "
-          "--lora-rank 8)")
+          "LoRA adapters; set model.adapters or the algorithm's adapters "
+          "(e.g. {\"rank\": 8}, --lora-rank 8)")
     return
   if spec.aggregator not in ADAPTER_RULES:
     raise v.ConfigError(
         f"{path}.aggregator", f"{path}.aggregator: {spec.aggregator!r} "
         "aggregates whole models (their coordinates, norms or angles), not "
-        "LoRA adapters (model.adapters); use a rule defined for adapters "
-        f"{list(ADAPTER_RULES)}")
+        f"LoRA adapters ({where}); use a rule defined for adapters "
+        f"{list(ADAPTER_RULES)}, or \"adapters\": null in the algorithm "
+        "to train the whole model")
   if spec.client not in (None, "lora_ranks"):
     raise v.ConfigError(
         f"{path}.client", f"{path}.client: the {spec.client} client side "
-        "trains whole models, not LoRA adapters (model.adapters); only "
+        f"trains whole models, not LoRA adapters ({where}); only "
         "'lora_ranks' is defined for adapters")
 
 

@@ -177,7 +177,9 @@ class AlgorithmSpec:
   """One entry of "algorithms": a server rule, a local objective, the
   client side (``client``: SCAFFOLD, FedBN, Ditto; None: plain local
   training), the algorithm's own model arguments (``model_args``, merged
-  over the model's, e.g. FedBN's batch_norm) and train overrides."""
+  over the model's, e.g. FedBN's batch_norm), its LoRA adapters
+  (``adapters``: merged over the model's, e.g. ``{"rank": 2}``; None:
+  the whole model) and train overrides."""
   aggregator: str = _field(dataclasses.MISSING, Flag(
       "--aggregator", "server rule",
       choices=_registry(aggregators.REGISTRY), preset="fedavg"))
@@ -202,6 +204,10 @@ class AlgorithmSpec:
       "--client-arg", "argument of the client side (repeatable; see --list "
       "clients)", kind="pairs"))
   model_args: dict = _field({})
+  # {}: the model's adapters; a mapping: its keys over "model.adapters"
+  # (the whole spec, rank included, where the model has none); None: the
+  # whole model trained, without the model's adapters.
+  adapters: Optional[dict] = _field({})
   train: dict = _field({})
   # Where the entry sits in a config ("algorithms.<name>"), for the errors.
   path: dataclasses.InitVar[str] = "algorithm"
@@ -425,6 +431,10 @@ def _check_algorithm(spec: AlgorithmSpec, path: str) -> None:
       v.keys_in(f"{path}.{key}", arguments, v.rule_parameters(registry, rule))
   check_train(f"{path}.train", v.mapping(f"{path}.train", spec.train))
   v.mapping(f"{path}.model_args", spec.model_args)
+  if spec.adapters is not None:
+    v.keys_in(f"{path}.adapters", v.mapping(f"{path}.adapters",
+                                             spec.adapters),
+              keys(AdaptersSpec))
   arguments = v.mapping(f"{path}.client_args", spec.client_args)
   if spec.client is None:
     if arguments:

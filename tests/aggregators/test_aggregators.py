@@ -95,7 +95,7 @@ def test_a_minority_of_huge_outliers_stays_outside(seed, num_bad, sign):
 # The rules that are a single-pass sum over clients, and only those.
 STREAMING = {"fedavg", "fednnnn", "norm_norm", "momentum", "fedopt",
              "fedavgm", "fedadam", "fedyogi", "fedadagrad", "norm_bounding",
-             "dp_fedavg", "dp_ftrl", "fednova", "feddyn"}
+             "dp_fedavg", "dp_ftrl", "fednova", "feddyn", "ffa_lora"}
 
 
 def test_rules_with_a_streaming_form():

@@ -237,3 +237,95 @@ def test_a_resume_with_other_adapters_is_refused(tmp_path):
   with pytest.raises(checkpoint.CheckpointError):
     experiment.run_algorithm(other, "A", SEED, prepared,
                              checkpoint_dir=folder, resume=True)
+
+
+def _ranks_config():
+  """Full fine-tuning beside FedIT at two ranks in one config: the model
+  has no adapters, each LoRA algorithm gives its own."""
+  config = _config()
+  config["algorithms"] = {
+      "Full": {"aggregator": "fedavg"},
+      "FedIT-1": {"aggregator": "fedit", "adapters": {"rank": 1}},
+      "FedIT-3": {"aggregator": "fedit",
+                  "adapters": {"rank": 3, "alpha": 6.0, "seed": 5}}}
+  return config
+
+
+def test_each_algorithm_may_give_its_own_adapters():
+  config = _ranks_config()
+  experiment_spec = spec.Experiment.from_dict(config)
+  assert experiment_spec.adapters_of("Full") is None
+  assert experiment_spec.adapters_of("FedIT-1") == spec.AdaptersSpec(rank=1)
+  prepared = experiment.prepare_data(config, SEED)
+  network = _network()
+  # FedIT-3's run is the LoRA model of rank 3 written by hand.
+  key = jax.random.key(5)
+  model = lora.lora(network, network.init(jax.random.fold_in(key, 1)),
+                    rank=3, alpha=6.0, key=key)
+  by_hand = simulation.run(
+      model, prepared[0], prepared[1], aggregators.fedit(),
+      num_rounds=ROUNDS, participation=0.5, seed=SEED,
+      training=LocalTraining(batch_size=20, learning_rate=LR),
+      execution=Execution(progress=False),
+      evaluation=Evaluation(clients=False))
+  from_config = experiment.run_algorithm(config, "FedIT-3", SEED, prepared)
+  for got, want in zip(jax.tree.leaves(from_config.state.params),
+                       jax.tree.leaves(by_hand.state.params), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  # Trainable parameters: the whole network, and r (d_in + d_out) per
+  # Dense layer for each rank.
+  dense = [(784, 8), (8, 10)]
+  counts = {}
+  for name in ("Full", "FedIT-1", "FedIT-3"):
+    built = experiment.build(config, name, prepared)
+    params = built.model.init(jax.random.key(0))
+    counts[name] = sum(leaf.size for leaf in jax.tree.leaves(params))
+  assert counts["Full"] == sum(i * o + o for i, o in dense)
+  assert counts["FedIT-1"] == sum(i + o for i, o in dense)
+  assert counts["FedIT-3"] == 3 * counts["FedIT-1"]
+  # The written-out config keeps each algorithm's adapters.
+  written = experiment_spec.to_dict()
+  assert written["algorithms"]["FedIT-3"]["adapters"] == {
+      "rank": 3, "alpha": 6.0, "seed": 5}
+  assert spec.Experiment.from_dict(written).to_dict() == written
+  assert spec.Experiment.from_dict(experiment_spec.to_dict(
+      written_out=False)) == experiment_spec
+
+
+def test_an_algorithm_overrides_the_models_adapters_or_trains_the_whole():
+  config = _config({"rank": 2, "targets": ["fc1"]})
+  config["algorithms"] = {
+      "r2": {"aggregator": "fedit"},
+      "r4": {"aggregator": "fedit", "adapters": {"rank": 4}},
+      "whole": {"aggregator": "fedavg", "adapters": None}}
+  experiment_spec = spec.Experiment.from_dict(config)
+  assert experiment_spec.adapters_of("r2") == spec.AdaptersSpec(
+      rank=2, targets=["fc1"])
+  # The algorithm's keys over the model's: the targets are kept.
+  assert experiment_spec.adapters_of("r4") == spec.AdaptersSpec(
+      rank=4, targets=["fc1"])
+  assert experiment_spec.adapters_of("whole") is None
+
+
+@pytest.mark.parametrize("algorithm,path,named", [
+    ({"aggregator": "fedit", "adapters": {"alpha": 2.0}},
+     "algorithms.A.adapters.rank", "must give their rank"),
+    ({"aggregator": "fedit", "adapters": {"rank": 0}},
+     "algorithms.A.adapters.rank", ">= 1"),
+    ({"aggregator": "fedit", "adapters": {"rnak": 2}},
+     "algorithms.A.adapters.rnak", "unknown key"),
+    ({"aggregator": "fedit", "adapters": [2]},
+     "algorithms.A.adapters", "mapping"),
+    ({"aggregator": "fedavg", "adapters": {"rank": 2}},
+     "algorithms.A.aggregator", "algorithms.A.adapters"),
+    ({"aggregator": "fedit", "adapters": None},
+     "algorithms.A.aggregator", "works on LoRA adapters"),
+])
+def test_an_algorithms_adapters_are_checked_naming_their_path(algorithm,
+                                                              path, named):
+  config = _config()
+  config["algorithms"] = {"A": algorithm}
+  with pytest.raises(spec.ConfigError) as raised:
+    spec.Experiment.from_dict(config)
+  assert raised.value.path == path, str(raised.value)
+  assert named in str(raised.value)
