@@ -80,7 +80,8 @@ def resolve_privacy(privacy: Optional[Privacy], aggregator: Aggregator,
 
 
 def epsilons_by_round(privacy: Optional[Privacy], num_clients: int,
-                cohort_size: int, num_rounds: int, tree=None) -> dict:
+                      cohort_size: int, num_rounds: int,
+                      tree=None) -> dict:
   """Epsilon after each round, and where the target ends the run (the
   Poisson rate is q = m / N, as the sampler draws). ``tree``: (rounds per
   tree or None, the [R, m] cohorts the run draws) for a rule whose noise
@@ -123,7 +124,7 @@ class Accounts(NamedTuple):
   """Every member's privacy and accounting, and the rounds the run
   makes."""
   privacy: list  # per member: the resolved Privacy or None
-  accounting: list  # per member: _accounting's dict
+  accounting: list  # per member: epsilons_by_round's dict
   num_rounds: int  # the rounds the run makes (target epsilon may end it)
 
 
@@ -166,7 +167,7 @@ def account(options, members, vmapped: bool, num_clients: int, built,
         None if tree is None else (tree[0], s))
     if key not in cache:
       cache[key] = epsilons_by_round(privacy, num_clients, cohort_size,
-                               options.num_rounds, tree)
+                                     options.num_rounds, tree)
     accounting.append(cache[key])
   ends = {a.get("rounds_run", options.num_rounds) for a in accounting}
   if len(ends) > 1:
@@ -185,8 +186,7 @@ def account(options, members, vmapped: bool, num_clients: int, built,
   return Accounts(resolved, accounting, end)
 
 
-def callbacks(accounts: Accounts, m: int,
-                       num_rounds: int) -> list:
+def callbacks(accounts: Accounts, m: int, num_rounds: int) -> list:
   """Member ``m``'s ``loop.PrivacyAccounting`` callback, or none."""
   accounting = accounts.accounting[m]
   if "epsilons" not in accounting:

@@ -208,11 +208,9 @@ def evaluate(model: Model, params: Params, x, y, num_classes: int,
   """Test loss, accuracy and macro-F1 of ``params`` on (x, y).
 
   ``sharding``: see ``map_batches``."""
-  losses, preds = per_example_losses(model, params, x, y, batch_size,
-                                     sharding)
-  out = classification_metrics(y, preds, num_classes)
-  out["loss"] = float(mean_loss(losses, y))
-  return out
+  row, = member_rows(model, params, (x, y), num_classes, batch_size,
+                     sharding=sharding)
+  return {name.removeprefix("test_"): value for name, value in row.items()}
 
 
 def client_losses(model: Model, params: Params, data: FederatedData,
@@ -273,17 +271,15 @@ def member_rows(model: Model, params, test, num_classes: int,
     test_row["loss"] = float(mean[m])
     rows.append({f"test_{k}": v for k, v in test_row.items()})
   if clients is not None:
-    losses, _ = scored(clients.x, clients.y)
-    indices, counts = clients.client_indices, clients.num_examples
-    weights = example_weights(clients.y)
     if stacked:
+      losses, _ = scored(clients.x, clients.y)
       axis = 0 if clients_stacked else None
       per_client = jax.vmap(per_client_mean, in_axes=(0, axis, axis, None))(
-          losses, indices, counts, weights)
+          losses, clients.client_indices, clients.num_examples,
+          example_weights(clients.y))
     else:
-      # On the devices the indices live on (split over a round's mesh).
-      losses = jax.device_put(losses[0], getattr(indices, "sharding", None))
-      per_client = per_client_mean(losses, indices, counts, weights)[None]
+      per_client = client_losses(model, params, clients, batch_size,
+                                 sharding)[None]
     per_client = np.asarray(per_client)
     for row, member in zip(rows, per_client, strict=True):
       row["client_loss_mean"] = float(member.mean())

@@ -6,12 +6,18 @@ import glob
 import json
 import os
 
+import jax
+import numpy as np
 import pytest
 
 from fedjax_agg import cli
 from fedjax_agg import experiment
 from fedjax_agg import spec
+from fedjax_agg.config import Evaluation
+from fedjax_agg.config import Execution
+from fedjax_agg.config import LocalTraining
 from fedjax_agg.experiment import _runs
+from fedjax_agg.options import RunOptions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ADCT's script reads train keys of its own (its client optimizer and
@@ -216,8 +222,6 @@ def test_every_train_field_sets_a_field_of_a_run_object():
   """``sets`` names an existing field of ``RunOptions``, ``LocalTraining``,
   ``Execution`` or ``Evaluation``, with the same default where it has
   one (a run described in Python and one in a config start alike)."""
-  from fedjax_agg.config import Evaluation, Execution, LocalTraining
-  from fedjax_agg.options import RunOptions
   classes = {"options": RunOptions, "training": LocalTraining,
              "execution": Execution, "evaluation": Evaluation}
   assert set(classes) == set(spec.RUN_OBJECTS)
@@ -238,8 +242,6 @@ def _described(objects):
   """``run_objects``' output with its functions replaced by what they
   compute: the optimizer's first two updates of a small tree, the
   stragglers' steps for a few keys."""
-  import jax
-  import numpy as np
   out = {target: dict(kwargs) for target, kwargs in objects.items()}
   training = out["training"]
   optimizer = training["optimizer"](0.1)

@@ -20,6 +20,10 @@ from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._fields import Flag
 from fedjax_agg.spec._fields import spec_field as _field
 
+_UNITS = lambda: stragglers.UNITS
+_PRECISIONS = lambda: config_lib.MATMUL_PRECISIONS
+_OPTIMIZERS = lambda: config_lib.OPTIMIZERS
+
 RUN_OBJECTS = ("options", "training", "execution", "evaluation")
 """What a train field may set ("object.field"): ``RunOptions``' own
 fields, ``LocalTraining``, ``Execution``, ``Evaluation``."""
@@ -79,7 +83,7 @@ class TrainSpec:
   straggler_unit: str = _field("epochs", Flag(
       "--straggler-unit", "what a straggler's share of its work is drawn "
       "in: whole epochs x ~ U{1..E} (FedProx's setting) or steps",
-      choices=lambda: stragglers.UNITS), check=_in(lambda: stragglers.UNITS))
+      choices=_UNITS), check=_in(_UNITS))
   eval_every: int = _field(1, Flag(
       "--eval-every", "evaluate the global model every this many rounds",
       type=int, preset=1), check=_at_least(1), sets="evaluation.every")
@@ -99,8 +103,7 @@ class TrainSpec:
       "--matmul-precision", "precision of local training's matrix products: "
       "highest (full float32 on every backend) or default (the backend's: "
       "TF32 on an NVIDIA GPU, bfloat16 on a TPU)",
-      choices=lambda: config_lib.MATMUL_PRECISIONS),
-      check=_in(lambda: config_lib.MATMUL_PRECISIONS),
+      choices=_PRECISIONS), check=_in(_PRECISIONS),
       sets="training.matmul_precision")
   devices: Optional[int] = _field(None, Flag(
       "--devices", "shard each round's clients over this many devices "
@@ -108,8 +111,7 @@ class TrainSpec:
       check=_optional_at_least(1), sets="execution.devices")
   optimizer: str = _field("sgd", Flag(
       "--optimizer", "client optimizer",
-      choices=lambda: config_lib.OPTIMIZERS, preset="sgd"),
-      check=_in(lambda: config_lib.OPTIMIZERS))
+      choices=_OPTIMIZERS, preset="sgd"), check=_in(_OPTIMIZERS))
   weight_decay: float = _field(0.0, Flag(
       "--weight-decay", "client L2 weight decay (parameters only, not "
       "BatchNorm statistics)", type=float, preset=0.0),

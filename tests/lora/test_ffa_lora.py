@@ -1,6 +1,8 @@
 """FFA-LoRA: the mean of B against NumPy, exact aggregation with the frozen
 A, half FedIT's uplink on square layers."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,16 +12,25 @@ from fedjax_agg import aggregators
 from fedjax_agg import clock
 from fedjax_agg import testing
 from fedjax_agg.models import lora
+from tests import agg_testutil
 from tests.lora import _util
 
 
-def test_mean_of_b_equals_numpy_and_aggregation_is_exact():
+def _cohort_and_mean(seed, garbage):
+  """A FFA-LoRA cohort (garbage in the padding rows ``garbage``) and its
+  jitted stacked aggregation."""
   _, _, model = _util.lora_mlp(rank=3, freeze_a=True)
-  global_params, clients, info = _util.cohort(model, 6, seed=1,
-                                              garbage=(0, 3))
+  global_params, clients, info = _util.cohort(model, 6, seed=seed,
+                                              garbage=garbage)
   rule = aggregators.ffa_lora()
-  out, _, metrics = jax.jit(rule.aggregate)(global_params, clients, info,
-                                            rule.init(global_params))
+  out = jax.jit(rule.aggregate)(global_params, clients, info,
+                                rule.init(global_params))
+  return model, rule, (global_params, clients, info), out
+
+
+def test_mean_of_b_equals_numpy_and_aggregation_is_exact():
+  model, _, (_, clients, info), (out, _, metrics) = _cohort_and_mean(
+      1, (0, 3))
   weights = _util.np_weights(info)
   np.testing.assert_allclose(metrics["client_weights"], weights, rtol=1e-6)
   frozen = lora.spec(model).frozen_a
@@ -63,26 +74,13 @@ def test_refuses_adapters_holding_a_naming_ffa_lora():
 
 
 def test_streaming_form_equals_the_stacked_mean():
-  _, _, model = _util.lora_mlp(rank=3, freeze_a=True)
-  global_params, clients, info = _util.cohort(model, 6, seed=2,
-                                              garbage=(1, 4))
-  rule = aggregators.ffa_lora()
-  stacked, _, _ = jax.jit(rule.aggregate)(global_params, clients, info,
-                                          rule.init(global_params))
-
-  @jax.jit
-  def streamed(global_params, clients, info):
-    def one(k):
-      return rule.stream.client_stats(
-          global_params, jax.tree.map(lambda leaf: leaf[k], clients),
-          jax.tree.map(lambda leaf: leaf[k] if np.ndim(leaf) else leaf,
-                       info))
-    sums = jax.tree.map(lambda *rows: sum(rows),
-                        *[one(k) for k in range(6)])
-    return rule.stream.finalize(global_params, sums, info, ())[0]
-
-  for got, want in zip(jax.tree.leaves(streamed(global_params, clients, info)),
-                       jax.tree.leaves(stacked), strict=True):
+  _, rule, (global_params, clients, info), (stacked, _, _) = (
+      _cohort_and_mean(2, (1, 4)))
+  streamed, _, _ = jax.jit(functools.partial(
+      agg_testutil.streamed_aggregate, rule))(global_params, clients, info,
+                                              ())
+  for got, want in zip(jax.tree.leaves(streamed), jax.tree.leaves(stacked),
+                       strict=True):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   # The stream refuses what the stacked form refuses, naming the rule.
   _, _, with_a = _util.lora_mlp(rank=3)

@@ -42,22 +42,29 @@ def _network():
                     hidden=8)
 
 
+def _fedit_by_hand(prepared, rank, alpha, seed):
+  """FedIT on ``_config``'s setting from the public Python API: the base
+  drawn from the adapters' seed, adapters of ``rank`` on every Dense
+  layer."""
+  key = jax.random.key(seed)
+  base = _network()
+  model = lora.lora(base, base.init(jax.random.fold_in(key, 1)), rank=rank,
+                    alpha=alpha, key=key)
+  return simulation.run(
+      model, prepared[0], prepared[1], aggregators.fedit(),
+      num_rounds=ROUNDS, participation=0.5, seed=SEED,
+      training=LocalTraining(batch_size=20, learning_rate=LR),
+      execution=Execution(progress=False),
+      evaluation=Evaluation(clients=False))
+
+
 def test_a_config_lora_run_is_the_lora_model_written_by_hand():
   config = _config({"rank": 2, "alpha": 4.0, "seed": 5})
   prepared = experiment.prepare_data(config, SEED)
   from_config = experiment.run_algorithm(config, "A", SEED, prepared)
   # The same run from the public Python API: the adapters' seed's base,
   # adapters of rank 2 on every Dense layer, FedIT.
-  key = jax.random.key(5)
-  base = _network()
-  model = lora.lora(base, base.init(jax.random.fold_in(key, 1)), rank=2,
-                    alpha=4.0, key=key)
-  by_hand = simulation.run(
-      model, prepared[0], prepared[1], aggregators.fedit(),
-      num_rounds=ROUNDS, participation=0.5, seed=SEED,
-      training=LocalTraining(batch_size=20, learning_rate=LR),
-      execution=Execution(progress=False),
-      evaluation=Evaluation(clients=False))
+  by_hand = _fedit_by_hand(prepared, rank=2, alpha=4.0, seed=5)
   for got, want in zip(from_config.history.rows, by_hand.history.rows,
                        strict=True):
     for column in want:
@@ -257,17 +264,8 @@ def test_each_algorithm_may_give_its_own_adapters():
   assert experiment_spec.adapters_of("Full") is None
   assert experiment_spec.adapters_of("FedIT-1") == spec.AdaptersSpec(rank=1)
   prepared = experiment.prepare_data(config, SEED)
-  network = _network()
   # FedIT-3's run is the LoRA model of rank 3 written by hand.
-  key = jax.random.key(5)
-  model = lora.lora(network, network.init(jax.random.fold_in(key, 1)),
-                    rank=3, alpha=6.0, key=key)
-  by_hand = simulation.run(
-      model, prepared[0], prepared[1], aggregators.fedit(),
-      num_rounds=ROUNDS, participation=0.5, seed=SEED,
-      training=LocalTraining(batch_size=20, learning_rate=LR),
-      execution=Execution(progress=False),
-      evaluation=Evaluation(clients=False))
+  by_hand = _fedit_by_hand(prepared, rank=3, alpha=6.0, seed=5)
   from_config = experiment.run_algorithm(config, "FedIT-3", SEED, prepared)
   for got, want in zip(jax.tree.leaves(from_config.state.params),
                        jax.tree.leaves(by_hand.state.params), strict=True):
