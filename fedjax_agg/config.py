@@ -132,6 +132,8 @@ class LocalTraining:
       ``loss_after`` (two extra forward passes over its data, about 40 %
       of a small CNN's round on CPU): "auto" (the default: only when the
       aggregator reads them, ``Aggregator.uses_losses``), True or False.
+      The run's setting also holds for a client side's own trainer (a run
+      without losses reads zeros; their passes are compiled away).
       Without them the history has no ``cohort_loss_*`` columns; its
       ``train_loss`` (the mean minibatch loss of local training) is always
       there.

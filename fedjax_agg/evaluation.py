@@ -311,14 +311,25 @@ def per_client_mean(losses, client_indices, num_examples,
 
 def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
                      num_examples, batch_size: int) -> jax.Array:
-  """Mean task loss of ``params`` over one client's examples. -> []."""
+  """Mean task loss of ``params`` over one client's examples. -> [].
+
+  Only the client's own batches are computed: ``indices`` is padded to the
+  federation's largest client, and a loop over all of it would cost every
+  client as much as the largest (on a natural federation of very unequal
+  clients, many times the local training). The batches it skips are all
+  padding, which weighs 0, so the value is the same.
+  """
   width = indices.shape[0]
   batch_size = max(1, min(batch_size, width))  # no padding past one batch
   num_batches = -(-width // batch_size)
   padded = jnp.pad(indices, (0, num_batches * batch_size - width))
   positions = jnp.arange(num_batches * batch_size)
+  own_batches = jnp.minimum(
+      (jnp.asarray(num_examples, jnp.int32) + batch_size - 1) // batch_size,
+      num_batches)
 
-  def batch_loss(totals, b):
+  def batch_loss(state):
+    b, (total, weight) = state
     idx = jax.lax.dynamic_slice_in_dim(padded, b * batch_size, batch_size)
     pos = jax.lax.dynamic_slice_in_dim(positions, b * batch_size, batch_size)
     # Each example weighs its scored targets (1 for a class label).
@@ -326,9 +337,10 @@ def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
         y_all[idx])
     logits, _ = model.apply(params, x_all[idx], False)
     losses = model.loss(logits, y_all[idx])
-    return (totals[0] + jnp.sum(losses * weights),
-            totals[1] + jnp.sum(weights)), None
+    return b + 1, (total + jnp.sum(losses * weights),
+                   weight + jnp.sum(weights))
 
-  (total, weight), _ = jax.lax.scan(
-      batch_loss, (jnp.zeros(()), jnp.zeros(())), jnp.arange(num_batches))
+  _, (total, weight) = jax.lax.while_loop(
+      lambda state: state[0] < own_batches, batch_loss,
+      (jnp.int32(0), (jnp.zeros(()), jnp.zeros(()))))
   return total / jnp.maximum(weight, 1.0)

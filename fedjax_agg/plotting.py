@@ -6,17 +6,18 @@ this module leaves the process' matplotlib backend alone, so notebook
 figures keep working, and no display is needed.
 """
 
+import typing
 from typing import Mapping, Sequence
 
-from matplotlib import figure
-from matplotlib import ticker
-from matplotlib.backends import backend_agg
 import numpy as np
 
 from fedjax_agg.history import History
 
-__all__ = ["axis_label", "curves_figure", "plot_client_sizes",
+__all__ = ["axis_label", "curves_figure", "new_figure", "plot_client_sizes",
            "plot_history", "plot_mean_curves"]
+
+if typing.TYPE_CHECKING:
+  from matplotlib import figure
 
 _WORDS = {"test_accuracy": "test accuracy", "test_loss": "test loss",
           "train_loss": "training loss", "round": "round",
@@ -36,9 +37,23 @@ def plot_history(histories: Mapping[str, History], path: str,
                           path, metrics, title)
 
 
+def new_figure(figsize: tuple[float, float]) -> "figure.Figure":
+  """A matplotlib ``Figure`` of ``figsize`` inches drawn by the Agg canvas.
+
+  matplotlib is imported here, at the first figure: importing it takes
+  about 0.4 s, which runs and commands that draw nothing never spend.
+  """
+  # pylint: disable=g-import-not-at-top
+  from matplotlib import figure as figure_lib
+  from matplotlib.backends import backend_agg
+  fig = figure_lib.Figure(figsize=figsize)
+  backend_agg.FigureCanvasAgg(fig)
+  return fig
+
+
 def curves_figure(histories: Mapping[str, Sequence[History]],
                   metrics: Sequence[str] = ("test_accuracy", "test_loss"),
-                  title: str = "") -> figure.Figure:
+                  title: str = "") -> "figure.Figure":
   """Mean ± std over seeds of ``metrics`` per round, one line per label.
 
   Args:
@@ -50,8 +65,8 @@ def curves_figure(histories: Mapping[str, Sequence[History]],
     A ``Figure`` attached to an Agg canvas (``fig.savefig`` works; in a
     notebook, display it as the cell's value).
   """
-  fig = figure.Figure(figsize=(5 * len(metrics), 3.6))
-  backend_agg.FigureCanvasAgg(fig)
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  fig = new_figure((5 * len(metrics), 3.6))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   for ax, metric in zip(axes, metrics, strict=True):
     for label, runs in histories.items():
@@ -96,8 +111,7 @@ def plot_client_sizes(client_indices: Sequence[np.ndarray], targets,
   scored = (targets.reshape(targets.shape[0], -1) >= 0).sum(1)
   rows = [len(ix) for ix in client_indices]
   tokens = [int(scored[np.asarray(ix)].sum()) for ix in client_indices]
-  fig = figure.Figure(figsize=(8, 3))
-  backend_agg.FigureCanvasAgg(fig)
+  fig = new_figure((8, 3))
   for position, (values, label) in enumerate(
       ((rows, "rows per client"), (tokens, "scored targets per client"))):
     ax = fig.add_subplot(1, 2, position + 1)

@@ -45,11 +45,11 @@ fixed-size cohorts above are accounted for replacing one client by
 another.
 """
 
+import functools
 import math
+import typing
 
 import numpy as np
-import dp_accounting
-from dp_accounting import rdp
 
 from fedjax_agg import checks
 # The samplings and accountants, defined once with the run's Privacy.
@@ -59,6 +59,18 @@ from fedjax_agg.config import SAMPLINGS
 __all__ = ["ACCOUNTANTS", "SAMPLINGS", "epsilon", "epsilons", "round_event",
            "rounds_for_epsilon", "tree_epsilons", "tree_event",
            "tree_participations"]
+
+if typing.TYPE_CHECKING:
+  import dp_accounting  # noqa: F401
+
+
+@functools.cache
+def _dp():
+  """The dp_accounting package, imported at the first account: it loads
+  scipy.stats and scipy.signal (about 1 s), which a run without privacy,
+  and every command that only checks or lists, never needs."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  return dp_accounting
 
 
 def _check(noise_multiplier, num_clients, cohort_size, delta, sampling,
@@ -79,23 +91,23 @@ def _check(noise_multiplier, num_clients, cohort_size, delta, sampling,
 def round_event(noise_multiplier: float, *, num_clients: int,
                 cohort_size: int,
                 sampling: str = "without_replacement"
-                ) -> dp_accounting.DpEvent:
+                ) -> "dp_accounting.DpEvent":
   """The ``DpEvent`` of one round (see the module docstring)."""
-  gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
+  gaussian = _dp().GaussianDpEvent(noise_multiplier)
   if sampling == "poisson":
-    return dp_accounting.PoissonSampledDpEvent(cohort_size / num_clients,
+    return _dp().PoissonSampledDpEvent(cohort_size / num_clients,
                                                gaussian)
-  return dp_accounting.SampledWithoutReplacementDpEvent(
+  return _dp().SampledWithoutReplacementDpEvent(
       num_clients, cohort_size, gaussian)
 
 
 def _new_accountant(accountant: str, sampling: str):
-  relation = (dp_accounting.NeighboringRelation.REPLACE_ONE
+  relation = (_dp().NeighboringRelation.REPLACE_ONE
               if sampling == "without_replacement"
-              else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+              else _dp().NeighboringRelation.ADD_OR_REMOVE_ONE)
   if accountant == "rdp":
-    return rdp.RdpAccountant(neighboring_relation=relation)
-  return dp_accounting.pld.PLDAccountant(neighboring_relation=relation)
+    return _dp().rdp.RdpAccountant(neighboring_relation=relation)
+  return _dp().pld.PLDAccountant(neighboring_relation=relation)
 
 
 def epsilons(noise_multiplier: float, num_rounds: int, *, num_clients: int,
@@ -131,7 +143,7 @@ def epsilons(noise_multiplier: float, num_rounds: int, *, num_clients: int,
   if accountant == "rdp":
     ledger.compose(event)
     curve, orders = ledger.rdp, ledger.orders
-    return np.array([rdp.compute_epsilon(orders, r * curve, delta)[0]
+    return np.array([_dp().rdp.compute_epsilon(orders, r * curve, delta)[0]
                      for r in range(1, num_rounds + 1)], np.float64)
   out = np.empty(num_rounds)
   for r in range(num_rounds):
@@ -251,12 +263,12 @@ def tree_participations(cohorts, restart_every=None) -> np.ndarray:
 
 
 def _tree_event(noise_multiplier, steps, peaks):
-  return dp_accounting.SingleEpochTreeAggregationDpEvent(
+  return _dp().SingleEpochTreeAggregationDpEvent(
       noise_multiplier / int(peaks), int(steps))
 
 
 def tree_event(noise_multiplier: float, cohorts, restart_every=None
-               ) -> dp_accounting.DpEvent:
+               ) -> "dp_accounting.DpEvent":
   """The ``DpEvent`` of rounds 1..R of a tree-aggregation rule on
   ``cohorts``: every tree's ``SingleEpochTreeAggregationDpEvent(z / k, T)``
   (T its rounds, k its most frequent participant's rounds), composed.
@@ -271,7 +283,7 @@ def tree_event(noise_multiplier: float, cohorts, restart_every=None
   steps, peaks = _tree_rounds(_check_cohorts(cohorts, restart_every),
                               restart_every)
   last = np.append(steps[1:] == 1, True)  # each tree's last round
-  return dp_accounting.ComposedDpEvent([
+  return _dp().ComposedDpEvent([
       _tree_event(noise_multiplier, t, k)
       for t, k in zip(steps[last], peaks[last], strict=True)])
 
@@ -303,8 +315,8 @@ def tree_epsilons(noise_multiplier: float, cohorts, *, delta: float,
 
   def curve(t, k):
     if (t, k) not in curves:
-      ledger = rdp.RdpAccountant(
-          neighboring_relation=dp_accounting.NeighboringRelation
+      ledger = _dp().rdp.RdpAccountant(
+          neighboring_relation=_dp().NeighboringRelation
           .REPLACE_SPECIAL)
       ledger.compose(_tree_event(noise_multiplier, t, k))
       curves[t, k] = (ledger.orders, ledger.rdp)
@@ -315,7 +327,7 @@ def tree_epsilons(noise_multiplier: float, cohorts, *, delta: float,
   for r, (t, k) in enumerate(zip(steps, peaks, strict=True)):
     orders, current = curve(int(t), int(k))
     total = completed + current
-    out[r] = rdp.compute_epsilon(orders, total, delta)[0]
+    out[r] = _dp().rdp.compute_epsilon(orders, total, delta)[0]
     if r + 1 == len(steps) or steps[r + 1] == 1:
       completed = total
   return out

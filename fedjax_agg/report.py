@@ -29,12 +29,11 @@ import os
 import re
 from typing import Optional, Sequence
 
-from matplotlib import figure
-from matplotlib.backends import backend_agg
 import numpy as np
 
 from fedjax_agg.history import History
 from fedjax_agg.plotting import axis_label
+from fedjax_agg.plotting import new_figure
 
 __all__ = ["AXES", "async_tag", "curve_x", "load_run", "main",
            "plot_curves", "report", "table_rows"]
@@ -195,8 +194,7 @@ def plot_curves(curves: dict[str, list[History]], metric: str, axis: str,
                 path: str, title: str = "") -> str:
   """Saves ``metric`` against history column ``axis`` (one of ``AXES``),
   mean and +- one sd band over each curve's runs, to ``path``."""
-  fig = figure.Figure(figsize=(6, 4))
-  backend_agg.FigureCanvasAgg(fig)
+  fig = new_figure((6, 4))
   ax = fig.add_subplot(1, 1, 1)
   scale = 1e-6 if axis == "uplink_bytes" else 1.0
   for label, runs in curves.items():

@@ -317,6 +317,13 @@ def make_round_fn(
       local, client_state, local_metrics = local_update.update(
           state.client_state, state.params, data, cohort, mask, lrs,
           num_steps, round_num, train_key)
+      if not training.compute_losses:
+        # A client side's trainer computes losses under "auto" (it cannot
+        # know the rule); the run reads none: zeros, as the engine's own
+        # trainer gives, and XLA drops the loss passes that made them.
+        local = local._replace(
+            loss_before=jnp.zeros_like(local.loss_before),
+            loss_after=jnp.zeros_like(local.loss_after))
       finite = finite_clients(exclude, mask, local.client_params, local,
                               aggregator.uses_losses)
     info, train_loss = aggregation_info(exclude, finite, info, local)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_agg import data as data_lib
+from tests import agg_testutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The main job made small, the same way in both.
@@ -30,8 +31,10 @@ def _readme_blocks():
 
 
 def _run(argv, cwd):
-  env = {**os.environ, "PYTHONPATH": ROOT}
-  env.pop("XLA_FLAGS", None)  # each process splits the CPU itself
+  # Each process splits the CPU itself (no device count), compiling fast
+  # as the other tests do: both processes compile alike.
+  env = {**os.environ, "PYTHONPATH": ROOT,
+         "XLA_FLAGS": " ".join(agg_testutil.fast_compile_flags())}
   done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True,
                         text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]

@@ -100,6 +100,33 @@ def test_a_local_update_plugs_into_the_round():
   assert "participations" in plugged.history.client_rows[0]
 
 
+@pytest.mark.parametrize("name", ["fedavg", "qffl"])
+def test_a_client_sides_losses_reach_the_round_only_when_the_run_reads_them(
+    name):
+  # The client side's own trainer computes losses (its "auto" cannot know
+  # the rule). A run whose rule reads none records zeros, as the engine's
+  # trainer gives; a rule that reads them (q-FFL) gets the real ones.
+  data, _, _, _ = tiny_data()
+  model = tiny_model()
+  params = model.init(jax.random.key(1))
+  trainer = engine.make_local_trainer(model, TRAINING, clients_per_step=2)
+  side = rounds.stateless(trainer)
+  rule = tu.build(name)
+  assert rule.uses_losses == (name == "qffl")
+  round_fn = rounds.make_round_fn(model, rule, TRAINING, execution=QUIET,
+                                  local_update=side)
+  plain_fn = rounds.make_round_fn(model, rule, TRAINING, execution=QUIET)
+  ids, mask = jnp.array([0, 2, 3]), jnp.ones(3)
+  _, out = round_fn(rounds.init_state(params, rule, seed=2), data, ids, mask)
+  _, plain = plain_fn(rounds.init_state(params, rule, seed=2), data, ids,
+                      mask)
+  for got, want in ((out.loss_before, plain.loss_before),
+                    (out.loss_after, plain.loss_after)):
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert np.all(np.asarray(got) > 0) == rule.uses_losses
+    assert np.all(np.asarray(got) == 0) != rule.uses_losses
+
+
 SIZES = (7, 13, 4, 10, 1, 5, 9, 3, 6, 2, 11, 8, 4, 12, 3, 5)  # 16 clients
 BATCH, EPOCHS, WIDTH = 3, 1, 3
 

@@ -1,15 +1,21 @@
-"""``experiments/fine_tuning/finetune.py``'s own parts, without training:
-the IID federation deals the natural one's rows to clients of the same
-sizes, and the table is what the summary and the histories say."""
+"""``experiments/fine_tuning/finetune.py``'s and ``seeds.py``'s own parts,
+without training: the IID federation deals the natural one's rows to
+clients of the same sizes, the seeds' summary is over the members, and
+the tables are what the summaries and the histories say."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from fedjax_agg import history as history_lib
+from fedjax_agg import rounds
+from fedjax_agg.models import lora
+from fedjax_agg import runner
 from fedjax_agg.data import NaturalFederation
 from tests.experiments_scripts._util import load_script
+from tests.lora import _util
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +101,50 @@ def test_a_config_runs_the_scripts_fedit_on_the_committed_base(finetune):
   for got, want in zip(jax.tree.leaves(by_config),
                        jax.tree.leaves(by_script), strict=True):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_seeds_summary_is_over_the_members_and_the_table_reads_it(
+    tmp_path):
+  # ``seeds.py``'s parts, without training: one method's members (two
+  # seeds, DP on FedIT's adapters) summarised, then tabled.
+  seeds = load_script("fine_tuning", "seeds.py")
+  _, _, model = _util.lora_mlp(rank=2)
+  params = model.init(jax.random.key(0))
+  members = []
+  for seed, (loss, accuracy, epsilon) in enumerate(((1.5, 0.5, 3.0),
+                                                    (1.7, 0.4, 3.0))):
+    rows = [{"round": 0, "test_loss": 2.0, "time_s": 0.0},
+            {"round": 1, "test_loss": 1.8, "time_s": 9.0},
+            {"round": 2, "test_loss": loss, "test_accuracy": accuracy,
+             "epsilon": epsilon, "clip_norm": 0.5, "time_s": 0.25}]
+    members.append(runner.Member({}, seed, history_lib.History(rows, [], {}),
+                                 rounds.ServerState(params, (), 2, None, ())))
+  entry = seeds.summarise("dp_fedit-2", members, seconds=12.34)
+  np.testing.assert_allclose(entry["final_perplexity"],
+                             [np.exp(1.5), np.exp(1.7)])
+  np.testing.assert_allclose(entry["perplexity"]["mean"],
+                             (np.exp(1.5) + np.exp(1.7)) / 2)
+  np.testing.assert_allclose(entry["accuracy"]["sd"],
+                             np.std([0.5, 0.4], ddof=1))
+  assert entry["seeds"] == [0, 1] and entry["epsilon"] == [3.0, 3.0]
+  assert entry["final_clip_norm"] == [0.5, 0.5]
+  # The adapters' A and B of both layers of the MLP, in float32: what
+  # FedIT sends with or without DP.
+  assert entry["uplink_bytes_per_client"] == lora.uplink_bytes(params)
+  assert entry["median_round_s"] == 0.25  # the compiling round left out
+  assert entry["initial_perplexity"] == pytest.approx(np.exp(2.0))
+  (tmp_path / "summary.json").write_text(json.dumps({
+      "settings": {}, "runs": {"dp_fedit-2": entry}}))
+  table = seeds.results_table(str(tmp_path)).splitlines()
+  assert table[2] == (
+      f"| dp_fedit-2 | 2 | {lora.uplink_bytes(params):,} B | "
+      f"{entry['perplexity']['mean']:.3f} ± "
+      f"{entry['perplexity']['sd']:.3f} | 0.4500 ± 0.0707 | 3 | 0.25 |")
+  assert (tmp_path / "table.md").read_text().splitlines() == table
+  # HetLoRA: a client of rank r_k sends r_k / r of the rank-r adapters;
+  # the uplink is the mean over the federation's clients.
+  het = seeds.summarise("hetlora-2", members, 1.0, client_ranks=[1, 2, 2])
+  full = lora.uplink_bytes(params)
+  assert het["uplink_bytes_at_rank_r"] == full
+  assert het["uplink_bytes_per_client"] == round(full * (5 / 3) / 2)
+  assert het["client_ranks"] == {"1": 1, "2": 2}

@@ -1,15 +1,24 @@
-"""The experiments/ scripts build their runs through ``experiment.build``.
+"""The experiment scripts build the runs their committed results came from.
 
 Each script of ``experiments/stateful``, ``robustness``, ``adct`` and
 ``feddrl`` describes its runs as an experiment config and builds them with
 ``experiment.build`` (adjusting only what the format cannot say). Their
 committed results were made by the objects the scripts built by hand
 before (as of commit d06d70c); here every kind of run a script performs
-is built both ways on a tiny setting (the old way reconstructed here as
-the script wrote it) and the two runs must agree bit for bit: the
-history's rows (but for the wall time), its per-client rows and the
-final server state. The two ways compile the same programs, so the
-second run of each pair reads them from the compilation cache.
+is built on a tiny setting the script's way and compared with the same
+run built the old way (reconstructed below as the script wrote it): its
+history's rows (but for the wall time), its per-client rows and digests
+of its final server state.
+
+The old way's runs are recorded in ``golden/scripts_build.json``, written
+with the old way and the new way run side by side and required to agree
+bit for bit:
+
+    FEDJAX_AGG_WRITE_GOLDEN=1 python -m pytest -p no:xdist \
+        tests/experiments_scripts/test_scripts_build.py
+
+The tests then run the new way only and compare it with the record to
+float32 rounding (another machine's XLA may round differently).
 """
 
 import argparse
@@ -76,12 +85,116 @@ def assert_same_run(new, old, ignore=("time_s",)):
   """Two runs (``RunResult`` or sweep members) agree bit for bit."""
   _assert_rows_equal(new.history.rows, old.history.rows, ignore)
   _assert_rows_equal(new.history.client_rows, old.history.client_rows, ())
-  for name in ("params", "aggregator_state", "round", "client_state"):
+  for name in STATE_PARTS:
     new_leaves = _leaves(getattr(new.state, name))
     old_leaves = _leaves(getattr(old.state, name))
     assert len(new_leaves) == len(old_leaves), name
     for a, b in zip(new_leaves, old_leaves, strict=True):
       np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+GOLDEN = os.path.join(ROOT, "tests", "golden", "scripts_build.json")
+WRITE = os.environ.get("FEDJAX_AGG_WRITE_GOLDEN") == "1"
+STATE_PARTS = ("params", "aggregator_state", "round", "client_state")
+# Another machine's XLA may round float32 otherwise (two rounds).
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _record(run, ignore=("time_s",)) -> dict:
+  """A run as JSON: its seed, rows (but ``ignore``), client rows, privacy
+  record, and each state leaf as [sum of x, of |x|, of x^2, of x cos(i),
+  size] (the last sum sees an order change)."""
+  rows = [{k: v for k, v in row.items() if k not in ignore}
+          for row in run.history.rows]
+  clients = [{k: np.asarray(v).tolist() for k, v in row.items()}
+             for row in run.history.client_rows]
+  state = {}
+  for name in STATE_PARTS:
+    state[name] = []
+    for leaf in _leaves(getattr(run.state, name)):
+      leaf = np.asarray(leaf, np.float64)
+      flat = leaf.ravel()
+      state[name].append([float(flat.sum()), float(np.abs(flat).sum()),
+                          float(np.square(flat).sum()),
+                          float(flat @ np.cos(np.arange(flat.size))),
+                          int(flat.size)])
+  # As the file holds it (tuples as lists).
+  return json.loads(json.dumps({
+      "seed": getattr(run, "seed", None), "rows": rows, "clients": clients,
+      "state": state, "privacy": run.history.config.get("privacy")}))
+
+
+def _assert_close(got, want, where):
+  np.testing.assert_allclose(np.asarray(got, np.float64),
+                             np.asarray(want, np.float64), rtol=RTOL,
+                             atol=ATOL, err_msg=where)
+
+
+def _assert_matches(got: dict, want: dict, case: str, ignore, privacy):
+  assert got["seed"] == want["seed"], case
+  if privacy:
+    assert got["privacy"] == want["privacy"], case
+  for part in ("rows", "clients"):
+    assert len(got[part]) == len(want[part]), (case, part)
+    for r, (g, w) in enumerate(zip(got[part], want[part], strict=True)):
+      assert set(g) - set(ignore) == set(w) - set(ignore), (case, part, r)
+      for key in set(w) - set(ignore):
+        _assert_close(g[key], w[key], f"{case} {part}[{r}][{key!r}]")
+  for name in STATE_PARTS:
+    g, w = np.asarray(got["state"][name]), np.asarray(want["state"][name])
+    assert g.shape == w.shape, (case, name)
+    if g.size:
+      np.testing.assert_array_equal(g[:, 4], w[:, 4], err_msg=name)
+      # Each sum to float32 rounding of its terms' magnitudes.
+      for col in (0, 1, 2, 3):
+        scale = w[:, 2] if col == 2 else w[:, 1]
+        assert np.all(np.abs(g[:, col] - w[:, col])
+                      <= RTOL * scale + 1e-12), (case, name, col)
+
+
+@pytest.fixture(scope="module")
+def golden():
+  """The recorded old-way runs, by case; with ``WRITE``, an empty record
+  that is merged into the file when the module ends."""
+  if not WRITE:
+    with open(GOLDEN) as f:
+      yield json.load(f)
+    return
+  written = {}
+  yield written
+  recorded = {}
+  if os.path.exists(GOLDEN):
+    with open(GOLDEN) as f:
+      recorded = json.load(f)
+  recorded.update(written)
+  with open(GOLDEN, "w") as f:
+    json.dump(recorded, f, sort_keys=True)
+
+
+def check_as_before(golden, case: str, new, old_way,
+                    ignore=("time_s",), privacy=True):
+  """``new`` (a run, or sweep members) is the old way's run of ``case``:
+  the recorded one, or (``WRITE``) ``old_way()`` run now, required equal
+  bit for bit and recorded. ``privacy``: compare the privacy records."""
+  news = new if isinstance(new, list) else [new]  # members, or one run
+  if WRITE:
+    old = old_way()
+    olds = old if isinstance(old, list) else [old]
+    assert len(news) == len(olds), case
+    for new_run, old_run in zip(news, olds, strict=True):
+      assert getattr(new_run, "seed", None) == getattr(old_run, "seed", None)
+      assert_same_run(new_run, old_run, ignore)
+      if privacy:
+        assert (new_run.history.config.get("privacy")
+                == old_run.history.config.get("privacy")), case
+    golden[case] = [_record(run, ignore) for run in olds]
+    return
+  assert case in golden, f"{case}: no recorded run (module docstring)"
+  want = golden[case]
+  assert len(news) == len(want), case
+  for new_run, recorded in zip(news, want, strict=True):
+    _assert_matches(_record(new_run, ignore), recorded, case, ignore,
+                    privacy)
 
 
 @pytest.fixture(scope="module")
@@ -189,11 +302,12 @@ def stateful_setting(fashion):
 
 
 @pytest.mark.parametrize("name", STATEFUL.ALGORITHMS)
-def test_stateful_runs_as_before(stateful_setting, name):
+def test_stateful_runs_as_before(golden, stateful_setting, name):
   config, dataset, prepared = stateful_setting
   built = STATEFUL.build_run(config, name, prepared)
   new = simulation.run(*built, seed=0)
-  assert_same_run(new, stateful_old_run(name, STATEFUL_ARGS, dataset, 0))
+  check_as_before(golden, f"stateful/{name}", new,
+                  lambda: stateful_old_run(name, STATEFUL_ARGS, dataset, 0))
 
 
 # --- experiments/robustness ----------------------------------------------
@@ -248,43 +362,44 @@ def _tiny(config):
     ("fedlayerwise", ROBUSTNESS.attack_block(
         "sign_flip", ROBUSTNESS.ATTACKS["sign_flip"], 0.3))],
                          ids=["clean", "attacked"])
-def test_robustness_attack_runs_as_before(robustness_dataset, rule_name,
-                                          attack):
+def test_robustness_attack_runs_as_before(golden, robustness_dataset,
+                                          rule_name, attack):
   dataset = robustness_dataset
   config = _tiny(ROBUSTNESS.study_config(
       ROUNDS, SEEDS, {rule_name: ROBUSTNESS.RULES[rule_name]},
       attack=attack))
   new = ROBUSTNESS.run_members(config, rule_name,
                                ROBUSTNESS.prepare(config, dataset))
-  old = robustness_old_setting(dataset)
-  update = None
-  if attack is not None:
-    update = attacks.local_update(
-        old["model"], old["training"],
-        attacks.build(attack["name"], **attack["args"]),
-        attacks.per_round(attack["fraction"]), execution=old["execution"])
-  rule = robustness_old_rule(*ROBUSTNESS.RULES[rule_name])
-  olds = sweep.run_sweep(lambda hparams: rule, seeds=SEEDS,
-                         local_update=update, **old)
-  for new_member, old_member in zip(new, olds, strict=True):
-    assert new_member.seed == old_member.seed
-    assert_same_run(new_member, old_member)
+
+  def old_way():
+    old = robustness_old_setting(dataset)
+    update = None
+    if attack is not None:
+      update = attacks.local_update(
+          old["model"], old["training"],
+          attacks.build(attack["name"], **attack["args"]),
+          attacks.per_round(attack["fraction"]), execution=old["execution"])
+    rule = robustness_old_rule(*ROBUSTNESS.RULES[rule_name])
+    return sweep.run_sweep(lambda hparams: rule, seeds=SEEDS,
+                           local_update=update, **old)
+
+  check_as_before(golden, f"robustness/{rule_name}/{attack is not None}",
+                  new, old_way)
 
 
-def test_robustness_dp_runs_as_before(robustness_dataset):
+def test_robustness_dp_runs_as_before(golden, robustness_dataset):
   dataset = robustness_dataset
   args = argparse.Namespace(rounds=ROUNDS, seeds=list(SEEDS), noise=[0.3])
   config = _tiny(ROBUSTNESS.dp_config(args))
   new = ROBUSTNESS.run_one(config, ROBUSTNESS.dp_name(0.3),
                            ROBUSTNESS.prepare(config, dataset), 1)
-  old = simulation.run(
+  check_as_before(golden, "robustness/dp", new, lambda: simulation.run(
       aggregator=aggregators.dp_fedavg(clip_norm=1.0, noise_multiplier=0.3),
       privacy=Privacy(0.3, delta=1e-5), seed=1,
-      **robustness_old_setting(dataset))
-  assert_same_run(new, old)
+      **robustness_old_setting(dataset)))
 
 
-def test_robustness_dp_ftrl_runs_as_before(robustness_dataset):
+def test_robustness_dp_ftrl_runs_as_before(golden, robustness_dataset):
   dataset = robustness_dataset
   args = argparse.Namespace(rounds=ROUNDS, seeds=[1], noise=[0.0, 1.0])
   plan = ROBUSTNESS.dp_ftrl_plan(args)
@@ -293,20 +408,18 @@ def test_robustness_dp_ftrl_runs_as_before(robustness_dataset):
   new = ROBUSTNESS.run_one(config, ROBUSTNESS.dp_ftrl_name(fedavg_noise,
                                                            seed),
                            ROBUSTNESS.prepare(config, dataset), seed)
-  old = simulation.run(
+  # The privacy record is compared too (``_record``).
+  check_as_before(golden, "robustness/dp_ftrl", new, lambda: simulation.run(
       aggregator=aggregators.dp_ftrl(clip_norm=1.0, noise_multiplier=noise,
                                      num_participants=10),
       privacy=Privacy(delta=1e-5), seed=seed,
-      **robustness_old_setting(dataset))
-  assert_same_run(new, old)
-  assert (new.history.config["privacy"]
-          == old.history.config["privacy"])
+      **robustness_old_setting(dataset)))
 
 
 @pytest.mark.parametrize("boost,rule_name,partition", [
     (0.0, "fedavg", "iid"), (10.0, "dp_fedavg", "dirichlet_0.3")])
-def test_robustness_backdoor_runs_as_before(robustness_dataset, boost,
-                                            rule_name, partition):
+def test_robustness_backdoor_runs_as_before(golden, robustness_dataset,
+                                            boost, rule_name, partition):
   dataset = robustness_dataset
   backdoor = ROBUSTNESS.BACKDOOR
   clean = _tiny(ROBUSTNESS.study_config(ROUNDS, SEEDS,
@@ -317,23 +430,28 @@ def test_robustness_backdoor_runs_as_before(robustness_dataset, boost,
   prepared = ROBUSTNESS.prepare(clean, dataset)
   new = ROBUSTNESS.run_backdoor_members(clean, rule_name, prepared, boost)
   test = (dataset.test_x, dataset.test_y)
-  old = robustness_old_setting(dataset, partition.split("_")[0],
-                               ROBUSTNESS.PARTITIONS[partition])
-  old["evaluation"] = Evaluation(
-      every=ROUNDS, clients=False,
-      extra=(attacks.backdoor_eval_set(*test, **backdoor),))
-  update = None if boost == 0 else attacks.local_update(
-      old["model"], old["training"],
-      attacks.backdoor(**backdoor, boost=boost), attacks.per_round(0.1),
-      execution=old["execution"])
-  rule = robustness_old_rule(*ROBUSTNESS.BACKDOOR_RULES[rule_name])
-  olds = sweep.run_sweep(lambda hparams: rule, seeds=SEEDS,
-                         local_update=update, **old)
-  for new_member, old_member in zip(new, olds, strict=True):
-    # DP-FedAvg's runs now account their privacy: an epsilon column more.
-    private = rule_name == "dp_fedavg"
-    assert ("epsilon" in new_member.history.rows[-1]) == private
-    assert_same_run(new_member, old_member, ignore=("time_s", "epsilon"))
+
+  def old_way():
+    old = robustness_old_setting(dataset, partition.split("_")[0],
+                                 ROBUSTNESS.PARTITIONS[partition])
+    old["evaluation"] = Evaluation(
+        every=ROUNDS, clients=False,
+        extra=(attacks.backdoor_eval_set(*test, **backdoor),))
+    update = None if boost == 0 else attacks.local_update(
+        old["model"], old["training"],
+        attacks.backdoor(**backdoor, boost=boost), attacks.per_round(0.1),
+        execution=old["execution"])
+    rule = robustness_old_rule(*ROBUSTNESS.BACKDOOR_RULES[rule_name])
+    return sweep.run_sweep(lambda hparams: rule, seeds=SEEDS,
+                           local_update=update, **old)
+
+  # DP-FedAvg's runs now account their privacy: an epsilon column more
+  # (and a privacy record) than the old way's.
+  private = rule_name == "dp_fedavg"
+  for member in new:
+    assert ("epsilon" in member.history.rows[-1]) == private
+  check_as_before(golden, f"robustness/backdoor/{boost}/{rule_name}", new,
+                  old_way, ignore=("time_s", "epsilon"), privacy=not private)
 
 
 # --- experiments/adct ----------------------------------------------------
@@ -442,9 +560,10 @@ def adct_prepared():
 
 
 @pytest.mark.parametrize("name", list(ADCT_CONFIG["algorithms"]))
-def test_adct_runs_as_before(adct_prepared, name, tmp_path):
+def test_adct_runs_as_before(golden, adct_prepared, name, tmp_path):
   new = ADCT.run_one(ADCT_CONFIG, name, 1, adct_prepared)
-  assert_same_run(new, adct_old_run(ADCT_CONFIG, name, 1, adct_prepared))
+  check_as_before(golden, f"adct/{name}", new,
+                  lambda: adct_old_run(ADCT_CONFIG, name, 1, adct_prepared))
   # The history still records the settings --resume compares.
   new.history.save(str(tmp_path))
   assert ADCT.load_saved(str(tmp_path / "history.json"), ADCT_CONFIG, name,

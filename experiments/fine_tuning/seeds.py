@@ -1,0 +1,272 @@
+"""Seeds, HetLoRA and DP-FedAvg on adapters: the rank-r methods on the
+natural partition, each method's seeds run as ONE vmapped sweep.
+
+  python experiments/fine_tuning/seeds.py             # the experiment
+  python experiments/fine_tuning/seeds.py --tiny --out /tmp/fts
+
+On the setting of ``finetune.py`` (its base, federation, test rows,
+learning rates and cohorts), for the natural partition only, it runs
+every method below for each seed of ``--seeds``, the seeds of a method
+stacked and vmapped in one call a round (``sweep.run_sweep``):
+
+* ``full``, ``fedit-r``, ``ffa_lora-r``, ``flora-r``: as ``finetune.py``;
+* ``hetlora-r``: HetLoRA (``aggregators.hetlora``) with clients of ranks
+  r/4, r/2 and r in turn by client id (``clients.lora_ranks``, no
+  self-pruning): a client trains and sends only its first r_k rows of A
+  and columns of B;
+* ``dp_fedit-r``, ``dp_ffa_lora-r``: DP-FedAvg (``aggregators.dp_fedavg``,
+  adaptive clipping to the median update norm) on FedIT's and on
+  FFA-LoRA's adapters, noise multiplier ``--noise``, the privacy of every
+  member accounted (``config.Privacy``, delta ``--delta``).
+
+Writes, under ``--out``: ``<method>/seed_<s>/history.csv|json`` (each
+member's rows and its run's config), ``summary.json`` (the settings and,
+per method, the final perplexity and accuracy of every seed, their mean
+and standard deviation, the uplink, epsilon, the median round time of the
+sweep), ``table.md`` (written from those files by ``--table-only``) and
+``perplexity.png`` (mean and one standard deviation over the seeds).
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+# pylint: disable=wrong-import-position
+import jax
+import numpy as np
+
+from fedjax_agg import aggregators
+from fedjax_agg import clients
+from fedjax_agg import data as data_lib
+from fedjax_agg import history as history_lib
+from fedjax_agg import plotting
+from fedjax_agg import sweep
+from fedjax_agg.config import Evaluation, Execution, LocalTraining, Privacy
+from fedjax_agg.models import lora
+import finetune
+import pretrain
+# pylint: enable=wrong-import-position
+
+
+class Method:
+  """One method of the comparison: its model, rule and run fields."""
+
+  def __init__(self, model, rule, init=None, client_ranks=None, **fields):
+    self.model, self.rule, self.init, self.fields = model, rule, init, fields
+    self.client_ranks = client_ranks  # HetLoRA: r_k by client id
+
+
+def methods(base, rank: int, num_clients: int, training: LocalTraining,
+            args) -> dict:
+  """name -> Method, for adapters of rank ``rank``."""
+  key = jax.random.key(args.seed)
+  plain = finetune.methods(base, [rank], key)
+  out = {name: Method(*plain[name]) for name in
+         ("full", f"fedit-{rank}", f"ffa_lora-{rank}", f"flora-{rank}")}
+  # HetLoRA: ranks r/4, r/2, r by client id, on a rank-r model.
+  model = lora.lora(base.model, base.variables, rank=rank,
+                    targets=lora.TRANSFORMER_TARGETS, key=key)
+  ranks = [max(1, rank // 4), max(1, rank // 2), rank]
+  client_ranks = [ranks[i % 3] for i in range(num_clients)]
+  out[f"hetlora-{rank}"] = Method(
+      model, aggregators.hetlora(), client_ranks=client_ranks,
+      local_update=clients.lora_ranks(model, client_ranks, training))
+  privacy = Privacy(args.noise, delta=args.delta)
+  for name in ("fedit", "ffa_lora"):
+    model = out[f"{name}-{rank}"].model
+    out[f"dp_{name}-{rank}"] = Method(
+        model, aggregators.dp_fedavg(clip_norm=args.clip,
+                                     noise_multiplier=args.noise,
+                                     adaptive=True),
+        privacy=privacy)
+  return out
+
+
+def run_method(method: Method, data, test, seeds, training, args):
+  """The seeds of ``method`` as one vmapped sweep; -> (members, seconds
+  of the whole sweep)."""
+  start = time.perf_counter()
+  members = sweep.run_sweep(
+      lambda hparams: method.rule, seeds=seeds, model=method.model,
+      data=data, test_data=test, num_rounds=args.rounds,
+      participation=args.clients_per_round / data.num_clients,
+      training=training, init_params=method.init,
+      execution=Execution(progress=False),
+      evaluation=Evaluation(clients=False), **method.fields)
+  return members, time.perf_counter() - start
+
+
+def _mean_sd(values) -> dict:
+  values = np.asarray(values, np.float64)
+  return {"mean": float(values.mean()),
+          "sd": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
+
+
+def summarise(name: str, members, seconds: float,
+              client_ranks=None) -> dict:
+  """The summary entry of one method's members. ``client_ranks``
+  (HetLoRA): a client of rank r_k sends r_k of A's rows and B's columns,
+  so the uplink is the mean over the federation's clients of r_k / r of
+  the rank-r adapters' bytes."""
+  finals = [m.history.rows[-1] for m in members]
+  perplexity = [math.exp(row["test_loss"]) for row in finals]
+  accuracy = [row["test_accuracy"] for row in finals]
+  times = members[0].history.column("time_s")[2:]  # after compiling
+  entry = {
+      "seeds": [m.seed for m in members],
+      "initial_perplexity": math.exp(members[0].history.rows[0]["test_loss"]),
+      "final_perplexity": perplexity, "final_accuracy": accuracy,
+      "perplexity": _mean_sd(perplexity), "accuracy": _mean_sd(accuracy),
+      "uplink_bytes_per_client": finetune.uplink_per_client(
+          name.removeprefix("dp_"), members[0].state.params),
+
+      "median_round_s": float(np.median(times)) if len(times) else None,
+      "total_s": round(seconds, 1)}
+  if client_ranks is not None:
+    full = entry["uplink_bytes_per_client"]
+    rank = max(client_ranks)
+    entry["uplink_bytes_per_client"] = int(round(
+        full * float(np.mean(client_ranks)) / rank))
+    entry["uplink_bytes_at_rank_r"] = full
+    entry["client_ranks"] = {str(r): int(np.sum(np.asarray(client_ranks)
+                                                == r))
+                             for r in sorted(set(client_ranks))}
+  if "epsilon" in finals[0]:
+    entry["epsilon"] = [float(row["epsilon"]) for row in finals]
+  if "clip_norm" in finals[0]:
+    entry["final_clip_norm"] = [float(row["clip_norm"]) for row in finals]
+  return entry
+
+
+def results_table(out: str) -> str:
+  """The Markdown table of ``<out>/summary.json``, written to
+  ``<out>/table.md``."""
+  with open(os.path.join(out, "summary.json")) as f:
+    summary = json.load(f)
+  lines = ["| method | seeds | uplink / client / round | perplexity, "
+           "mean ± sd | next-char accuracy, mean ± sd | epsilon | "
+           "round s (median, all seeds) |",
+           "| --- | ---: | ---: | --- | --- | ---: | ---: |"]
+  for name, entry in summary["runs"].items():
+    eps = (f"{np.mean(entry['epsilon']):.3g}" if "epsilon" in entry
+           else "")
+    lines.append(
+        f"| {name} | {len(entry['seeds'])} | "
+        f"{entry['uplink_bytes_per_client']:,} B | "
+        f"{entry['perplexity']['mean']:.3f} ± {entry['perplexity']['sd']:.3f}"
+        f" | {entry['accuracy']['mean']:.4f} ± {entry['accuracy']['sd']:.4f}"
+        f" | {eps} | {entry['median_round_s']:.2f} |")
+  table = "\n".join(lines) + "\n"
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(table)
+  return table
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--base", default=os.path.join(HERE, "base"))
+  parser.add_argument("--out", default=os.path.join(HERE, "results",
+                                                    "seeds"))
+  parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--rank", type=int, default=8)
+  parser.add_argument("--rounds", type=int, default=20)
+  parser.add_argument("--clients-per-round", type=int, default=10)
+  parser.add_argument("--batch-size", type=int, default=16)
+  parser.add_argument("--lr", type=float, default=3.0)
+  parser.add_argument("--lr-full", type=float, default=0.05)
+  parser.add_argument("--test-rows", type=int, default=1000)
+  parser.add_argument("--noise", type=float, default=0.05,
+                      help="DP-FedAvg's noise multiplier z")
+  parser.add_argument("--clip", type=float, default=1.0,
+                      help="DP-FedAvg's initial clip norm (adaptive)")
+  parser.add_argument("--delta", type=float, default=1e-4)
+  parser.add_argument("--seed", type=int, default=0,
+                      help="the test rows' and the adapters' seed")
+  parser.add_argument("--only", default="",
+                      help="comma-separated methods to run ('' for all)")
+  parser.add_argument("--table-only", action="store_true")
+  parser.add_argument("--tiny", action="store_true",
+                      help="two plays, 2 rounds, rank 4, 2 seeds")
+  args = parser.parse_args(argv)
+  if args.table_only:
+    print(results_table(args.out))
+    return {}
+  plays = None
+  if args.tiny:
+    args.rounds, args.clients_per_round, args.test_rows = 2, 2, 64
+    args.rank, args.seeds, plays = 4, "0,1", ["hamlet", "macbeth"]
+  seeds = [int(s) for s in args.seeds.split(",")]
+  base = pretrain.load_base(args.base)
+  fed = data_lib.shakespeare(plays=plays,
+                             exclude_plays=pretrain.HELD_OUT_PLAYS)
+  rows = np.random.default_rng(args.seed).permutation(len(fed.test_x))
+  rows = np.sort(rows[:args.test_rows])
+  test = (fed.test_x[rows], fed.test_y[rows])
+  data = finetune.federations(fed, args.seed)["natural"]
+  adapters = LocalTraining(epochs=1, batch_size=args.batch_size,
+                           learning_rate=args.lr)
+  full = LocalTraining(epochs=1, batch_size=args.batch_size,
+                       learning_rate=args.lr_full)
+  summary = {"settings": {**vars(args), "seeds": seeds,
+                          "partition": "natural",
+                          "clients": data.num_clients,
+                          "test_rows": int(len(rows)),
+                          "data": fed.provenance}, "runs": {}}
+  chosen = [m for m in args.only.split(",") if m]
+  curves = {}
+  path = os.path.join(args.out, "summary.json")
+  if chosen and os.path.exists(path):
+    # A rerun of some methods keeps the others' entries and curves, when
+    # they ran with the same settings.
+    with open(path) as f:
+      earlier = json.load(f)
+    same = lambda a, b: {k: v for k, v in a.items() if k != "only"} == {
+        k: v for k, v in b.items() if k != "only"}
+    if not same(earlier["settings"], json.loads(json.dumps(
+        summary["settings"]))):
+      raise SystemExit(f"{path} was written with other settings; rerun "
+                       "every method (no --only) or choose another --out")
+    summary["runs"] = {k: v for k, v in earlier["runs"].items()
+                       if k not in chosen}
+    for name in summary["runs"]:
+      curves[name] = [history_lib.History.load(os.path.join(
+          args.out, name, f"seed_{seed}")) for seed in seeds]
+  every = methods(base, args.rank, data.num_clients, adapters, args)
+  for name, method in every.items():
+    if chosen and name not in chosen:
+      continue
+    training = full if method.init is not None else adapters
+    members, seconds = run_method(method, data, test, seeds, training, args)
+    for member in members:
+      history_lib.save_run(
+          os.path.join(args.out, name, f"seed_{member.seed}"),
+          {"run": member.history}, overwrite=True)
+    entry = summarise(name, members, seconds, method.client_ranks)
+    summary["runs"][name] = entry
+    print(json.dumps({"run": name, **entry}), flush=True)
+    curves[name] = [m.history for m in members]
+  # In the methods' order, whichever ran now.
+  summary["runs"] = {k: summary["runs"][k] for k in every
+                     if k in summary["runs"]}
+  curves = {k: curves[k] for k in every if k in curves}
+  os.makedirs(args.out, exist_ok=True)
+  plotting.plot_mean_curves(
+      curves, os.path.join(args.out, "perplexity.png"),
+      metrics=("test_loss", "test_accuracy"),
+      title=f"natural partition, rank {args.rank}")
+  with open(os.path.join(args.out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  results_table(args.out)
+  return summary
+
+
+if __name__ == "__main__":
+  main()
