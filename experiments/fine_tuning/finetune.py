@@ -131,6 +131,28 @@ def run_one(model, rule, init, data, test, args):
   return result.history, result.state.params
 
 
+def load_setting(base_dir: str, plays, seed: int, test_rows: int):
+  """The experiment's setting: (the base of ``base_dir``, the federation
+  of the plays it never saw (``plays`` among them, None: all), the test
+  rows drawn with ``seed`` (sorted indices), the test (x, y))."""
+  base = pretrain.load_base(base_dir)
+  fed = data_lib.shakespeare(plays=plays,
+                             exclude_plays=pretrain.HELD_OUT_PLAYS)
+  rows = np.random.default_rng(seed).permutation(len(fed.test_x))
+  rows = np.sort(rows[:test_rows])
+  return base, fed, rows, (fed.test_x[rows], fed.test_y[rows])
+
+
+def shown_paths(args) -> dict:
+  """``args.base`` and ``args.out`` as a record shows them: relative to
+  the repository when inside it."""
+  inside = lambda path: os.path.commonpath([os.path.abspath(path),
+                                            ROOT]) == ROOT
+  return {key: os.path.relpath(os.path.abspath(getattr(args, key)), ROOT)
+          if inside(getattr(args, key)) else getattr(args, key)
+          for key in ("base", "out")}
+
+
 def results_table(out: str) -> str:
   """The Markdown table of ``<out>/summary.json`` and the histories beside
   it (FedIT's mean inexactness over the rounds included), written to
@@ -192,19 +214,9 @@ def main(argv=None) -> dict:
     args.rounds, args.clients_per_round, args.test_rows = 2, 2, 64
     ranks, plays = [2], ["hamlet", "macbeth"]
     args.memory = "2,4"
-  base = pretrain.load_base(args.base)
-  fed = data_lib.shakespeare(plays=plays,
-                             exclude_plays=pretrain.HELD_OUT_PLAYS)
-  rows = np.random.default_rng(args.seed).permutation(len(fed.test_x))
-  rows = np.sort(rows[:args.test_rows])
-  test = (fed.test_x[rows], fed.test_y[rows])
-  # Folders inside the repository are recorded relative to it.
-  inside = lambda path: os.path.commonpath([os.path.abspath(path),
-                                            ROOT]) == ROOT
-  shown = {key: os.path.relpath(os.path.abspath(getattr(args, key)), ROOT)
-           if inside(getattr(args, key)) else getattr(args, key)
-           for key in ("base", "out")}
-  summary = {"settings": {**vars(args), **shown, "ranks": ranks,
+  base, fed, rows, test = load_setting(args.base, plays, args.seed,
+                                       args.test_rows)
+  summary = {"settings": {**vars(args), **shown_paths(args), "ranks": ranks,
                           "clients": len(fed.train_clients),
                           "train_rows": int(len(fed.train_x)),
                           "test_rows": int(len(rows)),

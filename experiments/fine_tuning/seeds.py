@@ -45,14 +45,12 @@ import numpy as np
 
 from fedjax_agg import aggregators
 from fedjax_agg import clients
-from fedjax_agg import data as data_lib
 from fedjax_agg import history as history_lib
 from fedjax_agg import plotting
 from fedjax_agg import sweep
 from fedjax_agg.config import Evaluation, Execution, LocalTraining, Privacy
 from fedjax_agg.models import lora
 import finetune
-import pretrain
 # pylint: enable=wrong-import-position
 
 
@@ -204,18 +202,16 @@ def main(argv=None) -> dict:
     args.rounds, args.clients_per_round, args.test_rows = 2, 2, 64
     args.rank, args.seeds, plays = 4, "0,1", ["hamlet", "macbeth"]
   seeds = [int(s) for s in args.seeds.split(",")]
-  base = pretrain.load_base(args.base)
-  fed = data_lib.shakespeare(plays=plays,
-                             exclude_plays=pretrain.HELD_OUT_PLAYS)
-  rows = np.random.default_rng(args.seed).permutation(len(fed.test_x))
-  rows = np.sort(rows[:args.test_rows])
-  test = (fed.test_x[rows], fed.test_y[rows])
+  base, fed, rows, test = finetune.load_setting(args.base, plays, args.seed,
+                                                args.test_rows)
   data = finetune.federations(fed, args.seed)["natural"]
   adapters = LocalTraining(epochs=1, batch_size=args.batch_size,
                            learning_rate=args.lr)
   full = LocalTraining(epochs=1, batch_size=args.batch_size,
                        learning_rate=args.lr_full)
-  summary = {"settings": {**vars(args), "seeds": seeds,
+  # Folders inside the repository are recorded relative to it.
+  summary = {"settings": {**vars(args), **finetune.shown_paths(args),
+                          "seeds": seeds,
                           "partition": "natural",
                           "clients": data.num_clients,
                           "test_rows": int(len(rows)),
