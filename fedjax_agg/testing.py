@@ -8,11 +8,13 @@ one:
   first round's compilation (no retracing);
 * the new global model has the input's tree, shapes and dtypes; the state
   keeps its tree, shapes and dtypes from round to round;
-* the output, state and metrics are finite, also when every update is zero;
+* the output, state and metrics are finite (the metrics arrays), also over
+  two rounds in which every update is zero;
 * padding rows (mask 0) change nothing, whatever they hold (huge values,
   NaN, Inf, huge example counts);
 * permuting the clients changes nothing (``symmetric=True``);
-* the streaming form, where the rule has one, equals the stacked rule.
+* the streaming form, where the rule has one, equals the stacked rule over
+  two rounds (padding rows included).
 
 ``stacked_params``, ``client_info`` and ``cohorts`` are hypothesis
 strategies for property tests of rules (hypothesis is in the ``test``
@@ -164,27 +166,31 @@ def check_aggregator(aggregator: Aggregator,
                                                       round_info)
     return out1, state1, out2, state2
 
-  # jit, shapes, fixed state, finiteness, no retracing.
-  try:
-    state0, (out1, state1, metrics), (out2, state2) = two_rounds(
-        global_params, clients, info)
-  except Exception as e:  # pylint: disable=broad-except
-    _fail("runs under jax.jit", e)
-  if len(traces) != 1:
-    _fail("second round reuses the compilation",
-          AssertionError(f"traced {len(traces)} times for two rounds"))
-  for out in (out1, out2):
-    if _avals(out) != _avals(global_params):
-      _fail("output has the input's tree, shapes and dtypes",
-            AssertionError(f"{_avals(out)} != {_avals(global_params)}"))
-  if not _avals(state0) == _avals(state1) == _avals(state2):
-    _fail("state keeps its tree, shapes and dtypes",
-          AssertionError(f"{_avals(state0)} -> {_avals(state1)}"))
-  _finite("finite output, state and metrics", (out1, out2, state1, state2,
-                                               metrics))
+  # jit, shapes, fixed state, finiteness, no retracing; then the same two
+  # rounds when every update is zero.
   zero = _clients(rng, global_params, k, zero_rows=range(k))
-  _finite("finite output for zero updates",
-          aggregate(global_params, zero, info, state0)[:2])
+  for cohort, what in ((clients, ""), (zero, " for zero updates")):
+    try:
+      state0, (out1, state1, metrics), (out2, state2) = two_rounds(
+          global_params, cohort, info)
+    except Exception as e:  # pylint: disable=broad-except
+      _fail("runs under jax.jit", e)
+    if len(traces) != 1:
+      _fail("second round reuses the compilation",
+            AssertionError(f"traced {len(traces)} times for two rounds"))
+    for out in (out1, out2):
+      if _avals(out) != _avals(global_params):
+        _fail("output has the input's tree, shapes and dtypes" + what,
+              AssertionError(f"{_avals(out)} != {_avals(global_params)}"))
+    if not _avals(state0) == _avals(state1) == _avals(state2):
+      _fail("state keeps its tree, shapes and dtypes" + what,
+            AssertionError(f"{_avals(state0)} -> {_avals(state1)}"))
+    not_arrays = sorted(name for name, value in metrics.items()
+                        if not isinstance(value, jax.Array))
+    if not_arrays:
+      _fail("metrics are arrays", AssertionError(f"not arrays: {not_arrays}"))
+    _finite("finite output, state and metrics" + what,
+            (out1, out2, state1, state2, metrics))
 
   # Padding rows: garbage anywhere in the cohort changes nothing.
   reference = models_and_states(global_params, clients, info)
@@ -220,10 +226,14 @@ def check_aggregator(aggregator: Aggregator,
       summed = jax.tree.map(lambda a: jnp.sum(a, axis=0), stats)
       return stream.finalize(params, summed, round_info, state)
 
-    state = aggregator.init(global_params)
-    expected = aggregate(global_params, padded, padded_info, state)
-    got = streamed(global_params, padded, padded_info, state)
-    close("streaming form equals the stacked form", got[:2], expected[:2])
+    # Two rounds, each from the stacked rule's model and state.
+    params, state = global_params, aggregator.init(global_params)
+    for offset in (0, 1):
+      round_info = padded_info._replace(round=padded_info.round + offset)
+      expected = aggregate(params, padded, round_info, state)
+      got = streamed(params, padded, round_info, state)
+      close("streaming form equals the stacked form", got[:2], expected[:2])
+      params, state = expected[:2]
 
 
 def _hypothesis():

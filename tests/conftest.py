@@ -110,20 +110,32 @@ def pytest_configure(config):
 
 
 # The modules of the longest tests (subprocesses, notebooks, whole runs),
-# run first: a parallel run then ends on short tests, with its workers
-# finishing together, instead of one waiting on a long test at the end
-# (collection order would put most of them last).
-LONG_FIRST = ("tests/test_default_compile.py", "tests/test_sharding.py",
-              "tests/test_notebook.py",
-              "tests/data/test_federations.py", "tests/test_sweep.py",
-              "tests/test_checkpoint.py", "tests/test_golden_entry_points.py")
+# longest first, run before the others: a parallel run then ends on short
+# tests, with its workers finishing together, instead of one waiting on a
+# long test at the end (collection order would put most of them last).
+LONG_FIRST = ("tests/test_sharding.py", "tests/test_default_compile.py",
+              "tests/experiments_scripts/test_gpu_check.py",
+              "tests/test_notebook.py", "tests/test_sweep.py",
+              "tests/experiments_scripts/test_finetune.py",
+              "tests/test_quickstart_python.py", "tests/test_runner.py",
+              "tests/data/test_federations.py", "tests/test_checkpoint.py",
+              "tests/test_golden_entry_points.py")
+
+
+def _long_first(item) -> int:
+  """Where ``item`` runs among the ``LONG_FIRST`` modules (after them: one
+  more than their count)."""
+  for rank, module in enumerate(LONG_FIRST):
+    if item.nodeid.startswith(module):
+      return rank
+  return len(LONG_FIRST)
 
 
 def pytest_collection_modifyitems(config, items):
   """Runs the ``LONG_FIRST`` modules first, and leaves the
   ``default_compile`` tests to their own process when this one compiles
   fast."""
-  items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
+  items.sort(key=_long_first)
   if os.environ.get("FEDJAX_AGG_TEST_FAST_COMPILE") != "1":
     return
   kept = [item for item in items

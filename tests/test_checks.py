@@ -144,17 +144,23 @@ def test_check_int_check_bool_check_choice():
 
 
 # ---------------------------------------------------------------------------
-# Cohort values at an aggregate entry (eager calls).
+# Cohort values at an aggregate entry (concrete client info).
 
 
 def _round(name, ids, num_examples, mask):
+  """``aggregate`` on concrete client info, as an eager call gets it: the
+  entry checks read its values. The rest is traced only (jax.eval_shape):
+  the checks are what these tests are about, and executing every rule
+  eagerly costs a compilation per operation."""
   rng = np.random.default_rng(0)
   global_params = tu.make_params(rng)
   clients = tu.make_clients(rng, global_params, len(ids))
   rule = tu.build(name)
-  return rule.aggregate(global_params, clients,
-                        tu.make_info(ids, num_examples, mask),
-                        rule.init(global_params))
+  info = tu.make_info(ids, num_examples, mask)
+  return jax.eval_shape(
+      lambda params, stacked, state: rule.aggregate(params, stacked, info,
+                                                    state),
+      global_params, clients, rule.init(global_params))
 
 
 HOSTILE_COUNTS = (0.0, -2.0, float("nan"), float("inf"))

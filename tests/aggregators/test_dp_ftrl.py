@@ -177,14 +177,20 @@ def test_noise_covariance_is_the_shared_nodes():
                              num_participants=m)
 
   def trajectory(key):
-    params, state, moves = global_params, rule.init(global_params), []
-    for r in range(rounds):
+    def one_round(carry, r):
+      params, state = carry
       clients = tu.take_rows(tu.stack_rows([params]), [0, 0])
       params, state, _ = rule.aggregate(params, clients, info._replace(
           key=jax.random.fold_in(key, r)), state)
-      moves.append(jax.flatten_util.ravel_pytree(params)[0]
-                   - jax.flatten_util.ravel_pytree(global_params)[0])
-    return jnp.stack(moves)
+      move = (jax.flatten_util.ravel_pytree(params)[0]
+              - jax.flatten_util.ravel_pytree(global_params)[0])
+      return (params, state), move
+
+    # The rounds as a scan: one traced round, not eight.
+    _, moves = jax.lax.scan(one_round, (global_params,
+                                        rule.init(global_params)),
+                            jnp.arange(rounds))
+    return moves
 
   keys = jax.random.split(jax.random.key(7), 400)
   moves = np.asarray(jax.jit(jax.vmap(trajectory))(keys)) / (z * clip / m)

