@@ -37,7 +37,7 @@ def test_fedsgd_round_is_one_gradient_step_on_the_cohorts_data():
   # The reference's products at full precision, as the round's (a GPU would
   # use TF32 for them by default).
   with jax.default_matmul_precision("highest"):
-    grads = jax.grad(mean_loss)(params)
+    grads = jax.jit(jax.grad(mean_loss))(params)
   expected = jax.tree.map(lambda p, g: p - 0.7 * g, params, grads)
   tu.assert_trees_close(new_state.params, expected, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="learning_rate"):

@@ -218,10 +218,13 @@ def test_a_bad_real_loss_is_refused_outside_jit(bad):
   with pytest.raises(ValueError, match="info.loss_before"):
     rule.aggregate(global_params, clients, _with_losses(info, losses),
                    rule.init(global_params))
-  # On a padding row (mask 0) any loss is fine.
+  # On a padding row (mask 0) any loss is fine: the check, on the same
+  # concrete info, lets it through (the rest is only traced).
   losses[1] = bad
   losses[2] = 1.0
-  rule.aggregate(global_params, clients, _with_losses(info, losses),
+  padded = _with_losses(info, losses)
+  jax.eval_shape(lambda params, stacked, state: rule.aggregate(
+      params, stacked, padded, state), global_params, clients,
                  rule.init(global_params))
 
 
@@ -298,7 +301,7 @@ def test_q_and_the_learning_rate_can_be_swept_as_traced_values():
     rule = aggregators.qffl(q=q, learning_rate=learning_rate)
     return rule.aggregate(global_params, clients, info,
                           rule.init(global_params))[0]
-  swept = jax.vmap(aggregate)(*jnp.asarray(grid, jnp.float32).T)
+  swept = jax.jit(jax.vmap(aggregate))(*jnp.asarray(grid, jnp.float32).T)
   for i, (q, learning_rate) in enumerate(grid):
     want, _, _ = _run(global_params, clients, info, q=q,
                       learning_rate=learning_rate)

@@ -181,9 +181,9 @@ def test_step_recompute_ignores_context_and_has_no_lambda_gradient():
   per_step = objectives.fedlap(recompute="step")
   per_epoch = objectives.fedlap()
   assert per_step.prepare(local, glob) == ()
-  grad_step = jax.grad(per_step.penalty)(local, glob, ())
-  grad_epoch = jax.grad(per_epoch.penalty)(
-      local, glob, per_epoch.prepare(local, glob))
+  grad_step = jax.jit(jax.grad(per_step.penalty))(local, glob, ())
+  grad_epoch = jax.jit(lambda p, g: jax.grad(per_epoch.penalty)(
+      p, g, per_epoch.prepare(p, g)))(local, glob)
   for a, b in zip(jax.tree.leaves(grad_step), jax.tree.leaves(grad_epoch),
                   strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -193,13 +193,12 @@ def test_penalty_is_vmappable_over_clients():
   local, glob = small_params(5)
   objective = objectives.fedlap()
   stacked = jax.tree.map(lambda a: jnp.stack([a, 2 * a]), local)
-  per_client = jax.vmap(
-      lambda p: objective.penalty(p, glob, objective.prepare(p, glob)))(
-          stacked)
+  penalty = lambda p: objective.penalty(p, glob, objective.prepare(p, glob))
+  per_client = jax.jit(jax.vmap(penalty))(stacked)
   for k in range(2):
     one = jax.tree.map(lambda a, k=k: a[k], stacked)
-    np.testing.assert_allclose(per_client[k], objective.penalty(
-        one, glob, objective.prepare(one, glob)), rtol=1e-6)
+    np.testing.assert_allclose(per_client[k], jax.jit(penalty)(one),
+                               rtol=1e-6)
 
 
 def _train(objective):
