@@ -95,8 +95,7 @@ def round_event(noise_multiplier: float, *, num_clients: int,
   """The ``DpEvent`` of one round (see the module docstring)."""
   gaussian = _dp().GaussianDpEvent(noise_multiplier)
   if sampling == "poisson":
-    return _dp().PoissonSampledDpEvent(cohort_size / num_clients,
-                                               gaussian)
+    return _dp().PoissonSampledDpEvent(cohort_size / num_clients, gaussian)
   return _dp().SampledWithoutReplacementDpEvent(
       num_clients, cohort_size, gaussian)
 

@@ -153,6 +153,32 @@ def shown_paths(args) -> dict:
           for key in ("base", "out")}
 
 
+def setting_arguments(parser, out: str, test_rows: int) -> None:
+  """The options of the setting (base, cohorts, learning rates, test rows,
+  seed) this script and ``seeds.py`` share, with their defaults; ``out``
+  and ``test_rows`` are each script's own defaults."""
+  parser.add_argument("--base", default=os.path.join(HERE, "base"))
+  parser.add_argument("--out", default=out)
+  parser.add_argument("--rounds", type=int, default=20)
+  parser.add_argument("--clients-per-round", type=int, default=10)
+  parser.add_argument("--batch-size", type=int, default=16)
+  parser.add_argument("--lr", type=float, default=3.0,
+                      help="client SGD learning rate of the adapters")
+  parser.add_argument("--lr-full", type=float, default=0.05,
+                      help="client SGD learning rate of full fine-tuning")
+  parser.add_argument("--test-rows", type=int, default=test_rows)
+  parser.add_argument("--seed", type=int, default=0,
+                      help="the test rows' and the adapters' seed")
+
+
+def write_table(out: str, lines) -> str:
+  """The Markdown ``lines`` as one text, written to ``<out>/table.md``."""
+  table = "\n".join(lines) + "\n"
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(table)
+  return table
+
+
 def results_table(out: str) -> str:
   """The Markdown table of ``<out>/summary.json`` and the histories beside
   it (FedIT's mean inexactness over the rounds included), written to
@@ -176,27 +202,14 @@ def results_table(out: str) -> str:
         f"{entry['initial_perplexity']:.3f} -> "
         f"{entry['final_perplexity']:.3f} | {entry['final_accuracy']:.4f} | "
         f"{inexact} | {entry['median_round_s']:.2f} |")
-  table = "\n".join(lines) + "\n"
-  with open(os.path.join(out, "table.md"), "w") as f:
-    f.write(table)
-  return table
+  return write_table(out, lines)
 
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--base", default=os.path.join(HERE, "base"))
-  parser.add_argument("--out", default=os.path.join(HERE, "results"))
-  parser.add_argument("--rounds", type=int, default=20)
-  parser.add_argument("--clients-per-round", type=int, default=10)
-  parser.add_argument("--batch-size", type=int, default=16)
-  parser.add_argument("--lr", type=float, default=3.0,
-                      help="client SGD learning rate of the adapters")
-  parser.add_argument("--lr-full", type=float, default=0.05,
-                      help="client SGD learning rate of full fine-tuning")
+  setting_arguments(parser, os.path.join(HERE, "results"), test_rows=2000)
   parser.add_argument("--ranks", default="2,8")
-  parser.add_argument("--test-rows", type=int, default=2000)
   parser.add_argument("--partitions", default="natural,iid")
-  parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--memory", default="10,100,1000",
                       help="cohort sizes whose one-call memory is read from "
                       "the compiled program ('' to skip)")

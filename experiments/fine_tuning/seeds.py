@@ -125,7 +125,6 @@ def summarise(name: str, members, seconds: float,
       "perplexity": _mean_sd(perplexity), "accuracy": _mean_sd(accuracy),
       "uplink_bytes_per_client": finetune.uplink_per_client(
           name.removeprefix("dp_"), members[0].state.params),
-
       "median_round_s": float(np.median(times)) if len(times) else None,
       "total_s": round(seconds, 1)}
   if client_ranks is not None:
@@ -162,32 +161,20 @@ def results_table(out: str) -> str:
         f"{entry['perplexity']['mean']:.3f} ± {entry['perplexity']['sd']:.3f}"
         f" | {entry['accuracy']['mean']:.4f} ± {entry['accuracy']['sd']:.4f}"
         f" | {eps} | {entry['median_round_s']:.2f} |")
-  table = "\n".join(lines) + "\n"
-  with open(os.path.join(out, "table.md"), "w") as f:
-    f.write(table)
-  return table
+  return finetune.write_table(out, lines)
 
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--base", default=os.path.join(HERE, "base"))
-  parser.add_argument("--out", default=os.path.join(HERE, "results",
-                                                    "seeds"))
+  finetune.setting_arguments(parser, os.path.join(HERE, "results", "seeds"),
+                             test_rows=1000)
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--rank", type=int, default=8)
-  parser.add_argument("--rounds", type=int, default=20)
-  parser.add_argument("--clients-per-round", type=int, default=10)
-  parser.add_argument("--batch-size", type=int, default=16)
-  parser.add_argument("--lr", type=float, default=3.0)
-  parser.add_argument("--lr-full", type=float, default=0.05)
-  parser.add_argument("--test-rows", type=int, default=1000)
   parser.add_argument("--noise", type=float, default=0.05,
                       help="DP-FedAvg's noise multiplier z")
   parser.add_argument("--clip", type=float, default=1.0,
                       help="DP-FedAvg's initial clip norm (adaptive)")
   parser.add_argument("--delta", type=float, default=1e-4)
-  parser.add_argument("--seed", type=int, default=0,
-                      help="the test rows' and the adapters' seed")
   parser.add_argument("--only", default="",
                       help="comma-separated methods to run ('' for all)")
   parser.add_argument("--table-only", action="store_true")
@@ -258,7 +245,7 @@ def main(argv=None) -> dict:
       curves, os.path.join(args.out, "perplexity.png"),
       metrics=("test_loss", "test_accuracy"),
       title=f"natural partition, rank {args.rank}")
-  with open(os.path.join(args.out, "summary.json"), "w") as f:
+  with open(path, "w") as f:
     json.dump(summary, f, indent=2)
   results_table(args.out)
   return summary
