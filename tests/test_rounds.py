@@ -5,10 +5,8 @@ does not grow with the cohort.
 """
 
 import functools
-import os
 import subprocess
 import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -247,43 +245,6 @@ def test_reducer_sums_the_trainer_clients_with_unrolled_chunks():
   tu.assert_trees_close(sums.stats, expected, rtol=1e-5, atol=1e-6)
   # LocalSums' last field (finite) has no LocalResult counterpart.
   tu.assert_trees_close(sums[1:5], local[1:])
-
-
-MESH_SCRIPT = textwrap.dedent("""
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh
-    from fedjax_agg import aggregators
-    from fedjax_agg import rounds as rounds_lib
-    from fedjax_agg.config import Execution, LocalTraining
-    from tests import agg_testutil as tu
-    from tests.test_rounds import DATA, MODEL, PARAMS, _cohort, _key_data
-    assert jax.device_count() == 8, jax.devices()
-    mesh = Mesh(np.array(jax.devices()), ("clients",))
-    rule = aggregators.fednnnn()
-    state = rounds_lib.init_state(PARAMS, rule, seed=3)
-    cohort, mask = _cohort(11)  # W = 8: two chunks, five padding rows
-    results = []
-    for stream, m in ((True, mesh), (False, None)):
-      round_fn = rounds_lib.make_round_fn(
-          MODEL, rule, LocalTraining(batch_size=3, learning_rate=0.3),
-          execution=Execution(clients_per_step=8, stream=stream), mesh=m)
-      s, outputs = state, []
-      for _ in range(2):
-        s, out = round_fn(s, DATA, cohort, mask)
-        outputs.append(out)
-      results.append((s, outputs))
-    tu.assert_trees_close(*_key_data(results), rtol=2e-5, atol=2e-6)
-    print("OK")
-""")
-
-
-def test_streaming_round_on_eight_devices_equals_one_device_stacked():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], cwd=root,
-                        env=tu.device_env(8, root), capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.strip().endswith("OK")
 
 
 def test_round_is_fedavg_of_local_training_and_does_not_retrace():

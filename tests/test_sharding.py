@@ -2,8 +2,9 @@
 
 Host CPU devices are fixed when jax starts, so each check runs in
 subprocesses: one with 8 host devices (every registered aggregator, whole
-rounds through ``simulation.run``), and two processes of 4 devices each
-joined by ``jax.distributed.initialize`` on localhost (multi-host). The
+rounds through ``simulation.run``, and the streaming round over a mesh),
+and two processes of 4 devices each joined by
+``jax.distributed.initialize`` on localhost (multi-host). The
 subprocesses compile fast (``agg_testutil.device_env``): each check compares
 runs compiled alike.
 """
@@ -154,6 +155,26 @@ EIGHT_DEVICES = COMMON + textwrap.dedent("""
     assert build("fedadam", 8).stream is not None
     assert_same_run(run("fedadam", devices=None), run("fedadam", devices=1),
                     "fedadam, streamed")
+
+    # The streaming round itself over a mesh: W = 8 clients a step, a
+    # cohort of 11 (two chunks, five padding rows, two masked clients),
+    # equals the stacked round on one device over two rounds.
+    from tests import agg_testutil as tu
+    from tests.test_rounds import DATA, MODEL, PARAMS, _cohort, _key_data
+    rule = aggregators.fednnnn()
+    state = rounds_lib.init_state(PARAMS, rule, seed=3)
+    cohort, mask = _cohort(11)
+    results = []
+    for stream, m in ((True, mesh), (False, None)):
+      round_fn = rounds_lib.make_round_fn(
+          MODEL, rule, LocalTraining(batch_size=3, learning_rate=0.3),
+          execution=Execution(clients_per_step=8, stream=stream), mesh=m)
+      s, outputs = state, []
+      for _ in range(2):
+        s, out = round_fn(s, DATA, cohort, mask)
+        outputs.append(out)
+      results.append((s, outputs))
+    tu.assert_trees_close(*_key_data(results), rtol=2e-5, atol=2e-6)
 
     # A cohort that does not divide over the devices (K = 5 on 4), and a
     # device list that does not start at device 0.

@@ -1,19 +1,27 @@
-"""Seeds, HetLoRA and DP-FedAvg on adapters: the rank-r methods on the
-natural partition, each method's seeds run as ONE vmapped sweep.
+"""Seeds, HetLoRA and DP-FedAvg on adapters: the rank-r methods on one
+partition, each method's seeds run as ONE vmapped sweep.
 
   python experiments/fine_tuning/seeds.py             # the experiment
+  python experiments/fine_tuning/seeds.py --partition iid \
+      --out experiments/fine_tuning/results/seeds_iid \
+      --only full,fedit-8,ffa_lora-8,flora-8,hetlora-8
   python experiments/fine_tuning/seeds.py --tiny --out /tmp/fts
 
 On the setting of ``finetune.py`` (its base, federation, test rows,
-learning rates and cohorts), for the natural partition only, it runs
-every method below for each seed of ``--seeds``, the seeds of a method
-stacked and vmapped in one call a round (``sweep.run_sweep``):
+learning rates and cohorts), for the partition ``--partition`` (natural,
+the default, or iid), it runs every method below for each seed of
+``--seeds``, the seeds of a method stacked and vmapped in one call a
+round (``sweep.run_sweep``):
 
 * ``full``, ``fedit-r``, ``ffa_lora-r``, ``flora-r``: as ``finetune.py``;
 * ``hetlora-r``: HetLoRA (``aggregators.hetlora``) with clients of ranks
   r/4, r/2 and r in turn by client id (``clients.lora_ranks``, no
   self-pruning): a client trains and sends only its first r_k rows of A
   and columns of B;
+* ``hetlora_pruned-r``: the same with HetLoRA's rank self-pruning
+  (``self_pruning=--gamma``, strength ``--pruning-strength``): a client's
+  rank only decreases, and the summary records the ranks the clients
+  ended with;
 * ``dp_fedit-r``, ``dp_ffa_lora-r``: DP-FedAvg (``aggregators.dp_fedavg``,
   adaptive clipping to the median update norm) on FedIT's and on
   FFA-LoRA's adapters, noise multiplier ``--noise``, the privacy of every
@@ -77,6 +85,11 @@ def methods(base, rank: int, num_clients: int, training: LocalTraining,
   out[f"hetlora-{rank}"] = Method(
       model, aggregators.hetlora(), client_ranks=client_ranks,
       local_update=clients.lora_ranks(model, client_ranks, training))
+  out[f"hetlora_pruned-{rank}"] = Method(
+      model, aggregators.hetlora(), client_ranks=client_ranks,
+      local_update=clients.lora_ranks(
+          model, client_ranks, training, self_pruning=args.gamma,
+          pruning_strength=args.pruning_strength))
   privacy = Privacy(args.noise, delta=args.delta)
   for name in ("fedit", "ffa_lora"):
     model = out[f"{name}-{rank}"].model
@@ -136,6 +149,20 @@ def summarise(name: str, members, seconds: float,
     entry["client_ranks"] = {str(r): int(np.sum(np.asarray(client_ranks)
                                                 == r))
                              for r in sorted(set(client_ranks))}
+  pruned = [getattr(m.state.client_state, "ranks", None) for m in members]
+  if client_ranks is not None and pruned[0] is not None:
+    # The ranks the clients ended with (self-pruning lowers them), over
+    # every member's federation; the uplink above is at the initial ranks.
+    final = np.concatenate([np.asarray(r) for r in pruned])
+    entry["final_client_ranks"] = {str(r): int(np.sum(final == r))
+                                   for r in sorted(set(final.tolist()))}
+    entry["final_mean_rank"] = float(final.mean())
+    # What the participants sent: their ranks after each round's pruning
+    # (the client rows' ``client_ranks``), over every round and member.
+    sent = [np.asarray(row["client_ranks"])[np.asarray(
+        row.get("mask", np.ones(len(row["client_ranks"])))) > 0]
+            for m in members for row in m.history.client_rows]
+    entry["mean_sent_rank"] = float(np.concatenate(sent).mean())
   if "epsilon" in finals[0]:
     entry["epsilon"] = [float(row["epsilon"]) for row in finals]
   if "clip_norm" in finals[0]:
@@ -175,6 +202,14 @@ def main(argv=None) -> dict:
   parser.add_argument("--clip", type=float, default=1.0,
                       help="DP-FedAvg's initial clip norm (adaptive)")
   parser.add_argument("--delta", type=float, default=1e-4)
+  parser.add_argument("--partition", default="natural",
+                      choices=("natural", "iid"),
+                      help="the federation the methods fine-tune on")
+  parser.add_argument("--gamma", type=float, default=0.5,
+                      help="HetLoRA's self-pruning: the fraction of its "
+                      "components a pruning client keeps")
+  parser.add_argument("--pruning-strength", type=float, default=1e-3,
+                      help="lambda of HetLoRA's pruning regulariser")
   parser.add_argument("--only", default="",
                       help="comma-separated methods to run ('' for all)")
   parser.add_argument("--table-only", action="store_true")
@@ -191,7 +226,7 @@ def main(argv=None) -> dict:
   seeds = [int(s) for s in args.seeds.split(",")]
   base, fed, rows, test = finetune.load_setting(args.base, plays, args.seed,
                                                 args.test_rows)
-  data = finetune.federations(fed, args.seed)["natural"]
+  data = finetune.federations(fed, args.seed)[args.partition]
   adapters = LocalTraining(epochs=1, batch_size=args.batch_size,
                            learning_rate=args.lr)
   full = LocalTraining(epochs=1, batch_size=args.batch_size,
@@ -199,7 +234,7 @@ def main(argv=None) -> dict:
   # Folders inside the repository are recorded relative to it.
   summary = {"settings": {**vars(args), **finetune.shown_paths(args),
                           "seeds": seeds,
-                          "partition": "natural",
+                          "partition": args.partition,
                           "clients": data.num_clients,
                           "test_rows": int(len(rows)),
                           "data": fed.provenance}, "runs": {}}
@@ -211,8 +246,14 @@ def main(argv=None) -> dict:
     # they ran with the same settings.
     with open(path) as f:
       earlier = json.load(f)
-    same = lambda a, b: {k: v for k, v in a.items() if k != "only"} == {
-        k: v for k, v in b.items() if k != "only"}
+    # Options added after a summary was written, used only by the methods
+    # they name, may be missing from it: its methods did not read them.
+    later = {"gamma", "pruning_strength"} - set(earlier["settings"])
+    if later and any(m.startswith("hetlora_pruned") for m in earlier["runs"]):
+      later = set()
+    same = lambda a, b: {k: v for k, v in a.items()
+                         if k != "only" and k not in later} == {
+        k: v for k, v in b.items() if k != "only" and k not in later}
     if not same(earlier["settings"], json.loads(json.dumps(
         summary["settings"]))):
       raise SystemExit(f"{path} was written with other settings; rerun "
@@ -244,7 +285,7 @@ def main(argv=None) -> dict:
   plotting.plot_mean_curves(
       curves, os.path.join(args.out, "perplexity.png"),
       metrics=("test_loss", "test_accuracy"),
-      title=f"natural partition, rank {args.rank}")
+      title=f"{args.partition} partition, rank {args.rank}")
   with open(path, "w") as f:
     json.dump(summary, f, indent=2)
   results_table(args.out)

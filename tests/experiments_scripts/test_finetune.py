@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from fedjax_agg import clients
 from fedjax_agg import history as history_lib
 from fedjax_agg import rounds
 from fedjax_agg.models import lora
@@ -148,3 +149,22 @@ def test_the_seeds_summary_is_over_the_members_and_the_table_reads_it(
   assert het["uplink_bytes_at_rank_r"] == full
   assert het["uplink_bytes_per_client"] == round(full * (5 / 3) / 2)
   assert het["client_ranks"] == {"1": 1, "2": 2}
+  assert "final_client_ranks" not in het  # these members keep no ranks
+  # Self-pruning: the ranks the clients ended with, from every member's
+  # client state (``clients.LoRARanksState``), over all members.
+  # The participants' ranks as sent, round by round; a padding row (mask
+  # 0) sent nothing.
+  sent = ({"client_ranks": [2, 1], "mask": [1.0, 1.0]},
+          {"client_ranks": [1, 2], "mask": [1.0, 0.0]})
+  pruned = [m._replace(
+      state=m.state._replace(client_state=clients.LoRARanksState(
+          np.asarray(ranks, np.int32))),
+      history=history_lib.History(m.history.rows, [row], {}))
+            for m, ranks, row in zip(members, ([1, 2, 1], [1, 1, 2]), sent,
+                                     strict=True)]
+  het = seeds.summarise("hetlora_pruned-2", pruned, 1.0,
+                        client_ranks=[1, 2, 2])
+  assert het["client_ranks"] == {"1": 1, "2": 2}
+  assert het["final_client_ranks"] == {"1": 4, "2": 2}
+  assert het["final_mean_rank"] == pytest.approx(8 / 6)
+  assert het["mean_sent_rank"] == pytest.approx(4 / 3)  # 2, 1 and 1
