@@ -557,12 +557,30 @@ def load_variables(directory: str, template):
   if not os.path.isdir(path):
     raise CheckpointError(f"{directory}: no saved variables (expected "
                           f"{VARIABLES}/ written by save_variables)")
+  checkpointer = ocp.StandardCheckpointer()
+  refused = (f"{directory}: its variables are not those of this network "
+             "(the model's name and arguments must be the base's): ")
+  # The saved leaves and shapes are compared before any array is read: a
+  # refused restore would leave orbax's pending reads behind.
+  saved = _leaf_shapes(checkpointer.metadata(path).item_metadata.tree)
+  wanted = _leaf_shapes(template)
+  for leaf in sorted(set(saved) ^ set(wanted)):
+    where = "the saved variables" if leaf in saved else "the network"
+    raise CheckpointError(f"{refused}only {where} have {leaf}")
+  for leaf, shape in sorted(wanted.items()):
+    if saved[leaf] != shape:
+      raise CheckpointError(f"{refused}{leaf} is {saved[leaf]} saved, "
+                            f"{shape} in the network")
   try:
-    return ocp.StandardCheckpointer().restore(path, template)
+    return checkpointer.restore(path, template)
   except (ValueError, KeyError, TypeError) as error:
     # orbax's first sentence names the leaf; the rest is about its own API.
-    reason = str(error).split(". ")[0]
-    raise CheckpointError(
-        f"{directory}: its variables are not those of this network (the "
-        f"model's name and arguments must be the base's): {reason}"
-    ) from None
+    raise CheckpointError(refused + str(error).split(". ")[0]) from None
+
+
+def _leaf_shapes(tree) -> dict:
+  """{leaf path: shape} of a tree of arrays or of orbax's array metadata."""
+  leaves = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
+  return {jax.tree_util.keystr(key): tuple(leaf.shape)
+          for key, leaf in leaves}

@@ -4,6 +4,8 @@ LoRA model written by hand, the base stays frozen, the uplink counts the
 adapters only, and what cannot apply is refused by name before anything
 runs."""
 
+import gc
+
 import jax
 import numpy as np
 import pytest
@@ -167,6 +169,38 @@ def test_what_only_the_network_can_tell_is_refused_when_built(tmp_path):
   with pytest.raises(spec.ConfigError) as raised:
     experiment.build(config, "A", experiment.prepare_data(config, SEED))
   assert raised.value.path == "model.base"
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_base_of_another_network_is_refused_before_any_array_is_read(
+    tmp_path):
+  # The saved tree is compared with the network's before orbax starts
+  # reading, so a refusal leaves no abandoned read behind (which would be
+  # reported, as an unraisable exception, when collected).
+  small = models.get("mlp2", num_classes=10, input_shape=(28, 28, 1),
+                     hidden=16)
+  checkpoint.save_variables(str(tmp_path / "small"),
+                            small.init(jax.random.key(0)))
+  wide = models.get("mlp2", num_classes=10, input_shape=(28, 28, 1),
+                    hidden=32)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r"\['fc1'\]\['bias'\] is \(16,\) saved, "
+                     r"\(32,\) in the network"):
+    checkpoint.load_variables(str(tmp_path / "small"),
+                              jax.eval_shape(wide.init, jax.random.key(0)))
+  cnn = models.get("cnn_mcmahan", num_classes=10, input_shape=(28, 28, 1))
+  with pytest.raises(checkpoint.CheckpointError,
+                     match="only the (saved variables|network) have"):
+    checkpoint.load_variables(str(tmp_path / "small"),
+                              jax.eval_shape(cnn.init, jax.random.key(0)))
+  gc.collect()
+  # The same network's variables still load, exactly.
+  again = checkpoint.load_variables(
+      str(tmp_path / "small"), jax.eval_shape(small.init, jax.random.key(0)))
+  for got, want in zip(jax.tree.leaves(again),
+                       jax.tree.leaves(small.init(jax.random.key(0))),
+                       strict=True):
+    np.testing.assert_array_equal(got, want)
 
 
 def test_the_command_line_sets_the_adapters():
