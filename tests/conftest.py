@@ -100,20 +100,11 @@ def fashion():
     pytest.skip(f"Fashion-MNIST files not installed: {e}")
 
 
-def pytest_configure(config):
-  config.addinivalue_line(
-      "markers", "default_compile: compared with values recorded under "
-      "XLA's default compile options (golden histories) within float32 "
-      "rounding; in a session "
-      "that compiles fast they run in a process of their own "
-      "(tests/test_default_compile.py)")
-
-
 # The modules of the longest tests (subprocesses, notebooks, whole runs),
 # longest first, run before the others: a parallel run then ends on short
 # tests, with its workers finishing together, instead of one waiting on a
 # long test at the end (collection order would put most of them last).
-LONG_FIRST = ("tests/test_sharding.py", "tests/test_default_compile.py",
+LONG_FIRST = ("tests/test_sharding.py",
               "tests/experiments_scripts/test_gpu_check.py",
               "tests/test_notebook.py", "tests/test_sweep.py",
               "tests/experiments_scripts/test_finetune.py",
@@ -132,16 +123,7 @@ def _long_first(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-  """Runs the ``LONG_FIRST`` modules first, and leaves the
-  ``default_compile`` tests to their own process when this one compiles
-  fast."""
+  """Runs the ``LONG_FIRST`` modules first."""
+  del config
   items.sort(key=_long_first)
-  if os.environ.get("FEDJAX_AGG_TEST_FAST_COMPILE") != "1":
-    return
-  kept = [item for item in items
-          if item.get_closest_marker("default_compile") is None]
-  if len(kept) < len(items):
-    config.hook.pytest_deselected(
-        items=[item for item in items if item not in kept])
-    items[:] = kept
 

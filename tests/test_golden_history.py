@@ -24,8 +24,9 @@ from tests.test_engine import SIZES
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
 
-# Recorded under XLA's default compile options (conftest.py).
-pytestmark = pytest.mark.default_compile
+# Recorded under XLA's default compile options; they hold to these
+# tolerances under the tests' fast options too (conftest.py), and on
+# other CPUs: FEDJAX_AGG_TEST_FAST_COMPILE=0 checks them as users compile.
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "histories.json")
 ROUNDS = 3
@@ -70,12 +71,30 @@ def _history(name):
   return {"rows": rows, "clients": client_rows}
 
 
-def _assert_close(got, want, where):
+RTOL, ATOL = 2e-6, 1e-7
+# FedAdp's and FedLayerWise's angles are arccos of cosines computed in
+# float32, and arccos turns a cosine's rounding d into d / sin(theta): a
+# 0.19 rad angle moves 5x more than its cosine (seen: 3.3e-6 relative on
+# another CPU, and under LLVM at level 0). These, and their running
+# means, hold to the values' tolerance over the least sine recorded.
+ANGLES = ("angles", "smoothed_angles")
+
+
+def _angle_atol(want) -> float:
+  """The angles' absolute tolerance: ``RTOL`` (a cosine's, as every value
+  of size one) over the least sine of an angle in the record ``want``."""
+  angles = [a for row in want["clients"] for a in np.ravel(row.get(
+      "angles", []))]
+  return RTOL / float(np.min(np.sin(angles))) if angles else ATOL
+
+
+def _assert_close(got, want, where, angle_atol):
   assert set(got) >= set(want), (where, sorted(set(want) - set(got)))
   for key, value in want.items():
     np.testing.assert_allclose(
         np.asarray(got[key], np.float64), np.asarray(value, np.float64),
-        rtol=2e-6, atol=1e-7, err_msg=f"{where}[{key!r}]")
+        rtol=RTOL, atol=angle_atol if key in ANGLES else ATOL,
+        err_msg=f"{where}[{key!r}]")
 
 
 @pytest.mark.parametrize("name", RULES)
@@ -83,12 +102,14 @@ def test_history_equals_golden(name):
   with open(GOLDEN) as f:
     want = json.load(f)[name]
   got = _history(name)
+  angle_atol = _angle_atol(want)
+  assert angle_atol < 2e-5, angle_atol  # no angle near 0 or pi
   assert len(got["rows"]) == len(want["rows"])
   for r, (g, w) in enumerate(zip(got["rows"], want["rows"], strict=True)):
-    _assert_close(g, w, f"{name} row {r}")
+    _assert_close(g, w, f"{name} row {r}", angle_atol)
   for r, (g, w) in enumerate(zip(got["clients"], want["clients"],
                                  strict=True)):
-    _assert_close(g, w, f"{name} client row {r}")
+    _assert_close(g, w, f"{name} client row {r}", angle_atol)
 
 
 if __name__ == "__main__":
