@@ -183,7 +183,7 @@ def test_readme_test_command_is_what_ci_runs():
   ci = {line.strip() for line in
         (ROOT / ".ci" / "run").read_text("utf8").splitlines()}
   steps = [step.strip() for step in test.strip().split("&&")]
-  assert "python -m pytest -n 2 -q" in steps
+  assert "python -m pytest -n 2 --dist loadscope -q" in steps
   for step in steps:
     assert step in ci, f"{step!r} is not a command of .ci/run"
 
