@@ -156,11 +156,25 @@ def get(name: str, num_classes: int = 10,
     x [B, *input_shape], train) -> (logits [B, num_classes],
     new_variables)`` (language models: tokens [B, T] -> logits
     [B, T, num_classes], with ``loss`` the sequence cross-entropy).
+    Equal arguments give the same ``Model`` object (built once): what is
+    compiled for a model (its evaluation) is reused by later runs.
   """
-  net = module(name, num_classes, conv_impl, **kwargs)
   if input_shape is None:
     input_shape = default_input_shape(name)
   input_shape = tuple(int(d) for d in input_shape)
+  options = (name, num_classes, input_shape, conv_impl,
+             tuple(sorted(kwargs.items())))
+  try:
+    hash(options)
+  except TypeError:  # an unhashable option value: built every time
+    return _build(*options)
+  return _cached_build(*options)
+
+
+def _build(name: str, num_classes: int, input_shape: tuple[int, ...],
+           conv_impl: str, options: tuple) -> Model:
+  """``get``'s network, its options as sorted ``(name, value)`` pairs."""
+  net = module(name, num_classes, conv_impl, **dict(options))
   if not input_shape or min(input_shape) < 1:
     raise ValueError(f"input_shape must be a non-empty tuple of positive "
                      f"sizes, got {input_shape!r}")
@@ -185,6 +199,11 @@ def get(name: str, num_classes: int = 10,
   if tokens:
     return Model(init, apply, sequence_cross_entropy)
   return Model(init, apply)
+
+
+# Models are immutable; a run built from a config gets the model of the
+# previous run with the same options, and with it the compiled evaluation.
+_cached_build = functools.lru_cache(maxsize=64)(_build)
 
 
 def _factory(name: str) -> Callable[..., Model]:
