@@ -65,3 +65,23 @@ def test_models_without_batchnorm_return_params_unchanged():
   assert set(variables) == {"params"}
   logits, new_vars = model.apply(variables, jnp.zeros((2, 16, 16, 1)), True)
   assert logits.shape == (2, 10) and new_vars is variables
+
+
+def test_equal_options_give_one_model_and_one_compiled_evaluation():
+  from fedjax_agg import evaluation  # pylint: disable=g-import-not-at-top
+  first = models.get("mlp2", num_classes=10, input_shape=[6], hidden=4)
+  again = models.get("mlp2", num_classes=10.0, input_shape=(6,), hidden=4)
+  assert again is first
+  fn = evaluation.per_example_fn(first)
+  assert evaluation.per_example_fn(again) is fn
+  x, y = jnp.ones((3, 6)), jnp.array([0, 1, 2])
+  fn(first.init(jax.random.key(0)), x, y)
+  traced = fn._cache_size()
+  fn(again.init(jax.random.key(1)), x + 1, y)
+  assert fn._cache_size() == traced  # the second run compiles nothing
+  for other in (models.get("mlp2", num_classes=10, input_shape=(6,),
+                           hidden=5),
+                models.get("mlp2", num_classes=9, input_shape=(6,), hidden=4),
+                models.get("mlp2", num_classes=10, input_shape=(7,),
+                           hidden=4)):
+    assert other is not first
