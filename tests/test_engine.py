@@ -27,6 +27,9 @@ class _MLP(nn.Module):
     return nn.Dense(3)(x)
 
 
+# One object (models are immutable): runs of it share their compiled
+# evaluation, as runs of ``models.get`` with equal options do.
+@functools.cache
 def tiny_model() -> Model:
   module = _MLP()
   return Model(

@@ -22,6 +22,7 @@ DIM, CLASSES = 4, 3
 RUN_TRAINING = LocalTraining(epochs=1, batch_size=4, learning_rate=0.2)
 
 
+@functools.cache  # one object, as tiny_model
 def linear_model() -> Model:
   def init(key):
     return {"params": {"w": 0.1 * jax.random.normal(key, (DIM, CLASSES)),
