@@ -168,3 +168,33 @@ def test_the_seeds_summary_is_over_the_members_and_the_table_reads_it(
   assert het["final_client_ranks"] == {"1": 4, "2": 2}
   assert het["final_mean_rank"] == pytest.approx(8 / 6)
   assert het["mean_sent_rank"] == pytest.approx(4 / 3)  # 2, 1 and 1
+
+
+def test_a_cohorts_call_is_measured_and_the_memory_fitted_per_client():
+  import os  # pylint: disable=g-import-not-at-top
+  rss = load_script("fine_tuning", "cohort_rss.py")
+  base = os.path.join(os.path.dirname(rss.__file__), "base")
+  record = rss.measure(base, "fedit-8", 2, 4, plays=["macbeth"])
+  assert record["method"] == "fedit-8" and record["clients"] == 2
+  assert record["finite"]
+  assert record["peak"] >= record["resident_before"] > 0
+  assert record["call_bytes"] == record["peak"] - record["resident_before"]
+  assert record["xla_temp_bytes"] > 0 and record["xla_output_bytes"] > 0
+  # The line through exact points, and the cohort it allows.
+  records = [{"method": "m", "clients": w, "call_bytes": 5e6 + 3e6 * w,
+              "resident_before": 10**9, "xla_temp_bytes": 0,
+              "compile_s": 1.0, "call_s": 2.0} for w in (10, 20, 40)]
+  fitted = rss.fit(records, 2**31)
+  np.testing.assert_allclose(fitted["per_client_bytes"], 3e6, rtol=1e-9)
+  np.testing.assert_allclose(fitted["fixed_bytes"], 5e6, rtol=1e-6)
+  assert fitted["largest_cohort"] == (2**31 - 10**9 - 5 * 10**6) // (
+      3 * 10**6)
+  table = rss.table({"runs": records, "fits": {"m": fitted},
+                     "settings": {"budget_gib": 2.0}})
+  assert "| m | 40 | 119 MiB | 0 MiB | 1.0 | 2.0 |" in table
+  assert f"largest cohort in 2.0 GiB: {fitted['largest_cohort']:,}" in table
+  fitted["confirm"] = {"clients": 342, "exit_status": -9, "record": None}
+  table = rss.table({"runs": records, "fits": {"m": fitted},
+                     "settings": {"budget_gib": 2.0}})
+  assert "m: 342 clients in one call failed (exit status -9)" in table
+  assert rss.mem_total_bytes() > 2**20
