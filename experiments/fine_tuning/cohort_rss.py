@@ -39,8 +39,6 @@ sys.path.insert(0, HERE)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedjax_agg import engine  # noqa: E402
-from fedjax_agg.config import LocalTraining  # noqa: E402
 import finetune  # noqa: E402  pylint: disable=g-import-not-at-top
 
 METHODS = ("full", "fedit-8")
@@ -61,14 +59,10 @@ def measure(base_dir: str, method: str, width: int, batch_size: int,
   model, _, init = finetune.methods(base, [rank], jax.random.key(0))[method]
   params = init if init is not None else model.init(jax.random.key(0))
   data = finetune.federations(fed, 0)["natural"]
-  train = engine.make_local_trainer(
-      model, LocalTraining(epochs=1, batch_size=batch_size,
-                           compute_losses=False), clients_per_step=width)
-  ids = np.arange(width, dtype=np.int32) % data.num_clients
-  args = (params, data, ids, np.full((width,), 0.1, np.float32),
-          np.ones((width,), np.int32), jax.random.key(0))
   start = time.perf_counter()
-  compiled = jax.jit(train).lower(*args).compile()
+  compiled, args = finetune.cohort_call(model, params, data, width,
+                                        batch_size,
+                                        np.ones((width,), np.int32))
   compile_s = time.perf_counter() - start
   analysis = compiled.memory_analysis()
   before = _resident_bytes()

@@ -95,21 +95,31 @@ def uplink_per_client(name: str, params) -> int:
   return lora.uplink_bytes(params)
 
 
+def cohort_call(model, params, data, width: int, batch_size: int,
+                num_steps=None):
+  """One call of local training for ``width`` clients side by side,
+  compiled as the rounds run it (FedAvg and the LoRA rules read no client
+  losses); -> (compiled call, its arguments). ``num_steps`` [width]: each
+  client's local steps (default: one epoch); the steps are a loop, so
+  they do not change the program or its memory."""
+  train = engine.make_local_trainer(
+      model, LocalTraining(epochs=1, batch_size=batch_size,
+                           compute_losses=False), clients_per_step=width)
+  ids = np.arange(width, dtype=np.int32) % data.num_clients
+  if num_steps is None:
+    num_steps = engine.full_steps(data, ids, batch_size, 1)
+  args = (params, data, ids, np.full((width,), 0.1, np.float32), num_steps,
+          jax.random.key(0))
+  return jax.jit(train).lower(*args).compile(), args
+
+
 def cohort_memory(model, params, data, width: int, batch_size: int) -> dict:
   """What one call of local training for ``width`` clients side by side
   holds, from XLA's compiled program (``memory_analysis``): its arguments
   (the params it starts from, the pooled data) and its working memory
   (temporaries, every client's trained params). No client model is
   allocated to measure it."""
-  # As the rounds run it: FedAvg and the LoRA rules read no client losses.
-  train = engine.make_local_trainer(
-      model, LocalTraining(epochs=1, batch_size=batch_size,
-                           compute_losses=False), clients_per_step=width)
-  ids = np.arange(width, dtype=np.int32) % data.num_clients
-  compiled = jax.jit(train).lower(
-      params, data, ids, np.full((width,), 0.1, np.float32),
-      engine.full_steps(data, ids, batch_size, 1),
-      jax.random.key(0)).compile()
+  compiled, _ = cohort_call(model, params, data, width, batch_size)
   analysis = compiled.memory_analysis()
   return {"clients": width,
           "argument_bytes": int(analysis.argument_size_in_bytes),

@@ -121,6 +121,12 @@ def _mean_sd(values) -> dict:
           "sd": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
 
 
+def _count_by_rank(ranks) -> dict:
+  """{"r": how many of ``ranks`` are r}, by increasing r."""
+  ranks = np.asarray(ranks)
+  return {str(r): int(np.sum(ranks == r)) for r in sorted(set(ranks.tolist()))}
+
+
 def summarise(name: str, members, seconds: float,
               client_ranks=None) -> dict:
   """The summary entry of one method's members. ``client_ranks``
@@ -146,16 +152,13 @@ def summarise(name: str, members, seconds: float,
     entry["uplink_bytes_per_client"] = int(round(
         full * float(np.mean(client_ranks)) / rank))
     entry["uplink_bytes_at_rank_r"] = full
-    entry["client_ranks"] = {str(r): int(np.sum(np.asarray(client_ranks)
-                                                == r))
-                             for r in sorted(set(client_ranks))}
+    entry["client_ranks"] = _count_by_rank(client_ranks)
   pruned = [getattr(m.state.client_state, "ranks", None) for m in members]
   if client_ranks is not None and pruned[0] is not None:
     # The ranks the clients ended with (self-pruning lowers them), over
     # every member's federation; the uplink above is at the initial ranks.
     final = np.concatenate([np.asarray(r) for r in pruned])
-    entry["final_client_ranks"] = {str(r): int(np.sum(final == r))
-                                   for r in sorted(set(final.tolist()))}
+    entry["final_client_ranks"] = _count_by_rank(final)
     entry["final_mean_rank"] = float(final.mean())
     # What the participants sent: their ranks after each round's pruning
     # (the client rows' ``client_ranks``), over every round and member.
