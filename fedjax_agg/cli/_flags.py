@@ -398,16 +398,16 @@ def task_model(dataset: dict) -> Optional[str]:
 
 def _task_defaults(config: dict, explicit: set[str]) -> None:
   """What the task chooses where no flag did: a natural federation's
-  partition is "natural" (its only one) and a text task's model is its
-  language model."""
+  partition is "natural" (its only one) and a text task's model, unless
+  --model names one, is its language model (--model-arg then sets that
+  model's options: they are checked against the model the run builds)."""
   from fedjax_agg import data as data_lib  # pylint: disable=g-import-not-at-top
   if config["dataset"].get("name") not in data_lib.FEDERATIONS:
     return
   if "partition" not in explicit and "partition_arg" not in explicit:
     config["partition"]["name"] = "natural"
   model = task_model(config["dataset"])
-  if model is not None and "model" not in explicit and (
-      "model_arg" not in explicit):
+  if model is not None and "model" not in explicit:
     config["model"]["name"] = model
 
 

@@ -55,21 +55,25 @@ bias, per client instead.
 import dataclasses
 import functools
 import inspect
-from typing import Callable, Optional
+import typing
+from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_agg import checks
+from fedjax_agg.models import layers
 from fedjax_agg.models import networks
 from fedjax_agg.models import sequence
 from fedjax_agg.registry import Registry
 from fedjax_agg.types import Model
 from fedjax_agg.types import sequence_cross_entropy
 
-__all__ = ["NAMES", "REGISTRY", "SEQUENCE_MODELS", "count_params",
-           "default_input_shape", "get", "module"]
+__all__ = ["NAMES", "REGISTRY", "SEQUENCE_MODELS", "check_option",
+           "check_options", "count_params", "default_input_shape", "get",
+           "module"]
 
 _MNIST_SHAPE = (28, 28, 1)
 _CIFAR_SHAPE = (32, 32, 3)
@@ -105,24 +109,101 @@ SEQUENCE_MODELS = ("char_lstm", "word_lstm", "transformer_lm")
 """The language models: int32 tokens [T] in, per-position logits out."""
 
 
-def module(name: str, num_classes: int, conv_impl: str = "auto",
-           **kwargs) -> nn.Module:
-  """The flax module behind ``get(name, ...)`` (for inspection and tests)."""
+def _declared(name: str) -> dict[str, tuple[type, bool, Any]]:
+  """Option -> (its declared type, int or bool; whether None is allowed;
+  its default), from the network's dataclass fields."""
+  build, _ = _BUILDERS[name]
+  cls = getattr(build, "func", build)
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  declared = {}
+  for option in _OPTIONS.get(name, ()):
+    kind, optional = fields[option].type, False
+    if typing.get_origin(kind) is typing.Union:
+      others = [t for t in typing.get_args(kind) if t is not type(None)]
+      kind, optional = others[0], len(others) < len(typing.get_args(kind))
+    declared[option] = (kind, optional, fields[option].default)
+  return declared
+
+
+def check_option(name: str, option: str, value) -> Any:
+  """One option of network ``name`` checked by its declared type and
+  normalised to it (numpy scalars to Python ``int`` / ``bool``).
+
+  Every int option is a size or a count, an int >= 1 (a float, even 8.0,
+  or a bool is refused); a bool option takes a bool only; ``projection``
+  may also be None.
+
+  Raises:
+    TypeError: an unknown option, or a value of the wrong type, naming the
+      model and the option.
+    ValueError: a value out of range, naming the model and the option.
+  """
   if name not in _BUILDERS:
     raise ValueError(f"name must be one of {NAMES}, got {name!r}")
-  if isinstance(num_classes, bool) or int(num_classes) != num_classes or (
-      num_classes < 2):
+  declared = _declared(name)
+  if option not in declared:
+    raise TypeError(f"model {name!r} takes options {tuple(declared)}, "
+                    f"got {[option]}")
+  kind, optional, _ = declared[option]
+  label = f"model {name!r}: {option}"
+  if optional and value is None:
+    return None
+  if kind is bool:
+    checks.check_bool(label, value)
+    return bool(value)
+  checks.check_int(label, value, 1)
+  return int(value)
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+  """Network ``name``'s options, each checked and normalised by
+  ``check_option``, and together (``transformer_lm``'s width a multiple
+  of its heads).
+
+  Raises:
+    TypeError, ValueError: naming the model and the option.
+  """
+  if name not in _BUILDERS:
+    raise ValueError(f"name must be one of {NAMES}, got {name!r}")
+  declared = _declared(name)
+  unknown = set(options) - set(declared)
+  if unknown:
+    raise TypeError(f"model {name!r} takes options {tuple(declared)}, "
+                    f"got {sorted(unknown)}")
+  checked = {option: check_option(name, option, value)
+             for option, value in options.items()}
+  if name == "transformer_lm":
+    sizes = {option: checked.get(option, default)
+             for option, (_, _, default) in declared.items()}
+    if sizes["width"] % sizes["heads"]:
+      raise ValueError(f"model {name!r}: width ({sizes['width']}) must be a "
+                       f"multiple of heads ({sizes['heads']})")
+  return checked
+
+
+def _check_num_classes(num_classes) -> int:
+  if isinstance(num_classes, (bool, np.bool_)) or not isinstance(
+      num_classes, (int, float, np.integer, np.floating)) or not float(
+          num_classes).is_integer() or num_classes < 2:
     raise ValueError(f"num_classes must be an integer >= 2, got "
                      f"{num_classes!r}")
-  unknown = set(kwargs) - set(_OPTIONS.get(name, ()))
-  if unknown:
-    raise TypeError(f"model {name!r} takes options {_OPTIONS.get(name, ())}, "
-                    f"got {sorted(unknown)}")
+  return int(num_classes)
+
+
+def module(name: str, num_classes: int, conv_impl: str = "auto",
+           **kwargs) -> nn.Module:
+  """The flax module behind ``get(name, ...)`` (for inspection and tests);
+  the options are checked by ``check_options``."""
+  if name not in _BUILDERS:
+    raise ValueError(f"name must be one of {NAMES}, got {name!r}")
+  num_classes = _check_num_classes(num_classes)
+  kwargs = check_options(name, kwargs)
   build, _ = _BUILDERS[name]
   cls = getattr(build, "func", build)
   if "conv_impl" in {f.name for f in dataclasses.fields(cls)}:
+    checks.check_choice("conv_impl", conv_impl, layers.CONV_IMPLS)
     kwargs["conv_impl"] = conv_impl
-  return build(num_classes=int(num_classes), **kwargs)
+  return build(num_classes=num_classes, **kwargs)
 
 
 def default_input_shape(name: str) -> tuple[int, ...]:
@@ -159,15 +240,25 @@ def get(name: str, num_classes: int = 10,
     Equal arguments give the same ``Model`` object (built once): what is
     compiled for a model (its evaluation) is reused by later runs.
   """
+  if name not in _BUILDERS:
+    raise ValueError(f"name must be one of {NAMES}, got {name!r}")
   if input_shape is None:
     input_shape = default_input_shape(name)
-  input_shape = tuple(int(d) for d in input_shape)
-  options = (name, num_classes, input_shape, conv_impl,
-             tuple(sorted(kwargs.items())))
   try:
-    hash(options)
-  except TypeError:  # an unhashable option value: built every time
-    return _build(*options)
+    sizes = tuple(input_shape)
+  except TypeError:
+    sizes = ()
+  if isinstance(input_shape, (str, bytes)) or not sizes:
+    raise TypeError(f"input_shape must be a non-empty tuple of positive "
+                    f"ints, got {input_shape!r}")
+  for size in sizes:
+    checks.check_int("input_shape", size, 1)
+  checks.check_choice("conv_impl", conv_impl, layers.CONV_IMPLS)
+  # Checked and normalised before the cache: equal options of other types
+  # (13.0 for 13, 1 for True) are refused, never served another's model.
+  options = (name, _check_num_classes(num_classes),
+             tuple(int(d) for d in sizes), conv_impl,
+             tuple(sorted(check_options(name, kwargs).items())))
   return _cached_build(*options)
 
 
@@ -175,9 +266,6 @@ def _build(name: str, num_classes: int, input_shape: tuple[int, ...],
            conv_impl: str, options: tuple) -> Model:
   """``get``'s network, its options as sorted ``(name, value)`` pairs."""
   net = module(name, num_classes, conv_impl, **dict(options))
-  if not input_shape or min(input_shape) < 1:
-    raise ValueError(f"input_shape must be a non-empty tuple of positive "
-                     f"sizes, got {input_shape!r}")
 
   tokens = name in SEQUENCE_MODELS
   if tokens and len(input_shape) != 1:

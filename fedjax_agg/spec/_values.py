@@ -207,11 +207,18 @@ def model_takes_options(name: str) -> bool:
 
 def model_arguments(path: str, name: str, arguments: dict) -> None:
   """``arguments`` are network ``name``'s (its conv lowering a known
-  one)."""
+  one), each of its declared type and range (``models.check_option``),
+  a bad one named by its path."""
   if not model_takes_options(name):
     arguments_of(path, arguments, model_parameters(name))
   if "conv_impl" in arguments:
     name_in(f"{path}.conv_impl", arguments["conv_impl"], layers.CONV_IMPLS)
+  options = {key: value for key, value in arguments.items()
+             if key != "conv_impl"}
+  if name in models.NAMES:  # the library's own networks
+    for key, value in options.items():
+      built(f"{path}.{key}", models.check_option, name, key, value)
+    built(path, models.check_options, name, options)
 
 
 # An algorithm's name becomes a folder of the output (results and
