@@ -78,6 +78,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from fedjax_agg import locks
+from fedjax_agg import manifest
 # What must match, described (re-exported: part of this module's API).
 from fedjax_agg.fingerprint import _crc
 from fedjax_agg.fingerprint import config_differences
@@ -357,6 +358,7 @@ class RunCheckpointer:
     # One writer per folder for the run's life: a second run in the same
     # folder would overwrite this one's steps.
     os.makedirs(self.directory, exist_ok=True)
+    manifest.kept_folder(self.directory)
     self._lock = locks.FileLock.for_folder(
         self.directory, f"checkpoint folder {self.directory}").acquire()
     options = ocp.CheckpointManagerOptions(

@@ -22,26 +22,29 @@ run of S > 1 members (seeds x grid points) one subfolder per member
 says where a member's files go, ``save_run`` writes them and
 ``load_saved`` reads one back.
 
-Runs never overwrite runs: a folder that already holds a run's files
-(``RUN_FILES`` at its top or in its member folders) is refused by
-``check_fresh`` and by ``save_run`` unless ``overwrite`` is given, and
-``clear_run`` removes exactly those files before a run replaces them, so
-a sweep never mixes with an earlier single run's files.
+Runs never overwrite runs, and the library deletes only files it wrote
+and recorded (``manifest``): a folder that already holds a run is refused
+by ``check_fresh`` and by ``save_run`` unless ``overwrite`` is given; an
+overwrite removes exactly the earlier run's recorded, unchanged files
+(so a sweep never mixes with an earlier single run's files) and refuses
+where the folder holds anything else. A folder holding a run written
+without a manifest is never cleared.
 """
 
 import csv
 import dataclasses
 import os
 import json
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
 from fedjax_agg import jsonio
+from fedjax_agg import manifest
 from fedjax_agg.types import Callback
 
 __all__ = ["History", "HistoryWriter", "RUN_FILES", "TensorBoardWriter",
-           "check_fresh", "clear_run", "client_row", "earlier_run",
+           "check_fresh", "client_row", "earlier_run",
            "load_saved", "member_folder", "round_scalars",
            "rounds_to_target", "save_run", "write_run"]
 
@@ -51,7 +54,7 @@ RUN_FILES = ("config.json", "history.csv", "history.json", "summary.csv",
 """The files a run writes in its folder and its member folders; the first
 five mark a folder as holding a run."""
 _MARKERS = RUN_FILES[:5]
-# Sub-folders a run keeps for itself (resume reads them): never cleared.
+# Sub-folders a run keeps for itself (resume reads them).
 _KEPT = ("checkpoint", "checkpoints")
 
 
@@ -78,31 +81,38 @@ def earlier_run(run_dir: str) -> list[str]:
   return _run_files(run_dir, _MARKERS)
 
 
-def check_fresh(run_dir: str, overwrite: bool = False) -> None:
-  """Refuses ``run_dir`` if it holds a run and ``overwrite`` is false
-  (ValueError naming the folder and what is in it)."""
+def check_fresh(run_dir: str, overwrite: bool = False,
+                names: Sequence[str] = (),
+                keep: Sequence[str] = ()) -> manifest.Plan:
+  """Whether a run may write into ``run_dir``: refuses a folder holding a
+  run unless ``overwrite`` (ValueError naming the folder and what is in
+  it), and returns what the overwrite removes (``manifest.check``).
+
+  Args:
+    run_dir: the run's folder.
+    overwrite: replace the recorded run there.
+    names: the files the run writes, relative to ``run_dir`` (a user's
+      file of one of these names is never replaced).
+    keep: with ``overwrite``, files no run wrote that may stay.
+  """
   if not isinstance(overwrite, bool):
     raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
-  files = earlier_run(run_dir)
-  if files and not overwrite:
-    shown = ", ".join(files[:4]) + (" ..." if len(files) > 4 else "")
-    raise ValueError(
-        f"{run_dir} already holds a run ({shown}); choose another folder, "
-        "or overwrite it explicitly (--overwrite, overwrite=True)")
-
-
-def clear_run(run_dir: str) -> None:
-  """Removes an earlier run's files (``RUN_FILES``, at the top and in the
-  member folders; checkpoints are kept) and the member folders they leave
-  empty."""
-  for name in sorted(_run_files(run_dir, RUN_FILES), reverse=True):
-    os.remove(os.path.join(run_dir, name))
-    folder = os.path.dirname(os.path.join(run_dir, name))
-    while os.path.normpath(folder) != os.path.normpath(run_dir):
-      if os.listdir(folder):
-        break
-      os.rmdir(folder)
-      folder = os.path.dirname(folder)
+  if os.path.isdir(run_dir) and manifest.read(run_dir) is None:
+    # A run written without a manifest (by older code): its record at the
+    # top of the folder (a user's files further down are not a run).
+    files = [name for name in earlier_run(run_dir) if os.sep not in name]
+    if files:
+      shown = ", ".join(files[:4]) + (" ..." if len(files) > 4 else "")
+      if not overwrite:
+        raise ValueError(
+            f"{run_dir} already holds a run ({shown}); choose another "
+            "folder, or overwrite it explicitly (--overwrite, "
+            "overwrite=True)")
+      raise ValueError(
+          f"{run_dir} holds a run's files ({shown}) "
+          f"but no record of what it wrote ({manifest.FILE}); the library "
+          "never clears such a folder: move them or choose another folder")
+  return manifest.check(run_dir, names, overwrite=overwrite, keep=keep)
 
 
 @dataclasses.dataclass
@@ -172,17 +182,22 @@ def save_run(run_dir: str, histories: Mapping[str, "History"],
   layout (module docstring). -> member -> its ``{"csv", "json"}`` paths.
 
   A folder that already holds a run is refused (``check_fresh``) unless
-  ``overwrite``; then the earlier run's files are removed first."""
-  check_fresh(run_dir, overwrite)
-  if overwrite:
-    clear_run(run_dir)
-  return write_run(run_dir, histories)
+  ``overwrite``; then the earlier run's recorded files are removed first
+  and the new ones recorded (``manifest``)."""
+  if not histories:
+    raise ValueError("histories: a run has at least one member")
+  names = [os.path.relpath(os.path.join(member_folder(
+      run_dir, name, len(histories)), f"history.{kind}"), run_dir)
+           for name in histories for kind in ("csv", "json")]
+  plan = check_fresh(run_dir, overwrite, names)
+  with manifest.recording(run_dir, plan):
+    return write_run(run_dir, histories)
 
 
 def write_run(run_dir: str, histories: Mapping[str, "History"]
               ) -> dict[str, dict[str, str]]:
   """``save_run`` for an entry point that claimed ``run_dir`` when it
-  started (``check_fresh``, then ``clear_run`` before its first file):
+  started (``check_fresh``, then ``manifest.recording``):
   writes beside the files the run itself wrote, checking nothing."""
   if not histories:
     raise ValueError("histories: a run has at least one member")

@@ -1,4 +1,5 @@
-"""Strict JSON files: what the library writes can be read by any parser.
+"""Strict JSON files: what the library writes can be read by any parser,
+and what it reads says one thing.
 
 ``json.dump`` writes NaN and infinities as the bare tokens ``NaN`` and
 ``Infinity``, which are not JSON, and fails on numpy and JAX values.
@@ -6,18 +7,21 @@
 ``null``, arrays become nested lists) and ``dump_json`` writes it
 atomically: to a temporary file in the same folder, then renamed over the
 destination, so a reader never sees half a file and a crash never leaves
-one.
+one. A file written into a run's claimed folder is recorded in its
+``manifest``.
 """
 
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 import uuid
 
 import numpy as np
 
-__all__ = ["dump_json", "jsonable", "write_text"]
+from fedjax_agg import manifest
+
+__all__ = ["dump_json", "jsonable", "write_file", "write_text"]
 
 
 def jsonable(value: Any) -> Any:
@@ -66,9 +70,19 @@ def dump_json(obj: Any, path: str, indent: int | None = 2) -> str:
 
 
 def write_text(path: str, text: str) -> str:
-  """Writes ``text`` to ``path`` atomically: to a temporary file in the same
-  folder (created if missing), then renamed over ``path``. Returns
+  """Writes ``text`` to ``path`` atomically (``write_file``). Returns
   ``path``."""
+  def write(temporary):
+    with open(temporary, "x", newline="") as f:
+      f.write(text)
+  return write_file(path, write)
+
+
+def write_file(path: str, write: Callable[[str], None]) -> str:
+  """Calls ``write(temporary)`` to write a temporary file in ``path``'s
+  folder (created if missing), then renames it over ``path``: a reader
+  never sees half a file. The file is recorded in a claimed run folder's
+  ``manifest``. Returns ``path``."""
   # A name of our own rather than ``tempfile.mkstemp``, whose 0600 mode the
   # rename would carry over: the file gets the umask's permissions.
   directory, name = os.path.split(os.path.abspath(path))
@@ -76,11 +90,95 @@ def write_text(path: str, text: str) -> str:
   temporary = os.path.join(directory,
                            f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
   try:
-    with open(temporary, "x", newline="") as f:
-      f.write(text)
+    write(temporary)
     os.replace(temporary, path)
   except BaseException:
     if os.path.exists(temporary):
       os.remove(temporary)
     raise
+  manifest.note(path)
   return str(path)
+
+
+class DuplicateKeyError(ValueError):
+  """A JSON object that gives a key twice.
+
+  Attributes:
+    path: the key's dotted path in the document, e.g. "train.rounds",
+      "algorithms.FedAvg", "a[2].b" (list items by index).
+  """
+
+  def __init__(self, path: str, message: str):
+    super().__init__(message)
+    self.path = path
+
+
+class _Repeated(dict):
+  """An object that gave ``key`` twice (``first``, then ``second``)."""
+
+  def __init__(self, pairs, key, first, second):
+    super().__init__(pairs)
+    self.repeat = (key, first, second)
+
+
+def _distinct_keys(pairs):
+  """``object_pairs_hook``: a dict, or a ``_Repeated`` marking the first
+  key given twice (its path is only known once the whole file is read)."""
+  out = {}
+  for key, value in pairs:
+    if key in out:
+      return _Repeated(pairs, key, out[key], value)
+    out[key] = value
+  return out
+
+
+def _first_repeat(document) -> tuple[str, tuple] | None:
+  """(path of the object, its repeat) of the first ``_Repeated`` in
+  document order, or None; walked without recursion."""
+  stack = [(document, "")]
+  while stack:
+    node, path = stack.pop()
+    if isinstance(node, _Repeated):
+      return path, node.repeat
+    if isinstance(node, dict):
+      items = [(value, f"{path}.{key}" if path else str(key))
+               for key, value in node.items()]
+    elif isinstance(node, list):
+      items = [(value, f"{path}[{i}]") for i, value in enumerate(node)]
+    else:
+      continue
+    stack.extend(reversed(items))
+  return None
+
+
+def load_json(path: str) -> Any:
+  """Reads the JSON file ``path``, refusing an object with a key given
+  twice.
+
+  Raises:
+    DuplicateKeyError: naming the key's path and both values.
+    ValueError: the file is not JSON (``json.JSONDecodeError``).
+    OSError: the file cannot be read.
+  """
+  repeated = []
+
+  def hook(pairs):
+    built = _distinct_keys(pairs)
+    if isinstance(built, _Repeated):
+      repeated.append(True)
+    return built
+
+  with open(path) as f:
+    document = json.load(f, object_pairs_hook=hook)
+  if not repeated:
+    return document
+  where, (key, first, second) = _first_repeat(document)
+  full = f"{where}.{key}" if where else str(key)
+  raise DuplicateKeyError(
+      full, f"{full}: given twice ({_short(first)}, then {_short(second)}); "
+      "each key of a JSON object may appear once")
+
+
+def _short(value: Any) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 40 else text[:37] + "..."

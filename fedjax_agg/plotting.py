@@ -6,11 +6,13 @@ this module leaves the process' matplotlib backend alone, so notebook
 figures keep working, and no display is needed.
 """
 
+import os
 import typing
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from fedjax_agg import jsonio
 from fedjax_agg.history import History
 
 __all__ = ["axis_label", "curves_figure", "new_figure", "plot_client_sizes",
@@ -35,6 +37,14 @@ def plot_history(histories: Mapping[str, History], path: str,
   """Plots ``metrics`` per round for each labelled history; saves ``path``."""
   return plot_mean_curves({label: [h] for label, h in histories.items()},
                           path, metrics, title)
+
+
+def save_figure(fig: "figure.Figure", path: str, **savefig_args) -> str:
+  """Writes ``fig`` to ``path`` atomically (``jsonio.write_file``; the
+  format from ``path``'s suffix). Returns ``path``."""
+  suffix = os.path.splitext(path)[1].lstrip(".") or None
+  return jsonio.write_file(path, lambda temporary: fig.savefig(
+      temporary, format=suffix, **savefig_args))
 
 
 def new_figure(figsize: tuple[float, float]) -> "figure.Figure":
@@ -99,8 +109,8 @@ def plot_mean_curves(histories: Mapping[str, Sequence[History]], path: str,
                      metrics: Sequence[str] = ("test_accuracy", "test_loss"),
                      title: str = "") -> str:
   """Saves ``curves_figure(histories, metrics, title)`` to ``path``."""
-  curves_figure(histories, metrics, title).savefig(path, dpi=120)
-  return path
+  return save_figure(curves_figure(histories, metrics, title), path,
+                     dpi=120)
 
 
 def plot_client_sizes(client_indices: Sequence[np.ndarray], targets,
@@ -119,5 +129,4 @@ def plot_client_sizes(client_indices: Sequence[np.ndarray], targets,
     ax.set_xlabel(label)
     ax.set_ylabel("clients")
   fig.suptitle(title or f"{len(rows)} clients")
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  return str(path)
+  return save_figure(fig, path, dpi=120, bbox_inches="tight")

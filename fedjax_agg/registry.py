@@ -14,21 +14,139 @@ the same process), and a name of the form ``module:factory`` (configs, the
 command line) imports ``factory`` from ``module`` and registers it under
 that name the first time it is asked for. A registry may check what is
 registered (the aggregators run the conformance kit, ``testing``).
+
+A config is data: checking or running one never imports or calls code the
+user did not choose. A ``module:factory`` name is resolved only
+
+* when its module (or a package above it) was allowed by the user --
+  ``allow_imports`` here, ``allowing_imports`` for one block,
+  ``experiment.run_config(..., allow_imports=[...])`` or
+  ``--allow-import MODULE`` on the command line; a config cannot allow
+  anything itself -- and
+* when the object it names is a factory of the registry's kind: declared
+  with ``@declare(kind)`` (e.g. ``@registry.declare("aggregator")``) or
+  already registered in that registry (its module called ``register``).
+
+Anything else is refused by name before the module is imported (an
+unallowed module) or before the object is called (an undeclared one):
+``os:system`` or ``shutil:rmtree`` in a config run nothing.
 """
 
+import contextlib
 import importlib
 import inspect
 import re
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+import threading
+from typing import (Any, Callable, Iterable, Iterator, Mapping, Optional,
+                    Sequence)
 
-__all__ = ["Names", "Registry"]
+__all__ = ["KINDS", "Names", "Registry", "allow_imports", "allowed_imports",
+           "allowing_imports", "declare"]
 
 _IMPORT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+KINDS = ("aggregator", "objective", "client", "attack", "model",
+         "partition", "dataset", "codec", "staleness", "availability",
+         "profiles")
+"""The kinds a factory can be declared as (``declare``), one per
+registry."""
+
+_DECLARED = "__fedjax_agg_kinds__"
+_LOCK = threading.Lock()
+_ALLOWED: set[str] = set()  # modules the user allowed for the process
+_SCOPED: list[str] = []  # modules allowed inside ``allowing_imports``
+
+
+def declare(*kinds: str) -> Callable[[Callable[..., Any]],
+                                     Callable[..., Any]]:
+  """Marks a factory as one of ``kinds`` (``KINDS``), so that a
+  ``module:factory`` name may resolve to it once its module is allowed.
+
+  Example::
+
+    @registry.declare("aggregator")
+    def capped_fedavg(cap: float = 1.0): ...
+  """
+  bad = [kind for kind in kinds if kind not in KINDS]
+  if not kinds or bad:
+    raise ValueError(f"kinds must be one or more of {list(KINDS)}, got "
+                     f"{list(kinds)!r}")
+
+  def mark(factory):
+    if not callable(factory):
+      raise TypeError(f"declare: the factory must be callable, got "
+                      f"{type(factory).__name__}")
+    setattr(factory, _DECLARED,
+            frozenset(getattr(factory, _DECLARED, ())) | frozenset(kinds))
+    return factory
+  return mark
+
+
+def _modules(modules) -> list[str]:
+  if isinstance(modules, str):
+    modules = [modules]
+  if modules is None:
+    return []
+  try:
+    modules = list(modules)
+  except TypeError:
+    raise TypeError(f"allow_imports must be module names (strings), got "
+                    f"{type(modules).__name__}") from None
+  for module in modules:
+    if not isinstance(module, str) or not _MODULE_NAME.match(module):
+      raise ValueError(f"allow_imports: {module!r} is not a module name "
+                       "(dotted Python identifiers, e.g. my_rules or "
+                       "lab.rules)")
+  return modules
+
+
+def allow_imports(modules: Iterable[str]) -> None:
+  """Allows ``module:factory`` names from ``modules`` (and their
+  sub-modules) for the rest of the process."""
+  modules = _modules(modules)
+  with _LOCK:
+    _ALLOWED.update(modules)
+
+
+def allowing_imports(modules: Optional[Iterable[str]]
+                     ) -> contextlib.AbstractContextManager:
+  """Allows ``module:factory`` names from ``modules`` inside the block
+  (what ``run_config(allow_imports=...)`` and ``--allow-import`` do); a
+  bad module name is refused here, before the block."""
+  return _allowing(_modules(modules))
+
+
+@contextlib.contextmanager
+def _allowing(modules: list[str]):
+  with _LOCK:
+    _SCOPED.extend(modules)
+  try:
+    yield
+  finally:
+    with _LOCK:
+      for module in modules:
+        _SCOPED.remove(module)
+
+
+def allowed_imports() -> tuple[str, ...]:
+  """The modules allowed now (process-wide and in open blocks), sorted."""
+  with _LOCK:
+    return tuple(sorted(_ALLOWED | set(_SCOPED)))
+
+
+def _is_allowed(module_name: str) -> bool:
+  parts = module_name.split(".")
+  allowed = set(allowed_imports())
+  return any(".".join(parts[:i]) in allowed for i in range(1, len(parts) + 1))
 
 
 class Names(tuple):
   """A registry's names, which also hold every ``module:factory`` name
-  (resolved, and refused by name if it cannot be, when it is built)."""
+  (resolved, and refused by name if it cannot be, by ``resolve`` or when
+  it is built)."""
+
+  resolve: Callable[[str], Any] = staticmethod(lambda name: None)
 
   def __contains__(self, name) -> bool:
     return super().__contains__(name) or (
@@ -52,8 +170,13 @@ class Registry(Mapping[str, Callable[..., Any]]):
   def __init__(self, kind: str, entries: Mapping[str, Callable[..., Any]],
                context: Sequence[str] = (),
                check: Optional[Callable[[str, Callable[..., Any]],
-                                        None]] = None):
+                                        None]] = None,
+               declared_as: Optional[str] = None):
     self.kind = kind
+    self.declared_as = kind if declared_as is None else declared_as
+    if self.declared_as not in KINDS:
+      raise ValueError(f"declared_as must be one of {KINDS}, got "
+                       f"{self.declared_as!r}")
     self._entries = dict(entries)
     self._builtin = frozenset(entries)
     self.context = tuple(context)
@@ -83,7 +206,15 @@ class Registry(Mapping[str, Callable[..., Any]]):
     return factory
 
   def _imported(self, name: str) -> Callable[..., Any]:
+    """Imports and registers ``module:factory`` where the user allowed the
+    module and the object is declared as this kind (module docstring)."""
     module_name, attribute = name.split(":")
+    if not _is_allowed(module_name):
+      raise ValueError(
+          f"{self.kind} {name!r}: module {module_name!r} is not allowed; a "
+          "config never imports code by itself. Opt in with --allow-import "
+          f"{module_name} (command line) or allow_imports=[{module_name!r}] "
+          "(experiment.run_config, fedjax_agg.registry.allow_imports)")
     try:
       module = importlib.import_module(module_name)
     except ImportError as error:
@@ -93,6 +224,14 @@ class Registry(Mapping[str, Callable[..., Any]]):
     if factory is None:
       raise ValueError(f"{self.kind} {name!r}: module {module_name!r} has "
                        f"no {attribute!r}")
+    declared = getattr(factory, _DECLARED, None)
+    if not ((isinstance(declared, frozenset) and self.declared_as in declared)
+            or any(factory is entry for entry in self._entries.values())):
+      raise ValueError(
+          f"{self.kind} {name!r}: {module_name}.{attribute} is not declared "
+          f"as a factory of kind {self.declared_as!r}; decorate it with "
+          f"@fedjax_agg.registry.declare({self.declared_as!r}) or register "
+          "it in its module")
     return self.register(name, factory)
 
   def __getitem__(self, name: str) -> Callable[..., Any]:
@@ -106,7 +245,9 @@ class Registry(Mapping[str, Callable[..., Any]]):
 
   @property
   def names(self) -> Names:
-    return Names(self._entries)
+    names = Names(self._entries)
+    names.resolve = self.factory
+    return names
 
   def factory(self, name: str) -> Callable[..., Any]:
     """The factory registered as ``name`` (ValueError naming the choices);

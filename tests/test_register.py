@@ -3,6 +3,7 @@ in Python, or named ``module:factory`` in a config or on the command line;
 the conformance kit checks it when it is registered."""
 
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +18,13 @@ from tests.experiment.test_runs import MNIST_5K
 
 RULES = '''
 from fedjax_agg import aggregators
+from fedjax_agg import registry
 
+@registry.declare("aggregator")
 def uniform_mean(weighting="uniform"):
+  return aggregators.fedavg(weighting=weighting)
+
+def undeclared(weighting="uniform"):
   return aggregators.fedavg(weighting=weighting)
 '''
 
@@ -67,9 +73,22 @@ def test_module_colon_factory_on_the_command_line(tmp_path, monkeypatch,
   (tmp_path / "user_rules_mod.py").write_text(RULES)
   monkeypatch.syspath_prepend(str(tmp_path))
   out = tmp_path / "run"
+  # Not allowed: refused before the module is imported.
+  line = _error_line(capsys, TINY + ["--out", str(out), "--aggregator",
+                                     "user_rules_mod:uniform_mean"])
+  assert line.startswith("error: --aggregator"), line
+  assert "--allow-import user_rules_mod" in line, line
+  assert "user_rules_mod" not in sys.modules and not out.exists()
+  # Allowed but not declared as an aggregator factory: refused.
+  line = _error_line(capsys, TINY + [
+      "--out", str(out), "--aggregator", "user_rules_mod:undeclared",
+      "--allow-import", "user_rules_mod"])
+  assert "not declared as a factory of kind 'aggregator'" in line, line
+  assert not out.exists()
   try:
     cli.main(TINY + ["--out", str(out), "--aggregator",
-                     "user_rules_mod:uniform_mean"])
+                     "user_rules_mod:uniform_mean",
+                     "--allow-import", "user_rules_mod"])
   finally:
     aggregators.REGISTRY._entries.pop("user_rules_mod:uniform_mean", None)  # pylint: disable=protected-access
   capsys.readouterr()
@@ -77,6 +96,7 @@ def test_module_colon_factory_on_the_command_line(tmp_path, monkeypatch,
   assert record["algorithms"]["uniform_mean"]["aggregator"] == (
       "user_rules_mod:uniform_mean")
   line = _error_line(capsys, TINY + ["--out", str(tmp_path / "bad"),
-                                     "--aggregator", "no_such_mod:rule"])
+                                     "--aggregator", "no_such_mod:rule",
+                                     "--allow-import", "no_such_mod"])
   assert line.startswith("error: --aggregator"), line
   assert "cannot import module 'no_such_mod'" in line, line

@@ -47,6 +47,7 @@ stderr (exit status 2).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -109,10 +110,10 @@ def _model_name(args, given: set[str]) -> Optional[str]:
     return task_model({"name": args.dataset,
                        "args": parse_kv(args.dataset_arg,
                                         "--dataset-arg")}) or args.model
+  from fedjax_agg import jsonio  # pylint: disable=g-import-not-at-top
   try:
-    with open(args.config) as f:
-      return json.load(f)["model"]["name"]
-  except (OSError, ValueError, KeyError, TypeError):
+    return jsonio.load_json(args.config)["model"]["name"]
+  except (OSError, ValueError, KeyError, TypeError, RecursionError):
     return None  # the config's own checks name the fault later
 
 
@@ -217,6 +218,20 @@ def _main(argv: list[str]) -> int:
   if args.list is not None:
     print("\n".join(describe(args.list)))
     return 0
+  from fedjax_agg import registry  # pylint: disable=g-import-not-at-top
+  try:
+    allowed = registry.allowing_imports(args.allow_import)
+  except (TypeError, ValueError) as error:
+    raise UsageError(f"--allow-import: {error}") from None
+  # The output folder is claimed (its manifest kept) from the first file
+  # the run writes to the end of the command.
+  with allowed, contextlib.ExitStack() as claim:
+    return _run(args, given, argv, claim)
+
+
+def _run(args, given: set[str], argv: list[str],
+         claim: contextlib.ExitStack) -> int:
+  """``_main`` once the flags are parsed and their imports allowed."""
   _start_jax(args, given)
   # Imported here so that --help does not wait for them.
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
@@ -233,8 +248,8 @@ def _main(argv: list[str]) -> int:
   # run_config runs them).
   sweeping = bool(grid) or args.seeds is not None or (
       len(config.seeds) > 1 and config.vmap_seeds)
-  _check_execution(args, given, config, algorithm, grid, sweeping,
-                   several=sweeping or len(config.seeds) > 1)
+  plan = _check_execution(args, given, config, algorithm, grid, sweeping,
+                          several=sweeping or len(config.seeds) > 1)
   dataset, indices = _load_data(args, given, config)
   prepared = [experiment.prepare_data(config, seed, dataset, indices[seed])
               for seed in config.seeds]
@@ -242,9 +257,10 @@ def _main(argv: list[str]) -> int:
   def write_config():
     if not _is_writer(args):
       return
-    from fedjax_agg import history  # pylint: disable=g-import-not-at-top
-    if not args.resume:  # checked fresh, or --overwrite: the old run goes
-      history.clear_run(args.out)
+    from fedjax_agg import manifest  # pylint: disable=g-import-not-at-top
+    # Checked fresh, or --overwrite: the old run's recorded files go.
+    claim.enter_context(manifest.recording(args.out, plan,
+                                           resume=args.resume))
     experiment.write_run_config(
         args.out, config, dataset=dataset, indices=indices,
         execution={"algorithm": algorithm, "out": args.out,
@@ -253,6 +269,7 @@ def _main(argv: list[str]) -> int:
                    "checkpoint_dir": args.checkpoint_dir,
                    "checkpoint_every": args.checkpoint_every,
                    "resume": args.resume, "overwrite": args.overwrite,
+                   "keep": args.keep, "allow_import": args.allow_import,
                    "cpu_devices": args.cpu_devices,
                    "distributed": args.distributed,
                    "progress": not args.no_progress},
@@ -339,13 +356,19 @@ def _check_execution(args, given: set[str], config, algorithm: str,
   except ValueError as error:
     raise UsageError(f"--out: {error}") from None
   from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import manifest  # pylint: disable=g-import-not-at-top
   if args.resume and args.overwrite:
     raise UsageError("--overwrite: --resume continues the run in --out; "
                      "drop one of them")
+  if args.keep and not args.overwrite:
+    raise UsageError("--keep: names files an --overwrite leaves in place; "
+                     "give it with --overwrite")
+  plan = manifest.Plan()
   if not args.resume:
     try:
-      history.check_fresh(args.out, args.overwrite)
-    except ValueError as error:
+      plan = history.check_fresh(args.out, args.overwrite, names,
+                                 keep=args.keep)
+    except (TypeError, ValueError) as error:
       raise UsageError(f"--out: {error}") from None
   if args.tensorboard is not None:
     try:
@@ -357,14 +380,19 @@ def _check_execution(args, given: set[str], config, algorithm: str,
       experiment.check_output_dir(args.tensorboard)
     except ValueError as error:
       raise UsageError(f"--tensorboard: {error}") from None
+  return plan
 
 
 def _load_data(args, given: set[str], config):
   """-> (the dataset, seed -> partition indices); a failure names the flags
   behind it."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import spec  # pylint: disable=g-import-not-at-top
   try:
     dataset = experiment.load_dataset(config)
+  except spec.ConfigError as error:  # the setting the data refuses
+    flag = _flag_of(error.path, None, given, args.config)
+    raise UsageError(f"{flag}: {error}") from None
   except (OSError, ValueError, TypeError, ImportError) as error:
     flags = _given_flags(("dataset", "source", "data_dir", "dataset_arg"),
                          given, args.config)
@@ -521,7 +549,7 @@ def compare_main(args, config) -> int:
     summary = experiment.run_config(
         config, args.out, progress=not args.no_progress,
         checkpoint_every=args.checkpoint_every, resume=args.resume,
-        overwrite=args.overwrite)
+        overwrite=args.overwrite, keep=args.keep)
   except ValueError as error:
     raise UsageError(f"--config {args.config}: {error}") from None
   print(json.dumps({"algorithms": {

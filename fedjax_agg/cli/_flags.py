@@ -58,7 +58,8 @@ RUN_FLAGS = ("--config", "--algorithm", "--list", "--partition-plot",
              "--cpu-devices", "--distributed", "--coordinator-address",
              "--num-processes", "--process-id", "--sweep", "--out",
              "--no-progress", "--tensorboard", "--checkpoint-dir",
-             "--checkpoint-every", "--resume", "--overwrite", "--version")
+             "--checkpoint-every", "--resume", "--overwrite", "--keep",
+             "--allow-import", "--version")
 """The flags of how a run is executed and written, the command line's own (not
 experiment settings: ``config.json`` records them under
 ``provenance.execution``)."""
@@ -251,7 +252,17 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
       "is none)")
   add("--overwrite", action="store_true",
       help="replace the run already in --out (without it such a folder is "
-      "refused); its checkpoints are kept")
+      "refused): removes only the files that run wrote and recorded, "
+      "unchanged; its checkpoints are kept")
+  add("--keep", action="append", default=[], metavar="PATH",
+      help="with --overwrite: a file in --out that no run wrote and that "
+      "stays where it is (repeatable; without it such a file stops the "
+      "overwrite)")
+  add("--allow-import", action="append", default=[], metavar="MODULE",
+      help="let module:factory names of MODULE (and its sub-modules) be "
+      "imported; the factory must be declared with "
+      "fedjax_agg.registry.declare (repeatable; a config never imports "
+      "code by itself)")
   if defaults:
     parser.add_argument("--version", action="version",
                         version=f"fedjax_agg {_version()}")

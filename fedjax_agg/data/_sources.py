@@ -90,7 +90,7 @@ REGISTRY = Registry("dataset name", {spec.name: spec for spec in (
                 "fashion-mnist"),
     DatasetSpec("cifar10", 10, (32, 32, 3), "cifar10", "cifar10"),
     DatasetSpec("cifar100", 100, (32, 32, 3), "cifar100", "cifar100"),
-)})
+)}, declared_as="dataset")
 """The known datasets by name: name -> ``DatasetSpec``; calling one loads it."""
 NAMES = REGISTRY.names
 """The names of the registered datasets."""

@@ -11,7 +11,7 @@ Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 
 import dataclasses
 import inspect
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import jax
 
@@ -22,6 +22,7 @@ from fedjax_agg import clients
 from fedjax_agg import distributed
 from fedjax_agg import models
 from fedjax_agg import objectives
+from fedjax_agg import registry
 from fedjax_agg import rounds
 from fedjax_agg import spec as spec_lib
 from fedjax_agg.models import lora
@@ -34,12 +35,19 @@ from fedjax_agg.options import RunOptions
 from fedjax_agg.types import Aggregator, Model
 
 
-def check_config(config) -> spec_lib.Experiment:
+def check_config(config, allow_imports: Sequence[str] = ()
+                 ) -> spec_lib.Experiment:
   """A JSON config (or an ``Experiment``, returned as it is) -> the
   checked ``spec.Experiment`` (``Experiment.from_dict``: every key and
   value checked before anything runs, a ``spec.ConfigError`` naming the
-  key path of the first bad entry)."""
-  return spec_lib.Experiment.from_dict(config)
+  key path of the first bad entry).
+
+  Checking imports and calls nothing outside the library: a
+  ``module:factory`` name resolves only for a module in ``allow_imports``
+  (or allowed with ``fedjax_agg.registry.allow_imports``) and an object
+  declared as that kind of factory."""
+  with registry.allowing_imports(allow_imports):
+    return spec_lib.Experiment.from_dict(config)
 
 
 def _parameters(factory) -> set[str]:

@@ -195,8 +195,35 @@ def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
                        "written there")
     if os.path.exists(target) and not os.access(target, os.W_OK):
       raise ValueError(f"{target} exists and is not writable")
+  _check_lengths(path, existing, names)
   return path
 
+
+def _check_lengths(path: str, existing: str, names: Sequence[str]) -> None:
+  """Refuses names the file system cannot hold (a component longer than
+  its ``NAME_MAX`` or a path longer than ``PATH_MAX``), with the
+  temporary names the atomic writes use, before anything runs."""
+  try:
+    name_max = os.pathconf(existing, "PC_NAME_MAX")
+    path_max = os.pathconf(existing, "PC_PATH_MAX")
+  except (OSError, ValueError):
+    name_max, path_max = 255, 4096
+  # ``jsonio.write_file``'s temporary: ".<name>.<pid>.<32 hex>.tmp".
+  temporary = 1 + 1 + 10 + 1 + 32 + 4
+  for name in [""] + [os.path.normpath(n) for n in names]:
+    full = os.path.abspath(os.path.join(path, name))
+    parts = full.split(os.sep)
+    for position, part in enumerate(parts):
+      extra = temporary if position == len(parts) - 1 and name else 0
+      if len(part.encode()) + extra > name_max:
+        raise ValueError(
+            f"{path}: the name {part[:40]!r}... ({len(part.encode())} "
+            f"bytes{' + a temporary suffix' if extra else ''}) is longer "
+            f"than the file system allows ({name_max} bytes)")
+    if len(full.encode()) + temporary >= path_max:
+      raise ValueError(f"{path}: the path of {name or 'the folder'} is "
+                       f"longer than the file system allows ({path_max} "
+                       "bytes)")
 
 def output_names(experiment: spec_lib.Experiment,
                  algorithms: Optional[Sequence[str]] = None) -> list[str]:

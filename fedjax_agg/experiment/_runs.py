@@ -6,10 +6,11 @@ Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 """
 
 import dataclasses
+import io
 import math
 import os
 import warnings
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -20,6 +21,8 @@ from fedjax_agg import jsonio
 from fedjax_agg import objectives
 from fedjax_agg import plotting
 from fedjax_agg import loop
+from fedjax_agg import manifest
+from fedjax_agg import registry
 from fedjax_agg import simulation
 from fedjax_agg import spec as spec_lib
 from fedjax_agg import sweep
@@ -190,13 +193,13 @@ def write_summary_csv(summary: dict, path: str) -> str:
   columns = ["name"] + sorted({key for entry in summary.values()
                                for key, value in entry.items()
                                if not isinstance(value, list)})
-  with open(path, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=columns, restval="")
-    writer.writeheader()
-    for name, entry in summary.items():
-      writer.writerow({"name": name, **{
-          k: v for k, v in entry.items() if not isinstance(v, list)}})
-  return path
+  lines = io.StringIO()
+  writer = csv.DictWriter(lines, fieldnames=columns, restval="")
+  writer.writeheader()
+  for name, entry in summary.items():
+    writer.writerow({"name": name, **{
+        k: v for k, v in entry.items() if not isinstance(v, list)}})
+  return jsonio.write_text(path, lines.getvalue())
 
 
 def summarize(histories: dict[str, list], target: Optional[float],
@@ -234,7 +237,9 @@ def run_config(config, out_dir: str, progress: bool = True,
                algorithms: Optional[list[str]] = None,
                checkpoint_every: int = 0, resume: bool = False,
                vmap_seeds: Optional[bool] = None,
-               overwrite: bool = False) -> dict:
+               overwrite: bool = False,
+               allow_imports: Sequence[str] = (),
+               keep: Sequence[str] = ()) -> dict:
   """Runs every algorithm × seed of ``config`` (a JSON config or a
   ``spec.Experiment``); writes results to ``out_dir``; returns the summary
   dict.
@@ -259,9 +264,23 @@ def run_config(config, out_dir: str, progress: bool = True,
   one device ("train.devices" is not used).
 
   An ``out_dir`` that already holds a run is refused unless ``overwrite``
-  (its files are then removed before the first new one is written) or
-  ``resume`` (``history.check_fresh``).
+  or ``resume`` (``history.check_fresh``). An overwrite removes only the
+  files the earlier run wrote and recorded in its manifest, unchanged,
+  before the first new one is written; it refuses a folder holding other
+  files unless they are named in ``keep`` (``fedjax_agg.manifest``).
+
+  ``allow_imports`` names the modules whose ``module:factory`` names the
+  config may use (``fedjax_agg.registry``): a config never imports code by
+  itself.
   """
+  with registry.allowing_imports(allow_imports):
+    return _run_config(config, out_dir, progress, algorithms,
+                       checkpoint_every, resume, vmap_seeds, overwrite, keep)
+
+
+def _run_config(config, out_dir, progress, algorithms, checkpoint_every,
+                resume, vmap_seeds, overwrite, keep) -> dict:
+  """``run_config`` inside its ``allow_imports``."""
   experiment = spec_lib.Experiment.from_dict(config)
   if vmap_seeds is None:
     vmap_seeds = experiment.vmap_seeds
@@ -270,17 +289,32 @@ def run_config(config, out_dir: str, progress: bool = True,
   if unknown:
     raise ValueError(f"algorithms {unknown} are not in the config's "
                      f"{sorted(experiment.algorithms)}")
-  check_output_dir(out_dir, output_names(experiment, names))
+  if not isinstance(resume, bool) or (resume and overwrite):
+    raise ValueError(f"resume must be a bool, and not given with overwrite "
+                     f"(resume continues the run in out_dir), got "
+                     f"resume={resume!r}, overwrite={overwrite!r}")
+  outputs = output_names(experiment, names)
+  check_output_dir(out_dir, outputs)
+  plan = manifest.Plan()
   if not resume:
-    history_lib.check_fresh(out_dir, overwrite)
+    plan = history_lib.check_fresh(out_dir, overwrite, outputs, keep)
   dataset = load_dataset(experiment)
-  if not resume:
-    history_lib.clear_run(out_dir)
+  with manifest.recording(out_dir, plan, resume=resume):
+    return _written(experiment, names, out_dir, dataset, progress,
+                    (checkpoint_every, resume), vmap_seeds)
+
+
+def _written(experiment, names, out_dir, dataset, progress, checkpoints,
+             vmap_seeds) -> dict:
+  """``run_config``'s runs and files, in its claimed folder."""
+  checkpoint_every, resume = checkpoints
   write_run_config(out_dir, experiment, dataset=dataset, algorithms=names,
                    execution={"out_dir": shown_path(out_dir),
                               "vmap_seeds": vmap_seeds,
                               "checkpoint_every": checkpoint_every,
-                              "resume": resume})
+                              "resume": resume,
+                              "allowed_imports": list(
+                                  registry.allowed_imports())})
   histories = (_vmapped_seeds if vmap_seeds else _seeds_in_turn)(
       experiment, names, out_dir, dataset, progress,
       (checkpoint_every, resume))

@@ -1,9 +1,11 @@
 """Describing a partition: per-client label histograms, tables, heatmaps."""
 
+import os
 from typing import Optional, Sequence
 
 import numpy as np
 
+from fedjax_agg import jsonio
 from fedjax_agg.partitions._recipes import checked_labels
 from fedjax_agg.partitions._recipes import checked_num_classes
 
@@ -84,5 +86,6 @@ def plot_heatmap(client_indices: Sequence[np.ndarray], labels, path: str,
     ``path``.
   """
   fig = heatmap_figure(client_indices, labels, num_classes, title)
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  return str(path)
+  suffix = os.path.splitext(path)[1].lstrip(".") or None
+  return jsonio.write_file(path, lambda temporary: fig.savefig(
+      temporary, format=suffix, dpi=120, bbox_inches="tight"))

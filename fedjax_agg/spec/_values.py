@@ -6,6 +6,7 @@ wrong value gives the same error, naming its key path, whether the
 description came from Python, a JSON config or the command line.
 """
 
+import dataclasses
 import inspect
 import re
 from typing import Any
@@ -41,6 +42,40 @@ class ConfigError(ValueError):
 
 class ConfigTypeError(ConfigError, TypeError):
   """An entry of the wrong type (a ``TypeError`` too)."""
+
+
+def plain(value, _level: int = 0):
+  """``value`` with every numpy scalar (``np.bool_``, ``np.integer``,
+  ``np.floating``, ``np.str_``), also inside lists, tuples and dicts (to
+  ``MAX_CONFIG_DEPTH`` levels), replaced by its Python value
+  (``.item()``): a description takes numpy scalars as the Python values
+  they hold, so that they pass the same checks (``np.bool_`` is a bool,
+  not an int) and serialise to JSON. Anything else is returned as it
+  is."""
+  if isinstance(value, (np.bool_, np.integer, np.floating, np.str_)):
+    return value.item()
+  if _level > MAX_CONFIG_DEPTH:
+    return value  # refused as too deep where the depth is checked
+  if isinstance(value, dict):
+    converted = {key: plain(item, _level + 1)
+                 for key, item in value.items()}
+    same = all(converted[key] is item for key, item in value.items())
+    return value if same else converted
+  if type(value) in (list, tuple):
+    converted = [plain(item, _level + 1) for item in value]
+    same = all(new is old for new, old in zip(converted, value))
+    return value if same else type(value)(converted)
+  return value
+
+
+def plain_fields(spec) -> None:
+  """Replaces each field of the frozen dataclass ``spec`` by its
+  ``plain`` value (before its checks run)."""
+  for f in dataclasses.fields(spec):
+    value = getattr(spec, f.name)
+    converted = plain(value)
+    if converted is not value:
+      object.__setattr__(spec, f.name, converted)
 
 
 def built(path: str, build, /, *args, **kwargs):
@@ -95,6 +130,15 @@ def name_in(path: str, value, names) -> None:
   if not isinstance(value, str) or value not in names:
     raise ConfigError(path, f"{path} must be one of {list(names)}, got "
                       f"{value!r}")
+  # A registry's ``module:factory`` name is resolved here, so that a
+  # refusal (a module the user did not allow, an undeclared object) names
+  # the key.
+  resolve = getattr(names, "resolve", None)
+  if resolve is not None:
+    try:
+      resolve(value)
+    except ValueError as error:
+      raise ConfigError(path, f"{path}: {error}") from None
 
 
 def mapping(path: str, value) -> dict:

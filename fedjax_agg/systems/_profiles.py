@@ -195,6 +195,6 @@ def task_time(profiles: ClientProfiles, client_ids, examples, down_bytes,
 PROFILES = Registry("client profiles", {
     "lognormal": lognormal_profiles,
     "constant": constant_profiles,
-}, context=("num_clients", "seed"))
+}, context=("num_clients", "seed"), declared_as="profiles")
 """Client profile models by name: name -> factory of ``ClientProfiles``
 (``num_clients`` and ``seed`` passed to the factories that take them)."""

@@ -76,5 +76,5 @@ STALENESS = Registry("staleness function", {
     "constant": constant_staleness,
     "polynomial": polynomial_staleness,
     "hinge": hinge_staleness,
-})
+}, declared_as="staleness")
 """Staleness functions by name: name -> factory of a ``StalenessFn``."""

@@ -144,7 +144,12 @@ def test_run_config_and_save_run_refuse_a_folder_holding_a_run(tmp_path):
     history.save_run(str(tmp_path), {"run": one})
   history.save_run(str(tmp_path), {"run": one}, overwrite=True)
   assert not (tmp_path / "FedAdp").exists()  # the earlier run is gone
-  assert sorted(_files(tmp_path)) == ["history.csv", "history.json"]
+  assert sorted(_files(tmp_path)) == [
+      ".fedjax_agg-manifest.json", "history.csv", "history.json"]
+  # ... and the manifest lists exactly what the new one wrote.
+  from fedjax_agg import manifest  # pylint: disable=g-import-not-at-top
+  assert sorted(manifest.read(str(tmp_path))["files"]) == [
+      "history.csv", "history.json"]
 
 
 def test_a_subset_in_place_of_the_dataset_is_announced(tmp_path, capsys):

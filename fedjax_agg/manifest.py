@@ -1,0 +1,342 @@
+"""What a run wrote, so that the library deletes only its own files.
+
+Every run folder holds a manifest, ``.fedjax_agg-manifest.json``: the
+relative path, size and SHA-256 of each file the library wrote there, the
+sub-folders it created and the folders it keeps across runs (checkpoints).
+It is rewritten (atomically) after each file the run writes, so a run that
+dies keeps an exact list.
+
+The rule: **the library deletes only files it wrote and recorded.**
+
+* A fresh run (no ``overwrite``) into a folder that holds a recorded run
+  is refused, and so is one into a folder holding files the run would
+  write that no manifest lists (a user's own ``config.json``); a folder of
+  unrelated files is written beside, never cleared.
+* ``overwrite`` removes exactly the manifest's files that are unchanged
+  (same size and hash), then the sub-folders it created if they are left
+  empty. It refuses, naming them and removing nothing, when a listed file
+  was changed or replaced (by a folder or a link), when the manifest names
+  a path outside the folder or cannot be read, or when the folder holds
+  files the manifest does not list -- unless the user names those in
+  ``keep`` (they then stay where they are). A folder without a manifest is
+  never cleared.
+* ``resume`` keeps everything and goes on recording.
+
+Usage: ``check`` (read-only, before the run's first file) says what an
+``overwrite`` would remove or refuses; ``recording(folder, ...)`` claims
+the folder for the block: it removes what ``check`` planned (verifying
+each file again just before) and records every file the library writes
+under it in the meantime (``note``, called by ``jsonio.write_text`` and
+the library's figure writers).
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import threading
+from typing import Iterator, Optional, Sequence
+
+__all__ = ["FILE", "Plan", "check", "kept_folder", "note", "read",
+           "recording"]
+
+FILE = ".fedjax_agg-manifest.json"
+"""The manifest's name, in the run folder."""
+_FORMAT = "fedjax_agg run files"
+_VERSION = 1
+# An interrupted atomic write of ``name`` leaves ``.<name>.<pid>.<hex>.tmp``.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.\d+\.[0-9a-f]{32}\.tmp$")
+_LOCK = threading.RLock()
+_ACTIVE: dict[str, "_Claim"] = {}  # abs folder -> its claim
+
+
+class Plan(tuple):
+  """The files (relative paths) an ``overwrite`` removes, in order; empty
+  for a fresh or resumed run."""
+
+
+def _digest(path: str) -> str:
+  sha = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      sha.update(block)
+  return sha.hexdigest()
+
+
+def _entry(path: str) -> dict:
+  return {"size": os.path.getsize(path), "sha256": _digest(path)}
+
+
+def _inside(relative: str) -> bool:
+  """Whether ``relative`` names a path strictly inside its folder."""
+  if not isinstance(relative, str) or not relative or "\0" in relative:
+    return False
+  if os.path.isabs(relative) or relative != os.path.normpath(relative):
+    return False
+  return not (relative == os.curdir or relative.split(os.sep)[0] == os.pardir)
+
+
+def read(folder: str) -> Optional[dict]:
+  """``folder``'s manifest (``{"files": {path: {"size", "sha256"}},
+  "folders": [...], "kept": [...]}``), or None where it has none.
+
+  Raises:
+    ValueError: naming the manifest, where it is not one the library
+      wrote (not JSON, another format, or a path outside the folder).
+  """
+  path = os.path.join(folder, FILE)
+  if not os.path.lexists(path):
+    return None
+  try:
+    if os.path.islink(path) or not os.path.isfile(path):
+      raise ValueError("not a regular file")
+    if os.path.getsize(path) > 64 << 20:
+      raise ValueError("larger than 64 MiB")
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+  except (OSError, ValueError, RecursionError) as error:
+    raise ValueError(f"{path}: cannot read the run's manifest ({error}); "
+                     "nothing was removed") from None
+  files = saved.get("files") if isinstance(saved, dict) else None
+  if (not isinstance(saved, dict) or saved.get("format") != _FORMAT
+      or not isinstance(files, dict)):
+    raise ValueError(f"{path}: not a fedjax_agg manifest; nothing was "
+                     "removed")
+  folders = saved.get("folders", [])
+  kept = saved.get("kept", [])
+  for name, entry in files.items():
+    if not _inside(name) or not (
+        isinstance(entry, dict) and isinstance(entry.get("size"), int)
+        and isinstance(entry.get("sha256"), str)):
+      raise ValueError(f"{path}: bad entry {name!r}; nothing was removed")
+  for name in [*folders, *kept] if isinstance(folders, list) and isinstance(
+      kept, list) else [None]:
+    if not _inside(name):
+      raise ValueError(f"{path}: bad folder entry {name!r}; nothing was "
+                       "removed")
+  return {"files": dict(files), "folders": list(folders), "kept": list(kept)}
+
+
+def _walk(folder: str, kept: Sequence[str]) -> Iterator[str]:
+  """Every entry below ``folder`` that is not a folder (files, links,
+  sockets ...), as relative paths, skipping the kept folders and the
+  manifest; links to folders are entries, never followed."""
+  for root, folders, files in os.walk(folder):
+    relative = os.path.relpath(root, folder)
+    keep = []
+    for name in sorted(folders):
+      path = os.path.normpath(os.path.join(relative, name))
+      if os.path.islink(os.path.join(root, name)):
+        yield path
+      elif path not in kept:
+        keep.append(name)
+    folders[:] = keep
+    for name in sorted(files):
+      path = os.path.normpath(os.path.join(relative, name))
+      if path != FILE:
+        yield path
+
+
+def _temporary_of(path: str, listed) -> bool:
+  """Whether ``path`` is an interrupted write of a listed file."""
+  match = _TEMPORARY.match(os.path.basename(path))
+  return bool(match) and os.path.join(
+      os.path.dirname(path), match["name"]) in listed
+
+
+def check(folder: str, names: Sequence[str] = (), overwrite: bool = False,
+          resume: bool = False, keep: Sequence[str] = ()) -> Plan:
+  """Whether a run may write into ``folder``, and what an ``overwrite``
+  removes. Reads only.
+
+  Args:
+    folder: the run's folder (need not exist).
+    names: the files the run will write, relative to ``folder``.
+    overwrite: replace the recorded run in ``folder``.
+    resume: continue the run in ``folder`` (nothing is removed).
+    keep: with ``overwrite``, files (relative paths) the manifest does not
+      list that may stay in the folder.
+
+  Returns:
+    The ``Plan`` of files to remove (empty unless ``overwrite``).
+
+  Raises:
+    ValueError: naming the folder and the files at fault.
+  """
+  for name, value in (("overwrite", overwrite), ("resume", resume)):
+    if not isinstance(value, bool):
+      raise TypeError(f"{name} must be a bool, got {value!r}")
+  if isinstance(keep, str) or not all(isinstance(k, str) for k in keep):
+    raise TypeError(f"keep must be a list of relative paths, got {keep!r}")
+  bad = [k for k in keep if not _inside(os.path.normpath(k))]
+  if bad:
+    raise ValueError(f"keep: {bad[0]!r} is not a path inside {folder}")
+  keep = {os.path.normpath(k) for k in keep}
+  if not os.path.isdir(folder):
+    return Plan()
+  manifest = read(folder)
+  listed = {} if manifest is None else manifest["files"]
+  if resume:
+    return Plan()
+  foreign = sorted(name for name in {os.path.normpath(n) for n in names}
+                   if os.path.lexists(os.path.join(folder, name))
+                   and name not in listed and name not in keep)
+  if foreign:
+    raise ValueError(
+        f"{folder} holds {_shown(foreign)}, which this run would replace "
+        "and which no recorded run wrote; move them or choose another "
+        "folder (the library deletes only files it wrote)")
+  if manifest is None:
+    return Plan()
+  present = [name for name in listed
+             if os.path.lexists(os.path.join(folder, name))]
+  if not overwrite:
+    if present:
+      raise ValueError(
+          f"{folder} already holds a run ({_shown(sorted(present))}); "
+          "choose another folder, or overwrite it explicitly (--overwrite, "
+          "overwrite=True)")
+    return Plan()
+  changed = []
+  for name in present:
+    path = os.path.join(folder, name)
+    if (os.path.islink(path) or not os.path.isfile(path)
+        or _entry(path) != {k: listed[name][k] for k in ("size", "sha256")}):
+      changed.append(name)
+  if changed:
+    raise ValueError(
+        f"{folder}: {_shown(sorted(changed))} changed since the run wrote "
+        "them; the overwrite removed nothing (move them away first)")
+  unlisted = [name for name in _walk(folder, manifest["kept"])
+              if name not in listed and name not in keep
+              and not _temporary_of(name, listed)]
+  if unlisted:
+    raise ValueError(
+        f"{folder} holds files no recorded run wrote: {_shown(unlisted)}; "
+        "the overwrite removed nothing. Move them, or name them to stay "
+        "(--keep PATH, keep=[...])")
+  temporaries = [name for name in _walk(folder, manifest["kept"])
+                 if _temporary_of(name, listed)]
+  return Plan(sorted(present) + temporaries)
+
+
+def _shown(names: Sequence[str], most: int = 4) -> str:
+  return ", ".join(names[:most]) + (
+      f" and {len(names) - most} more" if len(names) > most else "")
+
+
+class _Claim:
+  """A folder a run writes into: its manifest, kept up to date."""
+
+  def __init__(self, folder: str, manifest: Optional[dict]):
+    self.folder = folder
+    self.files = {} if manifest is None else dict(manifest["files"])
+    self.folders = [] if manifest is None else list(manifest["folders"])
+    self.kept = [] if manifest is None else list(manifest["kept"])
+    self.existing = set()  # folders that were there before the run
+
+  def note(self, path: str) -> None:
+    relative = os.path.relpath(path, self.folder)
+    if relative == FILE or not _inside(relative):
+      return
+    parent = os.path.dirname(relative)
+    while parent:
+      if parent not in self.existing and parent not in self.folders:
+        self.folders.append(parent)
+      parent = os.path.dirname(parent)
+    self.files[relative] = _entry(path)
+    self.save()
+
+  def save(self) -> None:
+    from fedjax_agg import jsonio  # pylint: disable=g-import-not-at-top
+    jsonio.write_text(os.path.join(self.folder, FILE), json.dumps(
+        {"format": _FORMAT, "version": _VERSION, "files": self.files,
+         "folders": sorted(self.folders), "kept": sorted(self.kept)},
+        indent=1, sort_keys=True) + "\n")
+
+
+def _remove(folder: str, plan: Plan, manifest: dict) -> None:
+  """Removes the planned files, each verified once more just before."""
+  listed = manifest["files"]
+  for name in plan:
+    path = os.path.join(folder, name)
+    if name in listed:
+      if not os.path.lexists(path):
+        continue
+      if (os.path.islink(path) or not os.path.isfile(path)
+          or _entry(path) != {k: listed[name][k]
+                              for k in ("size", "sha256")}):
+        raise ValueError(f"{path} changed since the overwrite was checked; "
+                         "it was left in place")
+    elif not _temporary_of(name, listed):
+      raise ValueError(f"{path} is not in the run's manifest")
+    os.remove(path)
+  for name in sorted(manifest["folders"], key=len, reverse=True):
+    path = os.path.join(folder, name)
+    if os.path.isdir(path) and not os.path.islink(path) and (
+        not os.listdir(path)):
+      os.rmdir(path)
+
+
+@contextlib.contextmanager
+def recording(folder: str, plan: Sequence[str] = (), resume: bool = False):
+  """Claims ``folder`` for the block: removes ``plan`` (``check``'s), then
+  records every file the library writes below it.
+
+  Nothing is written until the first file is (an empty manifest is not
+  left behind by a run that writes nothing)."""
+  folder = os.path.abspath(folder)
+  manifest = read(folder) if os.path.isdir(folder) else None
+  if plan:
+    _remove(folder, plan, manifest)
+  if manifest is not None and not resume:
+    manifest = {"files": {}, "folders": [], "kept": manifest["kept"]}
+    claim = _Claim(folder, manifest)
+    claim.save()
+  else:
+    claim = _Claim(folder, manifest)
+  if os.path.isdir(folder):
+    claim.existing = {
+        os.path.relpath(root, folder) for root, _, _ in os.walk(folder)}
+  with _LOCK:
+    outer = _ACTIVE.get(folder)
+    _ACTIVE[folder] = claim
+  try:
+    yield claim
+  finally:
+    with _LOCK:
+      if outer is None:
+        _ACTIVE.pop(folder, None)
+      else:
+        _ACTIVE[folder] = outer
+
+
+def _claim_of(path: str) -> Optional[_Claim]:
+  path = os.path.abspath(path)
+  with _LOCK:
+    roots = [root for root in _ACTIVE
+             if os.path.commonpath([root, path]) == root and root != path]
+    return _ACTIVE[max(roots, key=len)] if roots else None
+
+
+def note(path: str) -> None:
+  """Records ``path`` (just written by the library) in the manifest of the
+  claimed folder holding it, if any."""
+  claim = _claim_of(path)
+  if claim is not None and os.path.isfile(path):
+    with _LOCK:
+      claim.note(os.path.abspath(path))
+
+
+def kept_folder(path: str) -> None:
+  """Records ``path`` as a folder the run keeps across overwrites
+  (checkpoints): never cleared, its files never counted as a user's."""
+  claim = _claim_of(path)
+  if claim is None:
+    return
+  relative = os.path.relpath(os.path.abspath(path), claim.folder)
+  with _LOCK:
+    if _inside(relative) and relative not in claim.kept:
+      claim.kept.append(relative)
+      claim.save()
