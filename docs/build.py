@@ -48,11 +48,9 @@ import pdoc.render  # noqa: E402
 import pygments.formatters  # noqa: E402  (pdoc's code highlighter)
 
 import fedjax_agg  # noqa: E402
+from fedjax_agg import manifest  # noqa: E402
 
 DEFAULT_OUT = "docs_build"
-# Written into every site this script builds: a folder holding it may be
-# replaced by the next build.
-MARKER = ".fedjax_agg_docs"
 
 # Warnings pdoc gives on valid code: (pattern, why it is not a defect).
 PDOC_LIMITATIONS = (
@@ -354,37 +352,50 @@ def build_reference(output_directory):
   return [m for m in messages if not _is_pdoc_limitation(m)]
 
 
-def _clear(out: pathlib.Path) -> None:
-  """Empties ``out`` when it holds an earlier site; refuses any other
-  non-empty folder."""
-  if not out.exists():
-    return
-  if not out.is_dir():
+def _plan(out: pathlib.Path) -> manifest.Plan:
+  """What replacing the site in ``out`` removes: the files an earlier
+  build recorded in its manifest, unchanged. A folder holding anything
+  else (a file no build wrote, a changed page, a folder without a
+  manifest) is refused and nothing is removed."""
+  if out.exists() and not out.is_dir():
     raise SystemExit(f"--out: {out} is not a folder")
-  if not any(out.iterdir()):
-    return
-  if not ((out / MARKER).exists() or (out / "fedjax_agg.html").exists()):
-    raise SystemExit(f"--out: {out} holds files that are not a site this "
-                     f"script built; choose another folder")
-  shutil.rmtree(out)
+  if not out.exists() or not any(out.iterdir()):
+    return manifest.Plan()
+  try:
+    if manifest.read(str(out)) is None:
+      raise ValueError(f"{out} holds files and no record of a site this "
+                       f"script built ({manifest.FILE}); choose another "
+                       "folder (only files it wrote are ever removed)")
+    return manifest.check(str(out), overwrite=True)
+  except ValueError as error:
+    raise SystemExit(f"--out: {error}") from None
+
+
+def _written(out: pathlib.Path) -> list[str]:
+  return [str(path) for path in out.rglob("*")
+          if path.is_file() and not path.is_symlink()]
 
 
 def build_site(output_directory, root: pathlib.Path = ROOT):
   """The whole site (guide, README, experiments' pages, API reference,
-  index) in ``output_directory``, replacing an earlier build there.
+  index) in ``output_directory``, replacing an earlier build there (only
+  the files it recorded in its manifest, unchanged: ``_plan``).
 
   Returns:
     The messages of pdoc's warnings that are not known limitations.
   """
   out = pathlib.Path(output_directory)
-  _clear(out)
-  out.mkdir(parents=True, exist_ok=True)
-  messages = build_reference(out)
-  render_guide(out, root)
-  link_reference_to_guide(out, root)
-  write_index(out)
-  copy_linked_files(out, root)
-  (out / MARKER).write_text("built by docs/build.py\n", "utf8")
+  plan = _plan(out)
+  with manifest.recording(str(out), plan):
+    out.mkdir(parents=True, exist_ok=True)
+    messages = build_reference(out)
+    manifest.note(*_written(out))  # each step's files, as it ends
+    render_guide(out, root)
+    link_reference_to_guide(out, root)
+    write_index(out)
+    manifest.note(*_written(out))
+    copy_linked_files(out, root)
+    manifest.note(*_written(out))
   return messages
 
 

@@ -236,17 +236,21 @@ class _Claim:
     self.kept = [] if manifest is None else list(manifest["kept"])
     self.existing = set()  # folders that were there before the run
 
-  def note(self, path: str) -> None:
-    relative = os.path.relpath(path, self.folder)
-    if relative == FILE or not _inside(relative):
-      return
-    parent = os.path.dirname(relative)
-    while parent:
-      if parent not in self.existing and parent not in self.folders:
-        self.folders.append(parent)
-      parent = os.path.dirname(parent)
-    self.files[relative] = _entry(path)
-    self.save()
+  def note(self, *paths: str) -> None:
+    recorded = False
+    for path in paths:
+      relative = os.path.relpath(path, self.folder)
+      if relative == FILE or not _inside(relative):
+        continue
+      recorded = True
+      parent = os.path.dirname(relative)
+      while parent:
+        if parent not in self.existing and parent not in self.folders:
+          self.folders.append(parent)
+        parent = os.path.dirname(parent)
+      self.files[relative] = _entry(path)
+    if recorded:
+      self.save()
 
   def save(self) -> None:
     from fedjax_agg import jsonio  # pylint: disable=g-import-not-at-top
@@ -320,13 +324,19 @@ def _claim_of(path: str) -> Optional[_Claim]:
     return _ACTIVE[max(roots, key=len)] if roots else None
 
 
-def note(path: str) -> None:
-  """Records ``path`` (just written by the library) in the manifest of the
-  claimed folder holding it, if any."""
-  claim = _claim_of(path)
-  if claim is not None and os.path.isfile(path):
-    with _LOCK:
-      claim.note(os.path.abspath(path))
+def note(*paths: str) -> None:
+  """Records ``paths`` (just written by the library) in the manifests of
+  the claimed folders holding them, if any (one rewrite per folder)."""
+  by_claim = {}
+  for path in paths:
+    claim = _claim_of(path)
+    if claim is not None and os.path.isfile(path) and not os.path.islink(
+        path):
+      by_claim.setdefault(id(claim), (claim, []))[1].append(
+          os.path.abspath(path))
+  with _LOCK:
+    for claim, claimed in by_claim.values():
+      claim.note(*claimed)
 
 
 def kept_folder(path: str) -> None:

@@ -146,7 +146,11 @@ class Names(tuple):
   (resolved, and refused by name if it cannot be, by ``resolve`` or when
   it is built)."""
 
-  resolve: Callable[[str], Any] = staticmethod(lambda name: None)
+  @staticmethod
+  def resolve(name: str) -> Any:
+    """Resolves ``name`` to its factory (the registry's ``factory``, set
+    on each instance), raising ValueError naming what is wrong."""
+    del name
 
   def __contains__(self, name) -> bool:
     return super().__contains__(name) or (

@@ -262,3 +262,30 @@ def test_a_name_too_long_is_refused_before_the_first_round(tmp_path,
   with pytest.raises(ValueError, match="longer than"):
     experiment.run_config(MNIST_5K, str(out), progress=False)
   assert not os.path.exists(str(out))
+
+
+def test_the_docs_build_replaces_only_its_own_site(tmp_path):
+  from tests._docs_util import load_docs_build  # pylint: disable=g-import-not-at-top
+  build = load_docs_build()
+  site = tmp_path / "site"
+  # A folder that only looks like a site (the old test of one) is refused.
+  _user_files(site, {"fedjax_agg.html": "<html>", "thesis.tex": "precious"})
+  with pytest.raises(SystemExit, match="no record of a site"):
+    build._plan(site)  # pylint: disable=protected-access
+  _intact(site, {"thesis.tex": "precious"})
+  # A site the script recorded is replaced file by file ...
+  built = tmp_path / "built"
+  with manifest.recording(str(built)):
+    _user_files(built, {"index.html": "<html>", "docs/a.html": "a"})
+    manifest.note(*build._written(built))  # pylint: disable=protected-access
+  assert sorted(build._plan(built)) == ["docs/a.html", "index.html"]  # pylint: disable=protected-access
+  # ... unless a user's file joined it or a page was edited.
+  _user_files(built, {"thesis.tex": "precious"})
+  with pytest.raises(SystemExit, match="thesis.tex"):
+    build._plan(built)  # pylint: disable=protected-access
+  os.remove(built / "thesis.tex")
+  (built / "index.html").write_text("edited")
+  with pytest.raises(SystemExit, match="index.html changed"):
+    build._plan(built)  # pylint: disable=protected-access
+  with pytest.raises(SystemExit, match="not a folder"):
+    build._plan(built / "index.html")  # pylint: disable=protected-access
