@@ -143,6 +143,9 @@ class History:
         saved = json.load(f)
     except (OSError, ValueError) as error:
       raise ValueError(f"{path}: not a saved history ({error})") from None
+    except RecursionError:
+      raise ValueError(f"{path}: not a saved history (nested too "
+                       "deeply)") from None
     if not isinstance(saved, dict) or not isinstance(saved.get("rows"),
                                                      list):
       raise ValueError(f"{path}: not a saved history (no rows)")

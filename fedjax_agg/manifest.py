@@ -38,8 +38,8 @@ import re
 import threading
 from typing import Iterator, Optional, Sequence
 
-__all__ = ["FILE", "Plan", "check", "kept_folder", "note", "read",
-           "recording"]
+__all__ = ["FILE", "Plan", "check", "check_replace", "kept_folder", "note",
+           "read", "recording"]
 
 FILE = ".fedjax_agg-manifest.json"
 """The manifest's name, in the run folder."""
@@ -219,6 +219,36 @@ def check(folder: str, names: Sequence[str] = (), overwrite: bool = False,
   temporaries = [name for name in _walk(folder, manifest["kept"])
                  if _temporary_of(name, listed)]
   return Plan(sorted(present) + temporaries)
+
+
+def check_replace(folder: str, names: Sequence[str]) -> None:
+  """Whether the files ``names`` (relative to ``folder``) may be written
+  over: each one present must be listed in the manifest and unchanged
+  (what a command that regenerates its files, such as ``report``, may
+  replace; nothing else in the folder is touched). Reads only.
+
+  Raises:
+    ValueError: naming the folder and the files that are a user's or
+      were changed.
+  """
+  if not os.path.isdir(folder):
+    return
+  manifest = read(folder)
+  listed = {} if manifest is None else manifest["files"]
+  mine = []
+  for name in sorted({os.path.normpath(n) for n in names}):
+    path = os.path.join(folder, name)
+    if not os.path.lexists(path):
+      continue
+    if name not in listed or os.path.islink(path) or not os.path.isfile(
+        path) or _entry(path) != {k: listed[name][k]
+                                  for k in ("size", "sha256")}:
+      mine.append(name)
+  if mine:
+    raise ValueError(
+        f"{folder} holds {_shown(mine)}, which this would replace and which "
+        "the library did not write (or which changed since); move them or "
+        "choose another folder")
 
 
 def _shown(names: Sequence[str], most: int = 4) -> str:

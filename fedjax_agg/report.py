@@ -44,6 +44,11 @@ Names are escaped for Markdown and LaTeX. A history file that is not one
 (unreadable, nested too deeply, rows that are not rows, a value that is
 not a number) is refused with a ``ValueError`` naming the file, the row
 and the column, before anything is written.
+
+The report's files are recorded in ``out``'s manifest (``manifest``): a
+later report replaces them, while a file of the same name that the
+library did not write (or that changed since) is refused, and nothing
+else in ``out`` is touched.
 """
 
 import argparse
@@ -56,6 +61,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from fedjax_agg import jsonio
+from fedjax_agg import manifest
+from fedjax_agg import plotting
 from fedjax_agg.history import History
 from fedjax_agg.plotting import axis_label
 from fedjax_agg.plotting import new_figure
@@ -379,8 +387,7 @@ def plot_curves(curves: dict[str, list[History]], metric: str, axis: str,
   ax.legend()
   fig.suptitle(_plain(title))
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  return path
+  return plotting.save_figure(fig, path, dpi=120)
 
 
 def _final(run: History, metric: str) -> tuple[int, float]:
@@ -564,6 +571,8 @@ def _check_out(name: str, out, metric: str) -> str:
   out = _check_path(name, out)
   try:
     experiment.check_output_dir(out, _output_names(metric))
+    # An earlier report's files are replaced; a user's are never.
+    manifest.check_replace(out, _output_names(metric))
   except ValueError as error:
     raise ValueError(f"{name}: {_visible(str(error))}") from None
   return out
@@ -605,19 +614,19 @@ def report(run_dirs: Sequence[str], out: str, metric: str = "test_accuracy",
       _check_recorded(run, file, metric)
   rows = table_rows(curves, metric, target)
   markdown, latex = _tables(rows, metric, target)
-  os.makedirs(out, exist_ok=True)
   paths = {}
-  for axis in AXES:
-    if all(not np.isnan(_values(run, axis)).all()
-           for runs in curves.values() for run in runs):
-      paths[axis] = plot_curves(
-          curves, metric, axis,
-          os.path.join(out, _plot_name(metric, axis)),
-          f"{axis_label(metric)} by {AXES[axis]}")
-  for name, text in (("report.md", markdown), ("report.tex", latex)):
-    with open(os.path.join(out, name), "w") as f:
-      f.write(text)
-    paths[name] = os.path.join(out, name)
+  # Each file written is recorded in ``out``'s manifest, beside those of
+  # anything else written there (``resume``: nothing is removed).
+  with manifest.recording(out, resume=True):
+    for axis in AXES:
+      if all(not np.isnan(_values(run, axis)).all()
+             for runs in curves.values() for run in runs):
+        paths[axis] = plot_curves(
+            curves, metric, axis,
+            os.path.join(out, _plot_name(metric, axis)),
+            f"{axis_label(metric)} by {AXES[axis]}")
+    for name, text in (("report.md", markdown), ("report.tex", latex)):
+      paths[name] = jsonio.write_text(os.path.join(out, name), text)
   return {"paths": paths, "rows": rows}
 
 

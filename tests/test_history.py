@@ -37,3 +37,9 @@ def test_callbacks_write_the_history_as_the_run_goes(tmp_path):
   assert len(saved["clients"]) == 2
   events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
   assert events and b"test_accuracy" in events[0].read_bytes()
+
+
+def test_load_refuses_a_file_nested_past_the_parser(tmp_path):
+  (tmp_path / "history.json").write_text("[" * 100_000 + "]" * 100_000)
+  with pytest.raises(ValueError, match="history.json: not a saved history"):
+    history_lib.History.load(str(tmp_path))

@@ -289,3 +289,28 @@ def test_the_docs_build_replaces_only_its_own_site(tmp_path):
     build._plan(built)  # pylint: disable=protected-access
   with pytest.raises(SystemExit, match="not a folder"):
     build._plan(built / "index.html")  # pylint: disable=protected-access
+
+
+def test_a_report_replaces_only_its_own_files(tmp_path):
+  from fedjax_agg import report  # pylint: disable=g-import-not-at-top
+  run = tmp_path / "run"
+  history.save_run(str(run), {"run": history.History(
+      [{"round": 0, "test_accuracy": 0.1},
+       {"round": 1, "test_accuracy": 0.5}], [], {})})
+  out = tmp_path / "report"
+  _user_files(out, {"notes.md": "mine"})
+  made = report.report([str(run)], str(out))
+  again = report.report([str(run)], str(out))  # its own files: replaced
+  assert made["paths"] == again["paths"]
+  _intact(out, {"notes.md": "mine"})
+  assert "report.md" in manifest.read(str(out))["files"]
+  # A report into the run's own folder leaves the run's files as they were.
+  before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()
+            and p.name != manifest.FILE}
+  report.report([str(run)], str(run))
+  assert all(p.read_bytes() == data for p, data in before.items())
+  # A user's report.md, or an edited one, is never written over.
+  (out / "report.md").write_text("my edits")
+  with pytest.raises(ValueError, match="report.md"):
+    report.report([str(run)], str(out))
+  assert (out / "report.md").read_text() == "my edits"

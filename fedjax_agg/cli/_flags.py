@@ -99,21 +99,42 @@ def _flag(dest: str) -> str:
   return "--" + dest.replace("_", "-")
 
 
-def _literal(text: str):
+_BOOLEANS = {"true": True, "false": False}
+_LONGEST_VALUE = 10_000  # characters: a value is a setting, not a file
+
+
+def _literal(text: str, where: str):
+  """A flag's VALUE: true/false in any case as booleans, then a Python
+  literal (numbers, strings, lists, None), else the text itself."""
+  if text.lower() in _BOOLEANS:
+    return _BOOLEANS[text.lower()]
+  if len(text) > _LONGEST_VALUE:
+    raise UsageError(f"{where}: the value is {len(text)} characters long; "
+                     f"at most {_LONGEST_VALUE}")
   try:
     return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
+  except (ValueError, SyntaxError, TypeError):
     return text
+  except (RecursionError, MemoryError):
+    raise UsageError(f"{where}: the value is nested too deeply") from None
 
 
 def parse_kv(pairs: Sequence[str], flag: str) -> dict:
-  """["a=1", "b=x"] -> {"a": 1, "b": "x"}; names the flag on bad input."""
+  """["a=1", "b=x", "c=false"] -> {"a": 1, "b": "x", "c": False}: VALUE
+  is true/false (any case), a Python literal, or else a string; names the
+  flag on bad input (no ``=``, no name, a name given twice)."""
   out = {}
   for pair in pairs or ():
     if "=" not in pair:
       raise UsageError(f"{flag}: expects name=value, got {pair!r}")
     name, value = pair.split("=", 1)
-    out[name.strip().replace("-", "_")] = _literal(value.strip())
+    name = name.strip().replace("-", "_")
+    if not name.isidentifier():
+      raise UsageError(f"{flag}: {name!r} is not an argument name "
+                       f"(in {pair[:80]!r})")
+    if name in out:
+      raise UsageError(f"{flag}: {name} is given twice")
+    out[name] = _literal(value.strip(), f"{flag} {name}")
   return out
 
 
@@ -135,8 +156,13 @@ def parse_grid(pairs: Sequence[str]) -> dict[str, list]:
       raise UsageError(f"--sweep: expects name=v1,v2,..., got {pair!r}")
     name, values = pair.split("=", 1)
     name = name.strip().replace("-", "_")
-    grid["learning_rate" if name == "lr" else name] = [
-        _literal(v.strip()) for v in values.split(",") if v.strip()]
+    if not name.isidentifier():
+      raise UsageError(f"--sweep: {name!r} is not an argument name")
+    name = "learning_rate" if name == "lr" else name
+    if name in grid:
+      raise UsageError(f"--sweep: {name} is given twice")
+    grid[name] = [_literal(v.strip(), f"--sweep {name}")
+                  for v in values.split(",") if v.strip()]
   return grid
 
 
