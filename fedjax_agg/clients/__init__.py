@@ -95,6 +95,7 @@ REGISTRY = Registry("client", {
     "fedper": fedper,
     "fedrep": fedrep,
     "apfl": apfl,
+    "lora_ranks": lora_ranks,
 }, context=("model", "training"))
 """The stateful client sides a config may name (``AlgorithmSpec.client``):
 name -> factory, called with the run's model and training (the context

@@ -36,6 +36,7 @@ reading taken (a client that has never moved its tail, B = 0 at the start,
 cannot prune). ``loss_after`` is that of the trained model before pruning.
 """
 
+import dataclasses
 from typing import NamedTuple, Optional, Sequence
 
 import jax
@@ -108,6 +109,15 @@ def _pruning_objective(strength: float) -> LocalObjective:
   return LocalObjective(prepare, penalty)
 
 
+def _no_term(objective) -> bool:
+  """Whether a local objective declares that it adds nothing to the loss
+  (``proximal_mu`` 0 and no proximal step: plain cross-entropy)."""
+  return (isinstance(objective, LocalObjective)
+          and objective.proximal is None
+          and isinstance(objective.proximal_mu, (int, float))
+          and objective.proximal_mu == 0)
+
+
 def lora_ranks(model: Model, ranks: Sequence[int],
                training: LocalTraining = LocalTraining(), *,
                self_pruning: Optional[float] = None,
@@ -119,8 +129,9 @@ def lora_ranks(model: Model, ranks: Sequence[int],
     model: a LoRA model (``models.lora.lora``, A trained).
     ranks: r_k for every client id [N], ints in [1, r_max] (r_max the
       model's rank).
-    training: the local training (its objective must be None with
-      ``self_pruning``, which sets Eq. (3)'s).
+    training: the local training (with ``self_pruning`` its objective
+      must be None or one that adds no term, plain cross-entropy: Eq. (3)
+      is the local objective).
     self_pruning: gamma in (0, 1), the fraction of its components a
       client keeps when it prunes; None: no pruning.
     pruning_strength: lambda of Eq. (3), > 0.
@@ -151,6 +162,10 @@ def lora_ranks(model: Model, ranks: Sequence[int],
                        high_open=True)
     checks.check_range("pruning_strength", pruning_strength, 0,
                        low_open=True)
+    if _no_term(training.objective):
+      # The plain loss (a config's "cross_entropy") is no objective of
+      # its own: Eq. (3) takes its place.
+      training = dataclasses.replace(training, objective=None)
     training = _common.with_own_objective(
         "training", training, _pruning_objective(pruning_strength),
         "lora_ranks(self_pruning=...)")

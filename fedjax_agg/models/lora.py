@@ -68,10 +68,10 @@ from fedjax_agg import checks
 from fedjax_agg import tree_math
 from fedjax_agg.types import Model, Params, PRNGKey
 
-__all__ = ["ADAPTERS", "LoRASpec", "TRANSFORMER_TARGETS", "Target",
-           "check_adapters", "init_a", "is_adapters", "lora", "merge",
-           "num_trainable", "spec", "truncate", "uplink_bytes",
-           "weighted_product"]
+__all__ = ["ADAPTERS", "LoRASpec", "MAX_ALPHA", "TRANSFORMER_TARGETS",
+           "Target", "check_adapters", "init_a", "is_adapters", "lora",
+           "merge", "num_trainable", "select_targets", "spec", "truncate",
+           "uplink_bytes", "weighted_product"]
 
 ADAPTERS = "lora"
 """The top-level key of an adapters tree (it marks a tree as adapters)."""
@@ -81,6 +81,9 @@ TRANSFORMER_TARGETS = (
     r"_Block_\d+/Dense_\d+")
 """``transformer_lm``'s attention projections and MLP layers (every Dense
 layer but the output layer)."""
+
+MAX_ALPHA = float(np.finfo(np.float32).max)
+"""The largest ``alpha``: the scale alpha / r is a float32 factor."""
 
 _LEAVES = ("a", "b", "merged")
 _TRAINABLE = ("a", "b")
@@ -274,6 +277,18 @@ def _select(targets, dense, kernels) -> tuple[Target, ...]:
   return tuple(dense[path] for path in chosen)
 
 
+def select_targets(model: Model, targets: Optional[Sequence[str]]
+                   ) -> tuple[str, ...]:
+  """The paths of the Dense layers of the network ``model`` that
+  ``targets`` selects, as ``lora`` selects them (from shapes only:
+  nothing is computed); a pattern that is no regular expression or
+  matches no Dense layer (naming those there are) is refused naming
+  ``targets``."""
+  shapes = jax.eval_shape(model.init, jax.random.key(0))
+  dense, kernels = _discover(model, shapes)
+  return tuple(target.path for target in _select(targets, dense, kernels))
+
+
 def lora(model: Model, base_variables: Params, *, rank: int,
          alpha: Optional[float] = None,
          targets: Optional[Sequence[str]] = None, dropout: float = 0.0,
@@ -287,8 +302,9 @@ def lora(model: Model, base_variables: Params, *, rank: int,
     base_variables: its (pre-trained) variables, frozen and closed over.
     rank: r, the adapters' rank (an int >= 1, at most min(d_in, d_out) of
       every targeted layer).
-    alpha: the scale's numerator (the update is (alpha / r) B A); default
-      r (scale 1), the paper's "alpha = the first r tried".
+    alpha: the scale's numerator (the update is (alpha / r) B A), a
+      number in (0, ``MAX_ALPHA``]; default r (scale 1), the paper's
+      "alpha = the first r tried".
     targets: regular expressions matched in full against the Dense layers'
       '/'-joined module paths (``TRANSFORMER_TARGETS`` for
       ``transformer_lm``; "fc1", "fc\\d+" for the CNNs); None: every Dense
@@ -300,7 +316,8 @@ def lora(model: Model, base_variables: Params, *, rank: int,
     merged: FLoRA: a frozen "merged" [d_out, d_in] leaf per layer in the
       params (zero at init), added to the base weight (scaled by alpha /
       r, like B A).
-    key: draws a frozen A and seeds the dropout masks.
+    key: a PRNG key (``jax.random.key(seed)``): draws a frozen A and
+      seeds the dropout masks.
 
   Returns:
     A ``types.Model``: ``init(key) -> adapters`` (A from ``key``, B zero),
@@ -313,8 +330,11 @@ def lora(model: Model, base_variables: Params, *, rank: int,
   checks.check_int("rank", rank, 1)
   if alpha is None:
     alpha = float(rank)
-  checks.check_range("alpha", alpha, 0, low_open=True)
-  checks.check_range("dropout", dropout, 0, 1, high_open=True)
+  # alpha / r scales a float32 product: beyond float32's range the update
+  # would be inf (and 0 * inf = NaN at B = 0).
+  _check_scalar("alpha", alpha, 0, MAX_ALPHA, low_open=True)
+  _check_scalar("dropout", dropout, 0, 1, high_open=True)
+  _check_key(key)
   checks.check_bool("freeze_a", freeze_a)
   checks.check_bool("merged", merged)
   if freeze_a and merged:
@@ -361,6 +381,29 @@ def lora(model: Model, base_variables: Params, *, rank: int,
   apply = _AdaptedApply(lora_spec, model.apply,
                         jax.random.fold_in(key, len(chosen)))
   return Model(init, apply, model.loss)
+
+
+def _check_scalar(name: str, value, low, high, **bounds) -> None:
+  """``checks.check_range`` for one number (a list or an array of one
+  entry is not a number here)."""
+  if not checks.is_traced(value) and np.ndim(value) != 0:
+    expected = checks.describe_range(low, high, **bounds)
+    raise TypeError(f"{name} must be a number {expected}, got {value!r} "
+                    f"({type(value).__name__})")
+  checks.check_range(name, value, low, high, **bounds)
+
+
+def _check_key(key) -> None:
+  """A PRNG key: a typed key of shape () (``jax.random.key``) or a raw
+  uint32 [2] (``jax.random.PRNGKey``)."""
+  dtype, shape = getattr(key, "dtype", None), np.shape(key) if hasattr(
+      key, "shape") else None
+  typed = dtype is not None and jax.dtypes.issubdtype(
+      dtype, jax.dtypes.prng_key) and shape == ()
+  raw = dtype == np.uint32 and shape == (2,)
+  if not (typed or raw):
+    raise TypeError(f"key must be a PRNG key (jax.random.key(seed)), got "
+                    f"{key!r} ({type(key).__name__})")
 
 
 def spec(model: Model) -> LoRASpec:

@@ -11,9 +11,12 @@ A at its random start, FLoRA carries the merged products
 """
 
 import dataclasses
+import functools
 import re
 from typing import Optional, Union
 
+from fedjax_agg import loop
+from fedjax_agg import models
 from fedjax_agg.models import lora
 from fedjax_agg.spec import _values as v
 
@@ -40,10 +43,14 @@ class AdaptersSpec:
       layer).
     alpha: the update's scale numerator, (alpha / r) B A (None: r).
     targets: which Dense layers: None (every one), a name of
-      ``TARGET_PRESETS`` ("transformer"), or a list of regular expressions
-      matched in full against the layers' '/'-joined module paths.
+      ``TARGET_PRESETS`` ("transformer"), another string (one regular
+      expression, as ``--lora-targets fc1`` gives) or a list of regular
+      expressions, matched in full against the layers' '/'-joined module
+      paths (a pattern that matches no Dense layer is refused when the
+      network is built, naming the layers it has).
     dropout: the rate of dropout on the adapters' input, in [0, 1).
-    seed: draws the base where no ``model.base`` is given, FFA-LoRA's
+    seed: an int in [0, 2**32 - 1] (seeds are 32-bit unsigned, as the
+      run's): draws the base where no ``model.base`` is given, FFA-LoRA's
       frozen A and the dropout masks: one network for all of a run's
       seeds, so that a sweep's members are the runs of their seeds.
   """
@@ -59,32 +66,96 @@ class AdaptersSpec:
   def __post_init__(self, path: str):
     v.integer(f"{path}.rank", self.rank, 1)
     if self.alpha is not None:
-      v.number(f"{path}.alpha", self.alpha, 0, low_open=True)
+      v.number(f"{path}.alpha", self.alpha, 0, lora.MAX_ALPHA,
+               low_open=True)
     v.number(f"{path}.dropout", self.dropout, 0, 1, high_open=True)
-    v.integer(f"{path}.seed", self.seed, 0)
+    v.integer(f"{path}.seed", self.seed, 0, loop.MAX_SEED)
     targets = self.targets
-    if isinstance(targets, str) and targets in TARGET_PRESETS:
+    if targets is None or (isinstance(targets, str)
+                           and targets in TARGET_PRESETS):
       return
-    if targets is None:
+    if isinstance(targets, str):
+      _check_pattern(f"{path}.targets", targets)
       return
     if not isinstance(targets, (list, tuple)) or not targets or not all(
         isinstance(t, str) for t in targets):
       raise v.ConfigTypeError(
           f"{path}.targets", f"{path}.targets must be null (every Dense "
-          f"layer), one of {sorted(TARGET_PRESETS)} or a non-empty list of "
-          f"regular expressions, got {targets!r}")
+          f"layer), one of {sorted(TARGET_PRESETS)}, a regular expression "
+          f"or a non-empty list of them, got {targets!r}")
     for i, pattern in enumerate(targets):
-      try:
-        re.compile(pattern)
-      except re.error as error:
-        raise v.ConfigError(f"{path}.targets[{i}]", f"{path}.targets[{i}]: "
-                            f"{pattern!r} is not a regular expression "
-                            f"({error})") from None
+      _check_pattern(f"{path}.targets[{i}]", pattern)
 
   def patterns(self) -> Optional[tuple[str, ...]]:
     """The targets as ``models.lora.lora`` takes them."""
     if self.targets is None:
       return None
     if isinstance(self.targets, str):
-      return tuple(TARGET_PRESETS[self.targets])
+      return tuple(TARGET_PRESETS.get(self.targets, (self.targets,)))
     return tuple(self.targets)
+
+  def check_targets(self, path: str, model: str, model_args: dict) -> None:
+    """Each pattern of the targets (at ``path``) selects a Dense layer of
+    network ``model`` with ``model_args`` (its layers' names do not depend
+    on the data's shapes: its default input shape stands in)."""
+    if self.targets is None or model not in models.NAMES:
+      return
+    options = tuple(sorted(model_args.items()))
+    if isinstance(self.targets, str):
+      v.built(f"{path}.targets", _dense_targets, model, options,
+              self.patterns())
+      return
+    for i, pattern in enumerate(self.targets):
+      v.built(f"{path}.targets[{i}]", _dense_targets, model, options,
+              (pattern,))
+
+  def check_client_ranks(self, path: str, client_args: dict,
+                         num_clients: int, objective: str) -> None:
+    """The arguments (at ``path``) of ``clients.lora_ranks`` on these
+    adapters: ``ranks``, one int in [1, rank] per client id of the
+    federation's ``num_clients``, and the pruning's gamma in (0, 1) and
+    lambda > 0 (its Eq. (3) is the local objective: the algorithm's
+    ``objective`` must be the plain "cross_entropy")."""
+    key = f"{path}.ranks"
+    if "ranks" not in client_args:
+      raise v.ConfigError(key, f"{key}: required: the rank of every client "
+                          f"id, a list of {num_clients} ints in [1, "
+                          f"{self.rank}] (e.g. --client-arg ranks=[1,2,...])")
+    ranks = client_args["ranks"]
+    if not isinstance(ranks, (list, tuple)):
+      raise v.ConfigTypeError(key, f"{key} must be a list of {num_clients} "
+                              f"ints in [1, {self.rank}] (one per client "
+                              f"id), got {ranks!r}")
+    if len(ranks) != num_clients:
+      raise v.ConfigError(key, f"{key} must give one rank per client id: "
+                          f"{num_clients} (partition.num_clients), got "
+                          f"{len(ranks)}")
+    for i, rank in enumerate(ranks):
+      v.integer(f"{key}[{i}]", rank, 1, self.rank)
+    if client_args.get("self_pruning") is not None:
+      v.number(f"{path}.self_pruning", client_args["self_pruning"], 0, 1,
+               low_open=True, high_open=True)
+      if objective != "cross_entropy":
+        where = path.rsplit(".", 1)[0] + ".objective"
+        raise v.ConfigError(where, f"{where}: lora_ranks with self_pruning "
+                            "sets its own local objective (Eq. (3)); got "
+                            f"{objective!r} (leave it cross_entropy)")
+    if "pruning_strength" in client_args:
+      v.number(f"{path}.pruning_strength", client_args["pruning_strength"],
+               0, low_open=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _dense_targets(model: str, options: tuple, patterns: tuple[str, ...]
+                   ) -> tuple[str, ...]:
+  """``lora.select_targets`` of network ``model`` (its options as sorted
+  pairs)."""
+  return lora.select_targets(models.get(model, **dict(options)), patterns)
+
+
+def _check_pattern(path: str, pattern: str) -> None:
+  try:
+    re.compile(pattern)
+  except re.error as error:
+    raise v.ConfigError(path, f"{path}: {pattern!r} is not a regular "
+                        f"expression ({error})") from None

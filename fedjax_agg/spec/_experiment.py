@@ -430,6 +430,14 @@ def _check_adapters(experiment: Experiment, name: str) -> None:
         f"{path}.client", f"{path}.client: the {spec.client} client side "
         f"trains whole models, not LoRA adapters ({where}); only "
         "'lora_ranks' is defined for adapters")
+  adapters.check_targets(
+      f"{path}.adapters" if "targets" in (spec.adapters or {})
+      else "model.adapters", experiment.model.name,
+      {**experiment.model.args, **spec.model_args})
+  if spec.client == "lora_ranks":
+    adapters.check_client_ranks(f"{path}.client_args", spec.client_args,
+                                experiment.partition.num_clients,
+                                spec.objective)
 
 
 def _check_rules(experiment: Experiment, name: str) -> None:
