@@ -5,7 +5,7 @@ Modules by layer (each imports only from the layers below it):
 * contracts and shared math: ``fedjax_agg.types``, ``fedjax_agg.config``,
   ``fedjax_agg.checks``, ``fedjax_agg.tree_math``,
   ``fedjax_agg.update_stats``, ``fedjax_agg.registry``,
-  ``fedjax_agg.jsonio``;
+  ``fedjax_agg.manifest`` (what a run wrote), ``fedjax_agg.jsonio``;
 * rules: ``fedjax_agg.aggregators``, ``fedjax_agg.objectives``,
   ``fedjax_agg.clients`` (every client-side algorithm, ADCT's tuning
   included), ``fedjax_agg.attacks``, ``fedjax_agg.privacy``, and

@@ -13,9 +13,7 @@ one. A file written into a run's claimed folder is recorded in its
 
 import json
 import math
-import os
 from typing import Any, Callable
-import uuid
 
 import numpy as np
 
@@ -81,21 +79,9 @@ def write_text(path: str, text: str) -> str:
 def write_file(path: str, write: Callable[[str], None]) -> str:
   """Calls ``write(temporary)`` to write a temporary file in ``path``'s
   folder (created if missing), then renames it over ``path``: a reader
-  never sees half a file. The file is recorded in a claimed run folder's
-  ``manifest``. Returns ``path``."""
-  # A name of our own rather than ``tempfile.mkstemp``, whose 0600 mode the
-  # rename would carry over: the file gets the umask's permissions.
-  directory, name = os.path.split(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  temporary = os.path.join(directory,
-                           f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-  try:
-    write(temporary)
-    os.replace(temporary, path)
-  except BaseException:
-    if os.path.exists(temporary):
-      os.remove(temporary)
-    raise
+  never sees half a file (``manifest.write_atomically``). The file is
+  recorded in a claimed run folder's ``manifest``. Returns ``path``."""
+  manifest.write_atomically(path, write)
   manifest.note(path)
   return str(path)
 

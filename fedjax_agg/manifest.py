@@ -37,9 +37,10 @@ import os
 import re
 import threading
 from typing import Iterator, Optional, Sequence
+import uuid
 
 __all__ = ["FILE", "Plan", "check", "check_replace", "kept_folder", "note",
-           "read", "recording"]
+           "read", "recording", "write_atomically"]
 
 FILE = ".fedjax_agg-manifest.json"
 """The manifest's name, in the run folder."""
@@ -283,11 +284,37 @@ class _Claim:
       self.save()
 
   def save(self) -> None:
-    from fedjax_agg import jsonio  # pylint: disable=g-import-not-at-top
-    jsonio.write_text(os.path.join(self.folder, FILE), json.dumps(
+    text = json.dumps(
         {"format": _FORMAT, "version": _VERSION, "files": self.files,
          "folders": sorted(self.folders), "kept": sorted(self.kept)},
-        indent=1, sort_keys=True) + "\n")
+        indent=1, sort_keys=True) + "\n"
+
+    def write(temporary):
+      with open(temporary, "x", encoding="utf-8") as f:
+        f.write(text)
+    write_atomically(os.path.join(self.folder, FILE), write)
+
+
+def write_atomically(path: str, write) -> str:
+  """Calls ``write(temporary)`` to write a temporary file in ``path``'s
+  folder (created if missing), then renames it over ``path``: a reader
+  never sees half a file, and an interrupted write leaves at most the
+  temporary (which an overwrite of the run removes). Returns ``path``.
+  ``jsonio.write_file`` is this plus the manifest's record."""
+  # A name of our own rather than ``tempfile.mkstemp``, whose 0600 mode the
+  # rename would carry over: the file gets the umask's permissions.
+  directory, name = os.path.split(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  temporary = os.path.join(directory,
+                           f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+  try:
+    write(temporary)
+    os.replace(temporary, path)
+  except BaseException:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+    raise
+  return str(path)
 
 
 def _remove(folder: str, plan: Plan, manifest: dict) -> None:
