@@ -207,8 +207,8 @@ def _commit() -> str:
 def backfill(folder: str, config_path=None, rounds: int = 1) -> int:
   """Verifies and rewrites ``folder``'s ``config.json`` (module
   docstring); -> 0, or 1 on a mismatch (nothing written)."""
-  with open(config_path or os.path.join(folder, "config.json")) as f:
-    config = json.load(f)
+  config = experiment.load_config(  # a key given twice refused
+      config_path or os.path.join(folder, "config.json"))
   for key in ("provenance", "experiment_config", "environment"):
     config.pop(key, None)
   held = [n for n in config["algorithms"]

@@ -89,7 +89,7 @@ __all__ = ["CheckpointError", "CheckpointMismatchError",
     "CorruptCheckpointError", "FORMAT_VERSION", "ITEMS", "MAX_TO_KEEP",
     "RunCheckpointer", "Snapshot", "check_arguments", "config_differences",
     "data_fingerprint", "describe", "load_variables", "open_run",
-    "save_variables", "spec_differences", "VARIABLES"]
+    "save_variables", "saved_variables", "spec_differences", "VARIABLES"]
 
 FORMAT_VERSION = 1
 """The version of the checkpoint layout written to ``meta``; a checkpoint
@@ -556,15 +556,11 @@ def load_variables(directory: str, template):
       variables of another network (another tree or shapes).
   """
   path = os.path.join(os.path.abspath(directory), VARIABLES)
-  if not os.path.isdir(path):
-    raise CheckpointError(f"{directory}: no saved variables (expected "
-                          f"{VARIABLES}/ written by save_variables)")
-  checkpointer = ocp.StandardCheckpointer()
   refused = (f"{directory}: its variables are not those of this network "
              "(the model's name and arguments must be the base's): ")
   # The saved leaves and shapes are compared before any array is read: a
   # refused restore would leave orbax's pending reads behind.
-  saved = _leaf_shapes(checkpointer.metadata(path).item_metadata.tree)
+  saved = saved_variables(directory)
   wanted = _leaf_shapes(template)
   for leaf in sorted(set(saved) ^ set(wanted)):
     where = "the saved variables" if leaf in saved else "the network"
@@ -574,10 +570,51 @@ def load_variables(directory: str, template):
       raise CheckpointError(f"{refused}{leaf} is {saved[leaf]} saved, "
                             f"{shape} in the network")
   try:
-    return checkpointer.restore(path, template)
+    return ocp.StandardCheckpointer().restore(path, template)
   except (ValueError, KeyError, TypeError) as error:
     # orbax's first sentence names the leaf; the rest is about its own API.
     raise CheckpointError(refused + str(error).split(". ")[0]) from None
+  except Exception as error:  # pylint: disable=broad-except
+    # A damaged array file: tensorstore raises a bare Exception.
+    raise CorruptCheckpointError(
+        f"{directory}: the saved arrays in {path} cannot be read (a damaged "
+        f"or partial save): {str(error).split('. ')[0][:200]}") from None
+
+
+def saved_variables(directory: str) -> dict:
+  """{leaf path: shape} of the variables ``save_variables`` wrote to
+  ``directory``, from their metadata (no array is read).
+
+  Raises:
+    CheckpointError: naming ``directory``: nothing saved there;
+      ``CorruptCheckpointError`` where the metadata cannot be read (a
+      damaged or partial save).
+  """
+  path = os.path.join(os.path.abspath(directory), VARIABLES)
+  if not os.path.isdir(path):
+    raise CheckpointError(f"{directory}: no saved variables (expected "
+                          f"{VARIABLES}/ written by save_variables)")
+  damaged = (f"{directory}: the saved variables in {path} cannot be read "
+             "(a damaged or partial save: its metadata ")
+  # orbax logs its own warning before returning no metadata; the error
+  # below says it once.
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    metadata = ocp.StandardCheckpointer().metadata(path).item_metadata
+  except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    # orbax's own parse of a malformed file fails in any of these ways.
+    raise CorruptCheckpointError(f"{damaged}is malformed)") from None
+  finally:
+    absl_logger.setLevel(level)
+  tree = getattr(metadata, "tree", None)
+  if tree is None:
+    raise CorruptCheckpointError(f"{damaged}is missing or unreadable)")
+  try:
+    return _leaf_shapes(tree)
+  except (AttributeError, TypeError, ValueError):
+    raise CorruptCheckpointError(f"{damaged}is malformed)") from None
 
 
 def _leaf_shapes(tree) -> dict:

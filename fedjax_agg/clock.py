@@ -31,6 +31,7 @@ from fedjax_agg import secagg
 from fedjax_agg import systems as systems_lib
 from fedjax_agg.config import LocalTraining, Systems
 from fedjax_agg.federated import FederatedData
+from fedjax_agg.models import lora
 from fedjax_agg.types import Aggregator, LocalUpdate, Params
 
 __all__ = ["async_plan", "build_system", "check", "model_bytes",
@@ -134,6 +135,9 @@ def model_bytes(params: Params) -> int:
 
 def _update_bytes(systems: Systems, params: Params,
                   rule: Optional[Aggregator]) -> int:
+  # What a client sends: of LoRA adapters A and B, not the frozen leaves
+  # the server keeps (FLoRA's "merged").
+  params = lora.sent(params)
   if systems.secagg_bits is not None:
     # The secure sum's b-bit message replaces whatever the codec sent.
     return secagg.message_bytes(rule, params, systems.secagg_bits)

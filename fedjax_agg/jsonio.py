@@ -8,7 +8,9 @@ and what it reads says one thing.
 atomically: to a temporary file in the same folder, then renamed over the
 destination, so a reader never sees half a file and a crash never leaves
 one. A file written into a run's claimed folder is recorded in its
-``manifest``.
+``manifest``. ``load_json`` reads a file a user wrote (a config) and
+refuses an object that gives a key twice, naming its path
+(``train.rounds``), where ``json.load`` would keep the last value.
 """
 
 import json
@@ -19,7 +21,8 @@ import numpy as np
 
 from fedjax_agg import manifest
 
-__all__ = ["dump_json", "jsonable", "write_file", "write_text"]
+__all__ = ["DuplicateKeyError", "dump_json", "jsonable", "load_json",
+           "write_file", "write_text"]
 
 
 def jsonable(value: Any) -> Any:

@@ -51,3 +51,35 @@ def test_dump_json_failure_keeps_the_old_file(tmp_path):
     jsonio.dump_json({"a": Bad()}, str(path))
   assert _strict_load(path) == {"a": 1}
   assert os.listdir(tmp_path) == ["x.json"]
+
+
+@pytest.mark.parametrize("text,path,values", [
+    ('{"train": {"rounds": 1, "lr": 0.1, "rounds": 30}}', "train.rounds",
+     "(1, then 30)"),
+    ('{"algorithms": {"A": {"aggregator": "fedavg"}, '
+     '"A": {"aggregator": "krum"}}}', "algorithms.A",
+     '({"aggregator": "fedavg"}, then {"aggregator": "krum"})'),
+    ('{"seeds": [0], "name": "x", "seeds": [1]}', "seeds", "([0], then [1])"),
+    ('{"a": [{"b": 1}, {"c": {"d": 1, "d": 1}}]}', "a[1].c.d",
+     "(1, then 1)"),
+])
+def test_load_json_refuses_a_key_given_twice_naming_its_path(
+    tmp_path, text, path, values):
+  file = tmp_path / "config.json"
+  file.write_text(text)
+  with pytest.raises(jsonio.DuplicateKeyError) as raised:
+    jsonio.load_json(str(file))
+  assert raised.value.path == path
+  assert str(raised.value).startswith(f"{path}: given twice {values}")
+  assert isinstance(raised.value, ValueError)
+
+
+def test_load_json_reads_what_json_reads_when_keys_are_distinct(tmp_path):
+  # The same key in different objects is no repeat.
+  text = ('{"a": {"x": 1, "y": [1, {"x": 2}]}, "b": {"x": null}, '
+          '"x": [true, 1.5, "s"]}')
+  file = tmp_path / "config.json"
+  file.write_text(text)
+  loaded = jsonio.load_json(str(file))
+  assert loaded == json.loads(text)
+  assert type(loaded["a"]) is dict and type(loaded["a"]["y"][1]) is dict

@@ -6,6 +6,9 @@ import glob
 import json
 import os
 
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import jax
 import numpy as np
 import pytest
@@ -101,8 +104,7 @@ def test_cli_presets_differ_from_the_spec_only_where_documented():
 @pytest.mark.parametrize("path", COMMITTED,
                          ids=[os.path.relpath(p, ROOT) for p in COMMITTED])
 def test_committed_configs_are_specs_and_round_trip(path):
-  with open(path) as f:
-    config = json.load(f)
+  config = experiment.load_config(path)  # no key given twice
   for key in config:
     assert key in spec.keys(spec.Experiment) + spec.SCRIPT_KEYS, key
   for section, cls in spec.SECTIONS.items():
@@ -273,3 +275,115 @@ def test_no_train_key_is_ignored_by_the_run_objects():
   # And the description compares equal where nothing changed.
   assert (_described(spec.TrainSpec(stragglers=0.5).run_objects())
           == _described(spec.TrainSpec(stragglers=0.5).run_objects()))
+
+
+# Every section with its required arguments, built with one field set.
+_SECTION_BASES = {
+    spec.TrainSpec: {}, spec.DataSpec: {"name": "mnist",
+                                        "source": "mnist_5k"},
+    spec.PartitionSpec: {"name": "dirichlet", "num_clients": 8,
+                         "args": {"alpha": 0.3}},
+    spec.ModelSpec: {"name": "mlp2"},
+    spec.AlgorithmSpec: {"aggregator": "fedadp"},
+    spec.AttackSpec: {"name": "sign_flip"}, spec.PrivacySpec: {},
+    spec.SystemsSpec: {}, spec.EarlyStoppingSpec: {}}
+
+
+def _section_case(cls, name):
+  return lambda value: cls(**{**_SECTION_BASES[cls], name: value})
+
+
+def _experiment(**fields):
+  fields.setdefault("algorithms", {"FedAdp": spec.AlgorithmSpec("fedadp")})
+  return spec.Experiment(
+      dataset=spec.DataSpec("mnist", source="mnist_5k"),
+      partition=spec.PartitionSpec("iid", 8), model=spec.ModelSpec("mlp2"),
+      **fields)
+
+
+# Value -> a spec holding it: every field of every section, the
+# experiment's own, and entries below a field (a list's item, a mapping's
+# value).
+_NUMPY_CASES = {
+    **{f"{cls.__name__}.{f.name}": _section_case(cls, f.name)
+       for cls in _SECTION_BASES for f in dataclasses.fields(cls)},
+    "seeds[0]": lambda value: _experiment(seeds=[value]),
+    "target_accuracy": lambda value: _experiment(target_accuracy=value),
+    "vmap_seeds": lambda value: _experiment(vmap_seeds=value),
+    "train.rounds (experiment)": lambda value: _experiment(
+        train={"rounds": value}),
+    "partition.args.alpha": lambda value: spec.PartitionSpec(
+        "dirichlet", 8, args={"alpha": value}),
+    "aggregator_args.alpha": lambda value: _experiment(algorithms={
+        "FedAdp": spec.AlgorithmSpec("fedadp",
+                                     aggregator_args={"alpha": value})}),
+    "algorithm.train.local_epochs": lambda value: spec.AlgorithmSpec(
+        "fedavg", train={"local_epochs": value}),
+    "model.adapters.rank": lambda value: spec.ModelSpec(
+        "mlp2", adapters={"rank": value}),
+}
+
+
+def _numpy_scalars():
+  """np.bool_, signed and unsigned ints and floats of every width."""
+  ints = st.tuples(st.integers(-3, 40), st.sampled_from(
+      [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint64])).filter(
+          lambda pair: pair[0] >= 0 or np.issubdtype(pair[1],
+                                                     np.signedinteger))
+  floats = st.tuples(
+      st.one_of(st.floats(-2, 40), st.sampled_from(
+          [0.0, 0.5, 1.0, 1e-5, float("nan"), float("inf")])),
+      st.sampled_from([np.float16, np.float32, np.float64]))
+  return st.one_of(st.booleans().map(np.bool_),
+                   ints.map(lambda pair: pair[1](pair[0])),
+                   floats.map(lambda pair: pair[1](pair[0])))
+
+
+def _outcome(build, value):
+  """What building with ``value`` gives: the built spec as strict JSON,
+  or the refusal (its type, key path and message)."""
+  try:
+    built = build(value)
+  except (TypeError, ValueError) as error:
+    return ("refused", type(error), getattr(error, "path", None),
+            str(error))
+  data = (built.to_dict() if isinstance(built, spec.Experiment)
+          else dataclasses.asdict(built))
+  # A partition's arguments are checked by its recipe, on the labels: a
+  # NaN alpha is written as the token NaN here, either way.
+  return ("built", json.dumps(data, sort_keys=True))
+
+
+@pytest.mark.parametrize("case", sorted(_NUMPY_CASES))
+@settings(max_examples=30, deadline=None)
+@given(value=_numpy_scalars())
+def test_numpy_scalars_are_taken_as_their_python_values(case, value):
+  """A numpy scalar anywhere in a description is its Python value: the
+  same spec, serialised to the same strict JSON (an int stays an int, a
+  bool a bool), or the same refusal naming the same key (np.bool_ is a
+  bool, not an int)."""
+  python = value.item()
+  assert type(python) in (bool, int, float)
+  build = _NUMPY_CASES[case]
+  assert _outcome(build, value) == _outcome(build, python)
+
+
+def test_a_spec_of_numpy_scalars_runs_as_its_python_values():
+  from_numpy = _python_experiment(rounds=np.int64(2),
+                                  learning_rate=np.float32(0.25),
+                                  personalized=np.bool_(False))
+  assert from_numpy == _python_experiment(rounds=2, learning_rate=0.25,
+                                          personalized=False)
+  objects = from_numpy.train.run_objects()
+  assert type(objects["options"]["num_rounds"]) is int
+  assert type(objects["training"]["learning_rate"]) is float
+  assert type(objects["evaluation"]["personalized"]) is bool
+  json.dumps(from_numpy.to_dict(), allow_nan=False)
+  # The run objects take them (a numpy int was refused by RunOptions).
+  RunOptions(**objects["options"])
+  # Adapters built apart hold their values as given; the model's are
+  # Python's.
+  model = spec.ModelSpec("mlp2", adapters=spec.AdaptersSpec(
+      rank=np.int64(2), dropout=np.float32(0.5)))
+  assert type(model.adapters.rank) is int
+  assert type(model.adapters.dropout) is float

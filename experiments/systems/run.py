@@ -163,8 +163,7 @@ def run_part(part: str) -> None:
       continue
     if os.path.exists(out_dir):
       shutil.rmtree(out_dir)  # an unfinished run of ours: start it again
-    with open(path) as f:
-      config = json.load(f)
+    config = experiment.load_config(path)  # a key given twice refused
     experiment.run_config(config, out_dir, progress=False)
     for png in glob.glob(os.path.join(out_dir, "*.png")):
       os.remove(png)

@@ -35,11 +35,13 @@ written out, plus a "provenance" entry with the data source and sizes,
 every rule's full arguments, versions, devices and the command line; it
 can be run again as it is).
 
-A config is read into the typed description ``spec.Experiment`` by
-``check_config`` (``spec.Experiment.from_dict``), which refuses unknown
-keys anywhere (naming the key path and the allowed keys), values of the
-wrong type or range, and arguments that the aggregator or objective
-factories reject, before anything runs; every function here that takes
+A config file is read by ``load_config``, which refuses a key given
+twice (naming its path), and into the typed description
+``spec.Experiment`` by ``check_config`` (``spec.Experiment.from_dict``),
+which refuses unknown keys anywhere (naming the key path and the allowed
+keys), values of the wrong type or range, and arguments that the
+aggregator or objective factories or the run's own settings reject,
+before anything runs; every function here that takes
 an experiment takes the ``spec.Experiment`` (a JSON config is read the
 same way). ``check_output_dir`` refuses an output folder that cannot take
 the results. The keys "report_rounds", "early_rounds", "reference" and

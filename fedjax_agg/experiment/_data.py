@@ -4,7 +4,6 @@ Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 """
 
 import copy
-import json
 import sys
 from typing import Any, Optional, Sequence
 
@@ -12,6 +11,7 @@ import numpy as np
 
 from fedjax_agg import data as data_lib
 from fedjax_agg import federated
+from fedjax_agg import jsonio
 from fedjax_agg import partitions
 from fedjax_agg import plotting
 from fedjax_agg import validation
@@ -19,15 +19,18 @@ from fedjax_agg import spec as spec_lib
 
 
 def load_config(path: str) -> dict:
-  """Reads a JSON config; a file that is not JSON, or nested past Python's
-  recursion limit, raises ``ValueError``."""
-  with open(path) as f:
-    try:
-      return json.load(f)
-    except RecursionError:
-      raise ValueError(f"{path}: nested too deeply to be a config (a "
-                       f"config is at most {spec_lib.MAX_CONFIG_DEPTH} levels "
-                       "deep)") from None
+  """Reads a JSON config (``jsonio.load_json``); a file that is not JSON,
+  or nested past Python's recursion limit, raises ``ValueError``, and one
+  that gives a key twice a ``spec.ConfigError`` naming the key's path
+  (e.g. "train.rounds"), rather than keeping the last value."""
+  try:
+    return jsonio.load_json(path)
+  except jsonio.DuplicateKeyError as error:
+    raise spec_lib.ConfigError(error.path, str(error)) from None
+  except RecursionError:
+    raise ValueError(f"{path}: nested too deeply to be a config (a "
+                     f"config is at most {spec_lib.MAX_CONFIG_DEPTH} levels "
+                     "deep)") from None
 
 
 def override(config: dict, dotted: dict[str, Any]) -> dict:
@@ -45,10 +48,18 @@ def override(config: dict, dotted: dict[str, Any]) -> dict:
 def load_dataset(experiment: spec_lib.Experiment):
   """The experiment's dataset: a ``data.Dataset`` cut to its
   ``max_train_examples`` / ``max_test_examples`` (the first ones of each
-  split), or for a natural federation its ``data.NaturalFederation``."""
-  spec = spec_lib.Experiment.from_dict(experiment).dataset
+  split), or for a natural federation its ``data.NaturalFederation``.
+
+  What only the data tells is checked here, before a run writes anything
+  (``spec.Experiment.check_loaded``: an attack on a task it is not
+  defined for raises ``spec.ConfigError`` naming "attack")."""
+  experiment = spec_lib.Experiment.from_dict(experiment)
+  spec = experiment.dataset
   if spec.name in data_lib.FEDERATIONS:
-    return data_lib.load_federation(spec.name, spec.data_dir, **spec.args)
+    federation = data_lib.load_federation(spec.name, spec.data_dir,
+                                          **spec.args)
+    experiment.check_loaded(federation)  # its task, told by its files
+    return federation
   dataset = data_lib.load(spec.name, source=spec.source,
                           data_dir=spec.data_dir,
                           standardize=spec.standardize)

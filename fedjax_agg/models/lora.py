@@ -52,6 +52,11 @@ Interpretation choices:
 * The base runs in inference mode (``train=False``): BatchNorm layers use
   the base's running statistics and never update them (they are part of
   the frozen base); ``train`` only switches the adapter dropout.
+* Precision: the network computes in its adapters' dtype. Adapters in
+  bfloat16 (``models.mixed``, ``matmul_precision="bfloat16"``) cast the
+  frozen base's floating variables and a frozen A to bfloat16 for the
+  products, once per call and outside the client axis; float32 adapters
+  leave the base as it is.
 """
 
 import dataclasses
@@ -70,8 +75,8 @@ from fedjax_agg.types import Model, Params, PRNGKey
 
 __all__ = ["ADAPTERS", "LoRASpec", "MAX_ALPHA", "TRANSFORMER_TARGETS",
            "Target", "check_adapters", "init_a", "is_adapters", "lora",
-           "merge", "num_trainable", "select_targets", "spec", "truncate",
-           "uplink_bytes", "weighted_product"]
+           "merge", "num_trainable", "select_targets", "sent", "spec",
+           "truncate", "uplink_bytes", "weighted_product"]
 
 ADAPTERS = "lora"
 """The top-level key of an adapters tree (it marks a tree as adapters)."""
@@ -156,6 +161,13 @@ class _AdaptedApply:
                        f"{sorted(nodes)}")
     use_dropout = bool(train) and lora_spec.dropout > 0
     step_key = _step_key(self._dropout_key, nodes, x) if use_dropout else None
+    # The network computes in its adapters' dtype, as a plain network in
+    # its variables': bfloat16 adapters (``models.mixed``) multiply the
+    # frozen base (and a frozen A) in bfloat16 too.
+    dtype = jnp.result_type(*[node["b"] for node in nodes.values()])
+    base_variables = _cast_floats(lora_spec.base_variables, dtype)
+    frozen_a = (None if lora_spec.frozen_a is None
+                else _cast_floats(lora_spec.frozen_a, dtype))
 
     def adapt(next_fun, args, kwargs, context):
       out = next_fun(*args, **kwargs)
@@ -164,8 +176,7 @@ class _AdaptedApply:
         return out
       target = by_path[path]
       node = nodes[path]
-      a = (lora_spec.frozen_a[path] if lora_spec.frozen_a is not None
-           else node["a"])
+      a = frozen_a[path] if frozen_a is not None else node["a"]
       inputs = args[0]
       lead = inputs.shape[:inputs.ndim - len(target.in_shape)]
       flat = inputs.reshape(lead + (target.d_in,))
@@ -184,8 +195,16 @@ class _AdaptedApply:
       return out + delta.reshape(lead + target.out_shape).astype(out.dtype)
 
     with nn.intercept_methods(adapt):
-      outputs, _ = self._base_apply(lora_spec.base_variables, x, False)
+      outputs, _ = self._base_apply(base_variables, x, False)
     return outputs, adapters
+
+
+def _cast_floats(tree, dtype):
+  """``tree`` with its floating leaves of another dtype cast to ``dtype``
+  (the same tree where there are none)."""
+  return jax.tree.map(
+      lambda leaf: leaf.astype(dtype) if jnp.issubdtype(
+          leaf.dtype, jnp.floating) and leaf.dtype != dtype else leaf, tree)
 
 
 def _step_key(dropout_key, nodes, x):
@@ -510,12 +529,24 @@ def num_trainable(model: Model) -> int:
              for leaf in _TRAINABLE if leaf in node)
 
 
+def sent(params: Params) -> Params:
+  """What a client sends up of ``params`` (one model or stacked [K, ...]):
+  of an adapters tree its A and B only (FLoRA's frozen "merged" leaves
+  are the server's: it adds the stacked product to them itself); any
+  other tree whole. The systems' clock counts the uplink of this tree."""
+  if not is_adapters(params):
+    return params
+  return {ADAPTERS: {path: {leaf: value for leaf, value in node.items()
+                            if leaf in _TRAINABLE}
+                     for path, node in params[ADAPTERS].items()}}
+
+
 def uplink_bytes(params: Params) -> int:
-  """Bytes a client sends up per round: its A and B (every trainable leaf)
-  in float32; FLoRA's frozen "merged" leaves stay on the server's side."""
-  nodes = check_adapters(params, "uplink_bytes")
-  return sum(4 * int(np.prod(np.shape(node[leaf])))
-             for node in nodes.values() for leaf in _TRAINABLE if leaf in node)
+  """Bytes a client sends up per round: its A and B (``sent``) in
+  float32; FLoRA's frozen "merged" leaves stay on the server's side."""
+  check_adapters(params, "uplink_bytes")
+  return sum(4 * int(np.prod(np.shape(leaf)))
+             for leaf in jax.tree.leaves(sent(params)))
 
 
 def truncate(params: Params, rank) -> Params:

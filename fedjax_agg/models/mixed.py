@@ -16,6 +16,12 @@ in float32 on the float32 parameters, the optimizer updates them in
 float32, and the loss is computed from float32 outputs. Integer inputs
 (token ids) pass unchanged. Only local training uses it; evaluation and
 aggregation stay in float32.
+
+A LoRA model (``models.lora``) computes in its adapters' dtype: with the
+adapters cast to bfloat16 here, its frozen base (closed over, not a
+variable of ``apply``) and a frozen FFA-LoRA A are cast to bfloat16 for
+the products too, so that every product of local training, the base's
+included, takes bfloat16 operands.
 """
 
 import jax

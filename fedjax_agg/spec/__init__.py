@@ -10,14 +10,22 @@ checks them:
 
 * each section checks its own values when it is built (its
   ``__post_init__``), and ``Experiment`` checks once what needs two
-  sections, building every rule with its full arguments, so that a wrong
-  value is refused with the same ``ConfigError`` (naming its key path)
-  however the run was described, before anything is read or written;
+  sections, building every rule with its full arguments and binding it
+  to what the run fixes (``run_context``; under secure aggregation, its
+  statistics traced through the secure sum), so that a wrong value is
+  refused with the same ``ConfigError`` (naming its key path) however
+  the run was described, before anything is read or written (what only
+  the data tells, once it is read: ``check_loaded``);
+* numpy scalars (``np.bool_``, ``np.integer``, ``np.floating``) are
+  taken as the Python values they hold wherever they are given, so they
+  pass the same checks and serialise to JSON;
 * a JSON config is an ``Experiment`` serialised: ``Experiment.from_dict``
   is the one reader of a config's dict, ``to_dict`` writes it back with
   every default written out;
 * ``Experiment`` derives what a run takes from it (``train_of``,
-  ``rule_arguments``, ``privacy_of``), for ``fedjax_agg.experiment.build``;
+  ``rule_arguments`` with the values the run derives for a rule, e.g.
+  FedNova's momentum, ``run_context``, ``privacy_of``), for
+  ``fedjax_agg.experiment.build`` and the record;
 * the command line's config flags are derived from the fields' ``Flag``
   metadata (``flags``): the flag, its help, its choices and the config key
   it sets come from the field, so a flag and a JSON key cannot disagree.

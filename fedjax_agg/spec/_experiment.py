@@ -7,6 +7,8 @@ import dataclasses
 import inspect
 from typing import Any, Mapping, Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_agg import aggregators
@@ -19,6 +21,9 @@ from fedjax_agg import objectives
 from fedjax_agg import partitions
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import rounds
+from fedjax_agg import secagg
+from fedjax_agg import systems as systems_lib
+from fedjax_agg import types
 from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._adapters import ADAPTER_ONLY_RULES
 from fedjax_agg.spec._adapters import ADAPTER_RULES
@@ -79,8 +84,10 @@ class Experiment:
   provenance: Optional[dict] = _field(None)
 
   def __post_init__(self):
-    # Mappings become spec objects (each checking itself); then what
-    # needs several sections is checked once.
+    # Numpy scalars are taken as their Python values; mappings become
+    # spec objects (each checking itself); then what needs several
+    # sections is checked once.
+    v.plain_fields(self)
     for name, cls in SECTIONS.items():
       value = getattr(self, name, None)
       if name == "algorithms" or (value is None and name in _OPTIONAL):
@@ -195,14 +202,53 @@ class Experiment:
       return float(self.cohort_size(algorithm))
     return None
 
+  def run_context(self, algorithm: str,
+                  objective: Optional[types.LocalObjective] = None
+                  ) -> types.RunContext:
+    """What a run of ``algorithm`` fixes that a rule is built from
+    (``fedjax_agg.run_context``), as this description says it: the
+    federation's and the cohort's sizes, Poisson's q N, the client
+    learning rate, the local SGD momentum (None for another optimizer)
+    and FedProx's mu (of ``objective``, the algorithm's built local
+    objective; default: built here). The client side's shared settings
+    are left empty (a client side and its rule are checked by
+    ``PAIRED_RULES``), as are the data's sizes."""
+    train = self.train_of(algorithm)
+    if objective is None:
+      spec = self.algorithms[algorithm]
+      objective = v.built(f"algorithms.{algorithm}.objective_args",
+                          objectives.get, spec.objective,
+                          **spec.objective_args)
+    optimizer = train.run_objects()["training"]["optimizer"]
+    return types.RunContext(
+        num_clients=self.partition.num_clients,
+        cohort_size=self.cohort_size(algorithm),
+        expected_clients=self.expected_clients(algorithm),
+        learning_rate=train.learning_rate,
+        momentum=config_lib.sgd_momentum(optimizer),
+        proximal_mu=getattr(objective, "proximal_mu", None),
+        client_side={}, batch_size=train.batch_size)
+
   def run_arguments(self, algorithm: str) -> dict[str, Any]:
     """Aggregator arguments the run fills in unless the algorithm gives
-    them: the client learning rate, the cohort size, Poisson's q N."""
+    them: the client learning rate, the cohort size, Poisson's q N, and
+    whatever else the rule's factory takes from the run
+    (``run_context.derived_from_run``: FedNova's momentum and proximal
+    mu from the training and the local objective), with the values this
+    run uses."""
     filled = {"learning_rate": self.train_of(algorithm).learning_rate,
               "num_participants": self.cohort_size(algorithm)}
     expected = self.expected_clients(algorithm)
     if expected is not None:
       filled["expected_clients"] = expected
+    factory = aggregators.REGISTRY.factory(
+        self.algorithms[algorithm].aggregator)
+    derived = getattr(factory, "run_arguments", {})
+    if any(field in _DERIVED for field in derived.values()):
+      context = self.run_context(algorithm)
+      for name, field in derived.items():
+        if field in _DERIVED and getattr(context, field) is not None:
+          filled[name] = getattr(context, field)
     return filled
 
   def rule_arguments(self, algorithm: str) -> tuple[dict, dict]:
@@ -224,6 +270,17 @@ class Experiment:
         **spec.objective_args}
     return aggregator_args, objective_args
 
+  def check_loaded(self, dataset) -> None:
+    """The checks that need the data read (``experiment.load_dataset``
+    makes them, before anything is written): a natural federation's task
+    where only its files tell it (a LEAF split without its
+    ``dataset.args.dataset``, a TFF or FedJAX file), against the attack.
+
+    Raises:
+      ConfigError: naming the key path ("attack").
+    """
+    _check_attack(self, getattr(dataset, "task", None))
+
   def privacy_of(self, algorithm: str) -> Optional[config_lib.Privacy]:
     """The accounting of ``algorithm``'s runs (None for a non-private
     rule): the "privacy" section with the rule's noise multiplier."""
@@ -236,6 +293,9 @@ class Experiment:
 
 # Sections a description may leave out (None).
 _OPTIONAL = ("attack", "privacy", "systems", "early_stopping")
+# The run settings a rule may derive an argument from that
+# ``run_arguments`` does not fill in by the argument's name.
+_DERIVED = ("momentum", "proximal_mu")
 SECTIONS = {"dataset": DataSpec, "partition": PartitionSpec,
             "model": ModelSpec, "train": TrainSpec,
             "algorithms": AlgorithmSpec, "attack": AttackSpec,
@@ -332,13 +392,17 @@ def _check_seeds(seeds) -> None:
     raise v.ConfigError("seeds", f"seeds must be distinct, got {seeds}")
 
 
-def _check_attack(experiment: Experiment) -> None:
-  """An attack on a task it is defined for, on plain local training."""
+def _check_attack(experiment: Experiment,
+                  task: Optional[str] = None) -> None:
+  """An attack on a task it is defined for (``task``: the data's, where
+  it was read; else the federation's where known before its files are
+  read), on plain local training."""
   attack = experiment.attack
   if attack is None:
     return
   dataset = experiment.dataset
-  task = data_lib.federation_task(dataset.name, dataset.args)
+  if task is None:
+    task = data_lib.federation_task(dataset.name, dataset.args)
   tasks = attacks.TASKS.get(attack.name)
   if task is not None and tasks is not None and task not in tasks:
     raise v.ConfigError(
@@ -441,16 +505,20 @@ def _check_adapters(experiment: Experiment, name: str) -> None:
 
 
 def _check_rules(experiment: Experiment, name: str) -> None:
-  """Builds the algorithm's aggregator and objective with their full
-  arguments: the factories' own checks then name a bad one before
-  anything runs."""
+  """Builds the algorithm's objective and aggregator with their full
+  arguments, binds the aggregator to what the run fixes
+  (``Experiment.run_context``) and, under secure aggregation, traces its
+  client statistics as the secure sum does: the factories' and the
+  binding's own checks then name a bad one before anything is read or
+  written, whichever entry point runs it."""
   spec = experiment.algorithms[name]
   aggregator_args, objective_args = experiment.rule_arguments(name)
+  built = {}
   for registry, rule, arguments, key in (
-      (aggregators.REGISTRY, spec.aggregator, aggregator_args,
-       "aggregator_args"),
       (objectives.REGISTRY, spec.objective, objective_args,
-       "objective_args")):
+       "objective_args"),
+      (aggregators.REGISTRY, spec.aggregator, aggregator_args,
+       "aggregator_args")):
     needs = [arg for arg, p in registry.parameters(rule).items()
              if p.default is inspect.Parameter.empty
              and arg not in arguments and arg != "num_clients"]
@@ -458,8 +526,78 @@ def _check_rules(experiment: Experiment, name: str) -> None:
       continue
     context = ({"num_clients": experiment.partition.num_clients}
                if "num_clients" in registry.context else {})
-    v.built(f"algorithms.{name}.{key}", registry.build, rule, **arguments,
-            **context)
+    built[key] = v.built(f"algorithms.{name}.{key}", registry.build, rule,
+                         **arguments, **context)
+  rule = built.get("aggregator_args")
+  if not isinstance(rule, types.Aggregator):
+    return
+  if rule.from_run is not None and "objective_args" in built:
+    rule = _bound(experiment, name, rule, built["objective_args"])
+  _check_secure_sum(experiment, name, rule)
+
+
+def _bound(experiment: Experiment, name: str, rule: types.Aggregator,
+           objective) -> types.Aggregator:
+  """``rule`` bound to the run's settings (``Aggregator.from_run``); a
+  contradiction names the algorithm's argument that the run's value
+  differs from, else its aggregator."""
+  spec, path = experiment.algorithms[name], f"algorithms.{name}"
+  try:
+    return rule.from_run(experiment.run_context(name, objective))
+  except (TypeError, ValueError) as error:
+    key = next((f"{path}.aggregator_args.{arg}"
+                for arg, value in spec.aggregator_args.items()
+                if f"{arg}={value!r}" in str(error)), f"{path}.aggregator")
+    raise (v.ConfigTypeError if isinstance(error, TypeError)
+           else v.ConfigError)(key, f"{key}: {error}") from None
+
+
+# A model of two leaves that the secure sum's statistics are traced on
+# (their shapes only: ``jax.eval_shape``).
+_PROBE_PARAMS = {"params": {"kernel": jax.ShapeDtypeStruct((2, 2),
+                                                            jnp.float32),
+                            "bias": jax.ShapeDtypeStruct((2,),
+                                                         jnp.float32)}}
+
+
+def _check_secure_sum(experiment: Experiment, name: str,
+                      rule: types.Aggregator) -> None:
+  """Under secure aggregation ("systems.secagg_bits"), ``rule`` wrapped
+  as the run wraps it (``secagg.secure_aggregation`` sized for the
+  round's rows): a rule that is no sum over clients is refused, and so is
+  one whose client statistics trace on a small model with a client's
+  round information but not inside the secure sum (its range probe
+  fails): refused here rather than in the first round. A rule whose
+  statistics need another model (LoRA adapters) is left to the run."""
+  systems = experiment.systems
+  if systems is None or systems.secagg_bits is None:
+    return
+  cohort = experiment.cohort_size(name)
+  rows = (cohort if systems.concurrency is not None else
+          systems_lib.num_selected(cohort, systems.over_selection,
+                                   experiment.partition.num_clients))
+  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)
+  info = types.ClientInfo(
+      client_ids=scalar(jnp.int32), num_examples=scalar(jnp.float32),
+      mask=scalar(jnp.float32), loss_before=scalar(jnp.float32),
+      loss_after=scalar(jnp.float32), round=scalar(jnp.int32),
+      key=jax.ShapeDtypeStruct((2,), jnp.uint32),
+      num_steps=scalar(jnp.int32))
+  try:
+    secure = secagg.secure_aggregation(
+        rule, bits=systems.secagg_bits, clip=systems.secagg_clip,
+        cohort_size=rows, max_examples=1.0)
+    try:
+      jax.eval_shape(rule.stream.client_stats, _PROBE_PARAMS, _PROBE_PARAMS,
+                     info)
+    except (TypeError, ValueError):
+      return  # not a model this rule aggregates: the run checks it
+    jax.eval_shape(secure.stream.client_stats, _PROBE_PARAMS,
+                   _PROBE_PARAMS, info)
+  except (TypeError, ValueError) as error:
+    raise v.ConfigError(
+        "systems.secagg_bits", f"systems.secagg_bits: algorithms.{name} "
+        f"({experiment.algorithms[name].aggregator}): {error}") from None
 
 
 def _check_privacy_target(experiment: Experiment) -> None:

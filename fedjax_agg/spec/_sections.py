@@ -94,6 +94,7 @@ class DataSpec:
 
 
   def __post_init__(self):
+    v.plain_fields(self)
     _check_data(self)
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +116,7 @@ class PartitionSpec:
 
 
   def __post_init__(self):
+    v.plain_fields(self)
     path = "partition"
     v.name_in(f"{path}.name", self.name, partitions.ALL_NAMES)
     v.integer(f"{path}.num_clients", self.num_clients, 1)
@@ -153,6 +155,7 @@ class ModelSpec:
            "input", type=float, kind="subkey", subkey="dropout"))
 
   def __post_init__(self):
+    v.plain_fields(self)
     v.name_in("model.name", self.name, models.NAMES)
     v.model_arguments("model.args", self.name,
                       v.mapping("model.args", self.args))
@@ -165,8 +168,12 @@ class ModelSpec:
       v.keys_in("model.adapters", self.adapters, keys(AdaptersSpec),
                 required=("rank",))
       object.__setattr__(self, "adapters", AdaptersSpec(**self.adapters))
-    elif self.adapters is not None and not isinstance(self.adapters,
-                                                       AdaptersSpec):
+    elif isinstance(self.adapters, AdaptersSpec):
+      given = {f.name: getattr(self.adapters, f.name)
+               for f in dataclasses.fields(AdaptersSpec)}
+      if v.plain(given) is not given:  # numpy scalars: their values
+        object.__setattr__(self, "adapters", AdaptersSpec(**v.plain(given)))
+    elif self.adapters is not None:
       raise v.ConfigTypeError(
           "model.adapters", "model.adapters must be a mapping of "
           f"{list(keys(AdaptersSpec))} or null, got {self.adapters!r}")
@@ -215,6 +222,7 @@ class AlgorithmSpec:
 
 
   def __post_init__(self, path: str):
+    v.plain_fields(self)
     _check_algorithm(self, path)
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +246,7 @@ class AttackSpec:
 
 
   def __post_init__(self):
+    v.plain_fields(self)
     v.name_in("attack.name", self.name, attacks.REGISTRY.names)
     v.keys_in("attack.args", v.mapping("attack.args", self.args),
               v.keyword_parameters(attacks.REGISTRY.factory(self.name)))
@@ -266,6 +275,7 @@ class PrivacySpec:
 
 
   def __post_init__(self):
+    v.plain_fields(self)
     block = dataclasses.asdict(self)
     for key, value in block.items():
       v.built(f"privacy.{key}", config_lib.Privacy, 1.0, **{key: value})
@@ -347,6 +357,7 @@ class SystemsSpec:
 
 
   def __post_init__(self):
+    v.plain_fields(self)
     _check_systems(self)
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +379,7 @@ class EarlyStoppingSpec:
       "(with --early-stopping; default 0)", type=float))
 
   def __post_init__(self):
+    v.plain_fields(self)
     for f in dataclasses.fields(self):
       v.built(f"early_stopping.{f.name}", loop.EarlyStopping,
               **{f.name: getattr(self, f.name)})

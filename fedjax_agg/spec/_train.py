@@ -128,6 +128,7 @@ class TrainSpec:
       check=_at_least(0), sets="evaluation.finetune_steps")
 
   def __post_init__(self):
+    v.plain_fields(self)
     for f in dataclasses.fields(self):
       f.metadata["check"](f"train.{f.name}", getattr(self, f.name))
 

@@ -63,7 +63,7 @@ def plain(value, _level: int = 0):
     return value if same else converted
   if type(value) in (list, tuple):
     converted = [plain(item, _level + 1) for item in value]
-    same = all(new is old for new, old in zip(converted, value))
+    same = all(new is old for new, old in zip(converted, value, strict=True))
     return value if same else type(value)(converted)
   return value
 

@@ -6,6 +6,8 @@ import json
 import pytest
 
 from fedjax_agg import cli
+from fedjax_agg import experiment
+from fedjax_agg import spec
 
 from tests.cli.test_cli import TINY
 from tests.cli.test_cli import _error_line
@@ -41,6 +43,9 @@ def test_a_refused_resume_leaves_the_runs_files_as_they_were(tmp_path,
      "fednova: the clients' optimizer is not SGD"),
     (["--aggregator", "qffl", "--agg-arg", "learning_rate=0.3"],
      "qffl: learning_rate=0.3 differs from the client learning rate"),
+    (["--aggregator", "fednova", "--secagg-bits", "16"],
+     "systems.secagg_bits: algorithms.fednova (fednova): secure "
+     "aggregation cannot run fednova"),
     (["--availability", "intervals", "--availability-arg",
       "path=MISSING.csv"], "MISSING.csv"),
 ])
@@ -50,6 +55,83 @@ def test_refusals_inside_the_run_come_before_any_file(flags, named,
   line = _error_line(capsys, TINY + ["--out", str(out)] + flags)
   assert named in line, line
   assert not out.exists(), _files(out)
+
+
+def _leaf_shakespeare(folder) -> str:
+  """A LEAF Shakespeare split of two speakers: its task (next-character
+  prediction, per-token targets) is known only from its files."""
+  line = ("To be, or not to be: that is the question; whether 'tis nobler "
+          "in the mind to suffer")[:80]
+  for split, rows in (("train", 3), ("test", 1)):
+    users = {f"HAMLET_{i}": {"x": [line] * rows, "y": ["s"] * rows}
+             for i in range(2)}
+    (folder / split).mkdir(parents=True)
+    (folder / split / f"{split}.json").write_text(json.dumps({
+        "users": list(users), "num_samples": [rows] * 2,
+        "user_data": users}))
+  return str(folder)
+
+
+def _refused_configs(tmp_path) -> dict:
+  """Name -> (a config every entry point must refuse before writing, the
+  key path its error names)."""
+  from tests.experiment.test_runs import MNIST_5K  # pylint: disable=g-import-not-at-top
+  return {
+      "fednova_on_a_secure_sum": (experiment.override(MNIST_5K, {
+          "algorithms": {"FedNova": {"aggregator": "fednova"}},
+          "systems": {"secagg_bits": 16}}), "systems.secagg_bits"),
+      "backdoor_on_a_text_federation": ({
+          "name": "leaf_text",
+          "dataset": {"name": "leaf",
+                      "data_dir": _leaf_shakespeare(tmp_path / "leaf")},
+          "partition": {"name": "natural", "num_clients": 2},
+          "model": {"name": "char_lstm",
+                    "args": {"embed_dim": 4, "hidden": 8}},
+          "train": {"rounds": 1, "batch_size": 2},
+          "attack": {"name": "backdoor", "args": {"target": 1}},
+          "algorithms": {"FedAvg": {"aggregator": "fedavg"}}}, "attack"),
+  }
+
+
+@pytest.mark.parametrize("name", ["fednova_on_a_secure_sum",
+                                  "backdoor_on_a_text_federation"])
+def test_every_entry_point_refuses_alike_before_any_file(name, tmp_path,
+                                                         capsys):
+  config, path = _refused_configs(tmp_path)[name]
+  # Python and JSON: the description's checks, with those that need the
+  # data read (``load_dataset``), before anything is written.
+  with pytest.raises(spec.ConfigError) as raised:
+    experiment.load_dataset(experiment.check_config(config))
+  assert raised.value.path == path
+  message = str(raised.value)
+  out = tmp_path / "run_config"
+  with pytest.raises(spec.ConfigError) as raised:
+    experiment.run_config(config, str(out), progress=False)
+  assert str(raised.value) == message
+  assert not out.exists(), _files(out)
+  # The command line, from the same config file.
+  file = tmp_path / "config.json"
+  file.write_text(json.dumps(config))
+  out = tmp_path / "cli"
+  line = _error_line(capsys, ["--config", str(file), "--out", str(out),
+                              "--no-progress"])
+  assert line == f"error: --config {file}: {message}", line
+  assert not out.exists(), _files(out)
+
+
+def test_a_config_file_giving_a_key_twice_is_refused_before_any_file(
+    tmp_path, capsys):
+  from tests.cli._util import _config_file  # pylint: disable=g-import-not-at-top
+  path = _config_file(tmp_path)
+  text = open(path).read()
+  assert text.count('"train": {') == 1
+  with open(path, "w") as f:
+    f.write(text.replace('"train": {', '"train": {"rounds": 30, '))
+  out = tmp_path / "run"
+  line = _error_line(capsys, ["--config", path, "--out", str(out)])
+  assert line.startswith(f"error: --config {path}: train.rounds: given "
+                         "twice (30, then 5)"), line
+  assert not out.exists()
 
 
 def test_a_configs_vmap_seeds_false_runs_its_seeds_one_after_the_other(

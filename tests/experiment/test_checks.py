@@ -268,8 +268,16 @@ def test_feddyn_pair_and_fednova_take_their_arguments():
       "FedDyn": {"aggregator": "feddyn", "aggregator_args": {"alpha": 0.1},
                  "client": "feddyn", "client_args": {"alpha": 0.1}},
       "FedNova": {"aggregator": "fednova",
-                  "aggregator_args": {"momentum": 0.9}}}})
+                  "aggregator_args": {"momentum": 0.9},
+                  "train": {"momentum": 0.9}}}})
   experiment.check_config(config)
+  # A momentum the clients do not train with is the run's refusal, made
+  # when the config is checked.
+  with pytest.raises(spec.ConfigError) as raised:
+    experiment.check_config(experiment.override(config, {
+        "algorithms.FedNova.train": {}}))
+  assert raised.value.path == "algorithms.FedNova.aggregator_args.momentum"
+  assert "local SGD momentum of the run (0.0)" in str(raised.value)
   resolved = experiment.check_config(config).to_dict()
   experiment.check_config(resolved)
   assert experiment.check_config(config).rule_arguments("FedDyn")[0] == {

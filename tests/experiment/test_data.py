@@ -71,3 +71,28 @@ def test_a_cut_that_keeps_few_classes_is_said(capsys):
   err = capsys.readouterr().err
   assert "max_train_examples=400" in err and "hold 1 of its 10" in err
   assert "max_test_examples" not in err  # the test split is whole
+
+
+@pytest.mark.parametrize("splice,path,values", [
+    # "train.rounds" 2 (the config's), then 30: never silently the last.
+    (('"train": {', '"train": {"rounds": 30, '), "train.rounds",
+     "(30, then 2)"),
+    (('"algorithms": {', '"algorithms": {"FedAvg": {"aggregator": "krum"}, '),
+     "algorithms.FedAvg", '({"aggregator": "krum"}, then '),
+])
+def test_a_config_file_giving_a_key_twice_is_refused_naming_it(
+    tmp_path, splice, path, values):
+  import json  # pylint: disable=g-import-not-at-top
+  text = json.dumps(CONFIG)
+  assert text.count(splice[0]) == 1
+  file = tmp_path / "config.json"
+  file.write_text(text.replace(*splice))
+  # json.load silently keeps the last value.
+  assert json.loads(file.read_text()) == CONFIG
+  with pytest.raises(spec.ConfigError) as raised:
+    experiment.load_config(str(file))
+  assert raised.value.path == path
+  assert str(raised.value).startswith(f"{path}: given twice {values}")
+  # Without the repeat, the file is the config.
+  file.write_text(text)
+  assert experiment.load_config(str(file)) == CONFIG

@@ -9,13 +9,16 @@ frozen base in bfloat16 too."""
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_agg import checkpoint
 from fedjax_agg import cli
 from fedjax_agg import experiment
 from fedjax_agg import spec
 from fedjax_agg.models import lora
+from fedjax_agg.models import mixed
 from tests.lora import _util
 
 SEED = 3
@@ -230,3 +233,129 @@ def test_bad_ranks_are_refused_naming_their_path(client_args, objective,
   with pytest.raises(spec.ConfigError) as raised:
     experiment.check_config(_config({"rank": 3}, algorithm))
   assert raised.value.path == path, str(raised.value)
+
+
+# ------------------------------------------------ a missing or damaged base
+
+
+def _damaged_bases(root):
+  """Folders that hold no readable saved variables, by what is wrong."""
+  variables = _util.mlp().init(jax.random.key(0))
+  bases = {"empty": root / "empty"}
+  bases["empty"].mkdir()
+  (root / "no_arrays_folder" / "variables").mkdir(parents=True)
+  bases["no_arrays_folder"] = root / "no_arrays_folder"
+  for damage in ("no_metadata", "garbage_metadata"):
+    folder = root / damage
+    checkpoint.save_variables(str(folder), variables)
+    metadata = folder / checkpoint.VARIABLES / "_METADATA"
+    if damage == "no_metadata":
+      metadata.unlink()
+    else:
+      metadata.write_text("{not json")
+    bases[damage] = folder
+  return bases
+
+
+def test_a_damaged_base_is_refused_naming_the_folder(tmp_path, capsys):
+  template = jax.eval_shape(_util.mlp().init, jax.random.key(0))
+  for damage, folder in _damaged_bases(tmp_path).items():
+    # Python: the loader names the folder.
+    with pytest.raises(checkpoint.CheckpointError, match=str(folder)):
+      checkpoint.load_variables(str(folder), template)
+    # A description: refused at model.base, before the data is read.
+    config = _config({"rank": 2})
+    config["model"]["base"] = str(folder)
+    with pytest.raises(spec.ConfigError, match=str(folder)) as raised:
+      experiment.check_config(config)
+    assert raised.value.path == "model.base", damage
+    # The command line: one line naming --base and the folder, exit 2,
+    # nothing written.
+    out = tmp_path / f"run_{damage}"
+    with pytest.raises(SystemExit) as exited:
+      cli.main(["--dataset", "fashion_mnist", "--max-train-examples", "400",
+                "--num-clients", "4", "--model", "mlp2", "--rounds", "1",
+                "--aggregator", "fedit", "--lora-rank", "2", "--base",
+                str(folder), "--no-progress", "--out", str(out)])
+    assert exited.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if not line.startswith(("config: ", "note: "))]
+    assert len(lines) == 1, (damage, lines)
+    assert lines[0].startswith(f"error: --base: model.base: {folder}"), (
+        lines)
+    assert not out.exists()
+
+
+# ---------------------------------------------------------- FLoRA's uplink
+
+
+def test_floras_uplink_counts_a_and_b_not_the_merged_leaves():
+  config = _config({"rank": 2}, {"aggregator": "flora"}, systems={})
+  prepared = experiment.prepare_data(config, SEED)
+  result = experiment.run_algorithm(config, "A", SEED, prepared)
+  # Independently: what a client sends is A [r, d_in] and B [d_out, r] of
+  # fc1 (784 -> 8) and fc2 (8 -> 10) in float32.
+  rank = 2
+  per_client = 4 * sum(rank * d_in + d_out * rank
+                       for d_in, d_out in [(784, 8), (8, 10)])
+  assert per_client == 6480
+  cohort = 2  # participation 0.5 of 4 clients
+  assert result.history.column("uplink_bytes")[1:].tolist() == [
+      cohort * per_client * r for r in (1, 2)]
+  # The params hold the merged leaves too (d_out x d_in each): they are
+  # what the server keeps, not what a client sends.
+  nodes = result.state.params[lora.ADAPTERS]
+  assert nodes["fc1"]["merged"].shape == (8, 784)
+  assert lora.uplink_bytes(result.state.params) == per_client
+
+
+# ------------------------------------------------- bfloat16 local training
+
+
+def _dot_operand_dtypes(closed_jaxpr):
+  """The operand dtypes of every dot_general of a jaxpr, sub-jaxprs
+  (jit, custom_jvp, remat) included."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        found.append(tuple(str(v.aval.dtype) for v in eqn.invars))
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (list, tuple)) else [param]:
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            walk(inner)
+
+  walk(closed_jaxpr.jaxpr)
+  return found
+
+
+@pytest.mark.parametrize("options", [{}, {"freeze_a": True},
+                                     {"merged": True}])
+def test_bfloat16_training_multiplies_the_frozen_base_in_bfloat16(options):
+  base = _util.transformer()
+  model = lora.lora(base, base.init(jax.random.key(0)), rank=2,
+                    targets=lora.TRANSFORMER_TARGETS, key=jax.random.key(1),
+                    **options)
+  adapters = model.init(jax.random.key(2))
+  tokens = np.zeros((3, _util.LENGTH), np.int32)
+
+  def loss(apply):
+    return lambda a: jnp.sum(apply(a, tokens, True)[0])
+
+  # Local training's forward and backward pass: every product takes
+  # bfloat16 operands, the base's as the adapters'. (The attention
+  # projections, the MLP, the output layer: 2 x 6 + 1 products forward.)
+  low = mixed.bfloat16_compute(model)
+  dtypes = _dot_operand_dtypes(jax.make_jaxpr(jax.value_and_grad(
+      loss(low.apply)))(adapters))
+  assert len(dtypes) > 13
+  assert set(dtypes) == {("bfloat16", "bfloat16")}, dtypes
+  # Evaluation (float32 adapters): float32 throughout, as before.
+  dtypes = _dot_operand_dtypes(jax.make_jaxpr(loss(model.apply))(adapters))
+  assert set(dtypes) == {("float32", "float32")}, dtypes
+  # And bfloat16 computes the same network, to bfloat16's precision.
+  np.testing.assert_allclose(
+      np.asarray(low.apply(adapters, tokens, False)[0], np.float32),
+      np.asarray(model.apply(adapters, tokens, False)[0]), atol=0.1)
