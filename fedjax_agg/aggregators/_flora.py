@@ -35,8 +35,11 @@ Interpretation choices:
 
 * p_k = n_k / sum_j n_j (the paper's); ``weighting="uniform"`` as FedAvg's.
 * One fresh A per round, drawn by the server and truncated by each client
-  (the paper's clients draw their own); one scale alpha / r_max for every
-  client (the paper's clients scale by their own rank).
+  (the paper's clients draw their own).
+* Scale: one alpha / r_max for every client. The authors' clients all use
+  scale 2: their code sets each client's LoRA alpha to 2 r_k, so alpha /
+  r_k = 2 whatever the rank; ``alpha = 2 r_max`` (e.g. ``--lora-alpha``)
+  gives every client here that same scale 2.
 * Memory: a client's "merged" leaves are dense [d_out, d_in] per layer, as
   the paper's clients merge into their weights; the engine stacks them with
   the adapters (the cost of training the adapted layers in full).

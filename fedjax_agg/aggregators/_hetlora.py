@@ -30,6 +30,14 @@ the padding of Eq. (1).
 
 Interpretation choices:
 
+* Scale: every client's adapters scale by alpha / r_max (the model's
+  rank, ``models.lora``), whatever its own rank r_k: a client of rank r_k
+  is the r_max model with its components past r_k zero, not a model of
+  rank r_k scaled by alpha / r_k.
+* Self-pruning (``clients.lora_ranks``) shrinks r_k to max(floor(gamma
+  r_k), 1): a rank-1 client never prunes (it would keep floor(gamma) = 0
+  components), though Eq. (3)'s regulariser still acts on its one
+  component.
 * S_k is taken over the whole model (all adapted layers together), one
   weight per client; the paper writes it for "the reconstructed model".
 * When every real client's S_k is 0 (B = 0 everywhere, e.g. no client

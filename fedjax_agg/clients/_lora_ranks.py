@@ -30,6 +30,11 @@ won over the data), zeroing them before it sends (Eq. (2) with the new
 rank). Pruned ranks are the client's state (``LoRARanksState.ranks``,
 [N] by client id); they only decrease.
 
+Every client scales its update by alpha / r_max (the model's scale), not
+by alpha / r_k. A rank-1 client never prunes: max(floor(gamma), 1) = 1,
+though the regulariser of Eq. (3) (T = [0, 1)) still acts on its one
+component.
+
 Interpretation choices: the paper's exact pruning test is not restated
 here; "smaller at the end of local training than at its start" is the
 reading taken (a client that has never moved its tail, B = 0 at the start,
