@@ -13,7 +13,6 @@ needs two sections is checked once, by ``Experiment``. "train" is
 """
 
 import dataclasses
-import os
 from typing import Any, Mapping, Optional
 
 from fedjax_agg import aggregators
@@ -159,11 +158,8 @@ class ModelSpec:
     v.name_in("model.name", self.name, models.NAMES)
     v.model_arguments("model.args", self.name,
                       v.mapping("model.args", self.args))
-    if self.base is not None and (not isinstance(self.base, str)
-                                  or not os.path.isdir(self.base)):
-      raise v.ConfigError("model.base", "model.base must be a folder of "
-                          "pre-trained variables (checkpoint."
-                          f"save_variables), got {self.base!r}")
+    if self.base is not None:
+      v.saved_variables("model.base", self.base)
     if isinstance(self.adapters, Mapping):
       v.keys_in("model.adapters", self.adapters, keys(AdaptersSpec),
                 required=("rank",))

@@ -8,11 +8,13 @@ description came from Python, a JSON config or the command line.
 
 import dataclasses
 import inspect
+import os
 import re
 from typing import Any
 
 import numpy as np
 
+from fedjax_agg import checkpoint
 from fedjax_agg import checks
 from fedjax_agg import models
 from fedjax_agg import partitions
@@ -263,6 +265,20 @@ def model_arguments(path: str, name: str, arguments: dict) -> None:
     for key, value in options.items():
       built(f"{path}.{key}", models.check_option, name, key, value)
     built(path, models.check_options, name, options)
+
+
+def saved_variables(path: str, folder) -> None:
+  """``folder`` (at ``path``, e.g. "model.base") holds readable variables
+  written by ``checkpoint.save_variables``: a missing, empty or damaged
+  one is refused here, naming the folder, before anything runs."""
+  if not isinstance(folder, str) or not os.path.isdir(folder):
+    raise ConfigError(path, f"{path} must be a folder of pre-trained "
+                      "variables (checkpoint.save_variables), got "
+                      f"{folder!r}")
+  try:
+    checkpoint.saved_variables(folder)
+  except checkpoint.CheckpointError as error:
+    raise ConfigError(path, f"{path}: {error}") from None
 
 
 # An algorithm's name becomes a folder of the output (results and
