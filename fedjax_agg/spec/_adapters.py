@@ -149,8 +149,11 @@ class AdaptersSpec:
 def _dense_targets(model: str, options: tuple, patterns: tuple[str, ...]
                    ) -> tuple[str, ...]:
   """``lora.select_targets`` of network ``model`` (its options as sorted
-  pairs)."""
-  return lora.select_targets(models.get(model, **dict(options)), patterns)
+  pairs), on one example of the default shape (one token for a language
+  model, within any ``max_length``)."""
+  shape = (1,) if model in models.SEQUENCE_MODELS else None
+  return lora.select_targets(
+      models.get(model, input_shape=shape, **dict(options)), patterns)
 
 
 def _check_pattern(path: str, pattern: str) -> None:

@@ -126,6 +126,13 @@ def test_a_regular_expression_of_targets_from_the_command_line():
   params = built.model.init(jax.random.key(0))
   assert set(params[lora.ADAPTERS]) == {"fc1"}
   assert sum(leaf.size for leaf in jax.tree.leaves(params)) == 2 * (784 + 8)
+  # A language model's targets are matched whatever its max_length.
+  run, _ = cli.resolve(*cli.parse([
+      "--dataset", "shakespeare", "--model", "transformer_lm",
+      "--model-arg", "max_length=8", "--model-arg", "width=16",
+      "--aggregator", "fedit", "--lora-rank", "2", "--lora-targets",
+      r"_Block_0/Dense_\d"]))
+  assert run.model.adapters.patterns() == (r"_Block_0/Dense_\d",)
 
 
 def test_a_pattern_matching_no_layer_names_the_layers(tmp_path, capsys):
