@@ -308,6 +308,12 @@ def _written(experiment, names, out_dir, dataset, progress, checkpoints,
              vmap_seeds) -> dict:
   """``run_config``'s runs and files, in its claimed folder."""
   checkpoint_every, resume = checkpoints
+  # Every algorithm is built (model, rule, training) on the first seed's
+  # data before the first file: a refusal there leaves the folder as it
+  # was, as on the command line.
+  first = prepare_data(experiment, experiment.seeds[0], dataset)
+  for name in names:
+    build(experiment, name, first)
   write_run_config(out_dir, experiment, dataset=dataset, algorithms=names,
                    execution={"out_dir": shown_path(out_dir),
                               "vmap_seeds": vmap_seeds,
@@ -317,7 +323,7 @@ def _written(experiment, names, out_dir, dataset, progress, checkpoints,
                                   registry.allowed_imports())})
   histories = (_vmapped_seeds if vmap_seeds else _seeds_in_turn)(
       experiment, names, out_dir, dataset, progress,
-      (checkpoint_every, resume))
+      (checkpoint_every, resume), first)
   summary = summarize(histories, experiment.target_accuracy)
   jsonio.dump_json({"name": experiment.name, "algorithms": summary},
                    os.path.join(out_dir, "summary.json"))
@@ -349,13 +355,15 @@ def _saved(experiment, out_dir, name, seed, history, progress, how="",
 
 
 def _seeds_in_turn(experiment, names, out_dir, dataset, progress,
-                   checkpoints):
-  """Every seed, then every algorithm, one run at a time."""
+                   checkpoints, first):
+  """Every seed, then every algorithm, one run at a time (``first``: the
+  first seed's ``prepare_data``)."""
   checkpoint_every, resume = checkpoints
   histories = {name: [] for name in names}
   seeds = experiment.seeds
   for seed in seeds:
-    prepared = prepare_data(experiment, seed, dataset)
+    prepared = (first if seed == seeds[0]
+                else prepare_data(experiment, seed, dataset))
     if seed == seeds[0]:
       plot_partition(prepared, os.path.join(out_dir, "partition.png"))
     for name in names:
@@ -374,11 +382,12 @@ def _seeds_in_turn(experiment, names, out_dir, dataset, progress,
 
 
 def _vmapped_seeds(experiment, names, out_dir, dataset, progress,
-                   checkpoints):
-  """Every algorithm's seeds as one vmapped sweep."""
+                   checkpoints, first):
+  """Every algorithm's seeds as one vmapped sweep (``first``: the first
+  seed's ``prepare_data``)."""
   checkpoint_every, resume = checkpoints
-  prepared = [prepare_data(experiment, seed, dataset)
-              for seed in experiment.seeds]
+  prepared = [first] + [prepare_data(experiment, seed, dataset)
+                        for seed in experiment.seeds[1:]]
   plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
   histories = {}
   for name in names:

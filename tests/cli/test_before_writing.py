@@ -293,3 +293,16 @@ def test_warnings_are_one_line_without_their_source(monkeypatch):
   assert cli.main([]) == 0
   assert shown == ["warning: a short run for its agent\n"]
   assert warnings.formatwarning is before  # restored when the run ends
+
+
+def test_run_config_builds_every_algorithm_before_its_first_file(tmp_path):
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from tests.experiment.test_runs import MNIST_5K
+  # The second algorithm's model cannot take the data: refused when it is
+  # built, before config.json or partition.png exists.
+  config = experiment.override(MNIST_5K, {"algorithms": {
+      "A": {"aggregator": "fedavg"}, "B": {"aggregator": "fedavg"}},
+      "model": {"name": "char_lstm"}})
+  with pytest.raises(ValueError, match="input_shape of 'char_lstm'"):
+    experiment.run_config(config, str(tmp_path / "out"), progress=False)
+  assert not (tmp_path / "out").exists()
