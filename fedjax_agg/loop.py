@@ -32,7 +32,9 @@ TensorBoard writer of the command line.
 
 import dataclasses
 import math
+import signal as signal_lib
 import sys
+import threading
 import time
 from typing import Callable, Optional, Sequence
 
@@ -47,7 +49,7 @@ from fedjax_agg import history as history_lib
 from fedjax_agg.config import Checkpointing, Evaluation, NonFinite
 from fedjax_agg.types import Callback, Model, PAD_TARGET, Params, as_callback
 
-__all__ = ["Driver", "EarlyStopping", "MAX_SEED",
+__all__ = ["Driver", "EarlyStopping", "Interrupted", "MAX_SEED",
            "NonFiniteError", "STOPPING_MODES", "base_config", "check_labels",
            "Checkpoints", "PrivacyAccounting", "check_rounds", "cohort_keys",
            "drawn_cohorts", "fingerprint", "num_classes_of",
@@ -55,6 +57,64 @@ __all__ = ["Driver", "EarlyStopping", "MAX_SEED",
 
 class NonFiniteError(FloatingPointError):
   """A run met a non-finite value its ``config.NonFinite`` policy refuses."""
+
+
+class Interrupted(Exception):
+  """A run stopped by SIGINT (Ctrl-C) or SIGTERM (a scheduler's
+  preemption) at the end of a round, after its callbacks wrote what they
+  keep (history files, a checkpoint where the run checkpoints).
+
+  Attributes:
+    signal: "SIGINT" or "SIGTERM".
+    round: the last finished round.
+    num_rounds: the rounds the run was asked for.
+    checkpointed: whether a checkpoint of ``round`` was saved (the run
+      then resumes from it with ``resume=True`` / ``--resume``).
+  """
+
+  def __init__(self, signal_name: str, round_num: int, num_rounds: int,
+               checkpointed: bool):
+    self.signal = signal_name
+    self.round = round_num
+    self.num_rounds = num_rounds
+    self.checkpointed = checkpointed
+    how = ("rerun the same command with --resume (resume=True) to go on"
+           if checkpointed else "its checkpoints were off, so a rerun starts "
+           "again (--checkpoint-every N, Checkpointing(every=N), lets a "
+           "run resume)")
+    super().__init__(f"interrupted ({signal_name}) after round {round_num} "
+                     f"of {num_rounds}; {how}")
+
+
+class _Interrupts:
+  """While open (in the main thread): the first SIGINT or SIGTERM is
+  noted (``signal``) and the run ends after its round; the handlers before
+  it are back at once, so a second signal stops the process as usual."""
+
+  def __init__(self):
+    self.signal = None
+    self._previous = {}
+
+  def _note(self, number, frame) -> None:
+    del frame
+    self.signal = signal_lib.Signals(number).name
+    self._restore()
+    print(f"\nfedjax_agg: {self.signal}: stopping after this round "
+          "(again to stop at once)", file=sys.stderr, flush=True)
+
+  def _restore(self) -> None:
+    for number, handler in self._previous.items():
+      signal_lib.signal(number, handler)
+    self._previous = {}
+
+  def __enter__(self) -> "_Interrupts":
+    if threading.current_thread() is threading.main_thread():
+      for number in (signal_lib.SIGINT, signal_lib.SIGTERM):
+        self._previous[number] = signal_lib.signal(number, self._note)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._restore()
 
 
 MAX_SEED = 2**32 - 1
@@ -282,11 +342,21 @@ class Driver:
            rows: list[list[dict]], client_rows: list[list[dict]]):
     """Rounds ``first_round + 1 .. num_rounds``; appends to the rows;
     closes the callbacks when it ends."""
+    self._interrupts = _Interrupts()
     try:
-      return self._loop(state, first_round, num_rounds, rows, client_rows)
+      with self._interrupts:
+        state = self._loop(state, first_round, num_rounds, rows,
+                           client_rows)
     finally:
       for callback in self._each_once():
         callback.close()
+    if self._interrupts.signal is not None and self.stopped_at is not None:
+      raise Interrupted(self._interrupts.signal, self.stopped_at,
+                        num_rounds, any(
+                            isinstance(c, Checkpoints)
+                            and c.checkpointer.every > 0
+                            for c in self._each_once()))
+    return state
 
   def _each_once(self) -> list[Callback]:
     """Every member's callbacks, one shared by several members once."""
@@ -331,7 +401,10 @@ class Driver:
       if "test_accuracy" in new_rows[0]:
         bar.set_postfix(acc=" ".join(f"{row['test_accuracy']:.4f}"
                                      for row in new_rows[:4]))
-      stop = self._stop_requested() and round_num < num_rounds
+      interrupted = getattr(self, "_interrupts", None) is not None and (
+          self._interrupts.signal is not None)
+      stop = (self._stop_requested() or interrupted) and (
+          round_num < num_rounds)
       for callback in shared:
         callback.after_round(round_num, state, stop)
       if stop:

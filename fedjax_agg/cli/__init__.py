@@ -92,11 +92,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   formatwarning = warnings.formatwarning
   warnings.formatwarning = (
       lambda message, category, *_, **__: f"warning: {message}\n")
+  from fedjax_agg import loop  # pylint: disable=g-import-not-at-top
   try:
     return _main(argv)
   except UsageError as error:
     print(f"error: {error.message}", file=sys.stderr)
     raise SystemExit(2) from None
+  except loop.Interrupted as stopped:
+    # What the run wrote stays (history files, a checkpoint); the status
+    # is the shell's for the signal (128 + its number).
+    print(f"fedjax_agg: {stopped}", file=sys.stderr)
+    raise SystemExit(130 if stopped.signal == "SIGINT" else 143) from None
   finally:
     warnings.formatwarning = formatwarning
 

@@ -11,6 +11,8 @@ import argparse
 import ast
 import copy
 import dataclasses
+import difflib
+import re
 from typing import Any, Optional, Sequence
 
 from fedjax_agg import aggregators
@@ -92,7 +94,54 @@ class UsageError(SystemExit):
 class _Parser(argparse.ArgumentParser):
 
   def error(self, message):
-    raise UsageError(message)
+    raise UsageError(message + near_miss(message))
+
+
+# The flags that name a registry's entry, by the kind of entry.
+_NAME_FLAGS = {"aggregator": "--aggregator", "objective": "--objective",
+               "client": "--client", "attack": "--attack",
+               "model": "--model", "partition": "--partition",
+               "dataset": "--dataset", "codec": "--codec"}
+_INVALID_CHOICE = re.compile(
+    r"argument (?P<flag>--[\w-]+): invalid choice: '(?P<value>[^']*)'")
+
+
+def near_miss(message: str) -> str:
+  """For argparse's "invalid choice" ``message``: where the name belongs to
+  another flag's registry (``--aggregator FedProx``: an objective) or is
+  close to an accepted one, a hint; else ""."""
+  match = _INVALID_CHOICE.search(message)
+  if match is None:
+    return ""
+  flag, value = match["flag"], match["value"]
+  hints = []
+  for kind, names in _registry_names().items():
+    found = [name for name in names if name.lower() == value.lower()]
+    if found and _NAME_FLAGS[kind] != flag:
+      hints.append(f"{found[0]} is {'an' if kind[0] in 'aeiou' else 'a'} "
+                   f"{kind}: {_NAME_FLAGS[kind]} {found[0]}")
+    elif found:
+      hints.append(f"did you mean {found[0]}?")
+  if not hints:
+    own = [kind for kind, other in _NAME_FLAGS.items() if other == flag]
+    names = _registry_names().get(own[0], ()) if own else ()
+    close = difflib.get_close_matches(value.lower(), names, n=3,
+                                      cutoff=0.6)
+    if close:
+      hints.append(f"did you mean {' or '.join(close)}?")
+  return f" ({'; '.join(hints)})" if hints else ""
+
+
+def _registry_names() -> dict[str, tuple]:
+  from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import clients  # pylint: disable=g-import-not-at-top
+  return {"aggregator": tuple(aggregators.REGISTRY),
+          "objective": tuple(objectives.REGISTRY),
+          "client": tuple(clients.REGISTRY),
+          "attack": tuple(attacks.REGISTRY),
+          "model": tuple(models.NAMES), "partition": tuple(partitions.NAMES),
+          "dataset": tuple(data_lib.NAMES) + tuple(data_lib.FEDERATIONS),
+          "codec": tuple(compression.CODECS)}
 
 
 def _flag(dest: str) -> str:

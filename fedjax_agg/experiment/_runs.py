@@ -371,10 +371,16 @@ def _seeds_in_turn(experiment, names, out_dir, dataset, progress,
       if checkpoint_every or resume:
         checkpoint_dir = os.path.join(out_dir, "checkpoints", name,
                                       f"seed{seed}")
+      # The history files are kept current as the run goes (an
+      # interrupted or failed run keeps its rounds); rewritten when done.
+      writer = history_lib.HistoryWriter(
+          history_lib.member_folder(os.path.join(out_dir, name),
+                                    f"seed{seed}", len(seeds)),
+          {"partial": True})
       result = run_algorithm(experiment, name, seed, prepared, progress,
                              checkpoint_dir=checkpoint_dir,
                              checkpoint_every=checkpoint_every,
-                             resume=resume)
+                             resume=resume, callbacks=[writer])
       histories[name].append(_saved(experiment, out_dir, name, seed,
                                     result.history, progress,
                                     dataset=dataset))

@@ -7,6 +7,7 @@ description came from Python, a JSON config or the command line.
 """
 
 import dataclasses
+import difflib
 import inspect
 import os
 import re
@@ -128,10 +129,22 @@ def boolean(path: str, value) -> None:
   _checked(path, checks.check_bool, value)
 
 
+def did_you_mean(key, allowed) -> str:
+  """" (did you mean X?)" for a close match of ``key`` among ``allowed``
+  (case ignored), else ""."""
+  if not isinstance(key, str):
+    return ""
+  by_lower = {str(name).lower(): name for name in allowed}
+  close = difflib.get_close_matches(key.lower(), list(by_lower), n=2,
+                                    cutoff=0.6)
+  return (f" (did you mean {' or '.join(repr(by_lower[c]) for c in close)}?)"
+          if close else "")
+
+
 def name_in(path: str, value, names) -> None:
   if not isinstance(value, str) or value not in names:
     raise ConfigError(path, f"{path} must be one of {list(names)}, got "
-                      f"{value!r}")
+                      f"{value!r}{did_you_mean(value, names)}")
   # A registry's ``module:factory`` name is resolved here, so that a
   # refusal (a module the user did not allow, an undeclared object) names
   # the key.
@@ -157,8 +170,9 @@ def keys_in(path: str, value, allowed, required=()) -> dict:
   prefix = f"{path}." if path else ""
   for key in value:
     if key not in allowed:
-      raise ConfigError(f"{prefix}{key}", f"{prefix}{key}: unknown key; "
-                        f"allowed: {sorted(allowed)}")
+      raise ConfigError(f"{prefix}{key}", f"{prefix}{key}: unknown key"
+                        f"{did_you_mean(key, allowed)}; allowed: "
+                        f"{sorted(allowed)}")
   for key in required:
     if key not in value:
       raise ConfigError(f"{prefix}{key}", f"{path or 'config'} must have a "
