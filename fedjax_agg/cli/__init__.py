@@ -244,9 +244,12 @@ def _run(args, given: set[str], argv: list[str],
   from fedjax_agg import jsonio  # pylint: disable=g-import-not-at-top
 
   config, algorithm = resolve(args, given)
-  print("config: " + json.dumps(jsonio.jsonable(config.to_dict())),
-        file=sys.stderr, flush=True)
+
+  def echo():  # the resolved config, once the run has passed its checks
+    print("config: " + json.dumps(jsonio.jsonable(config.to_dict())),
+          file=sys.stderr, flush=True)
   if algorithm is None:
+    echo()
     return compare_main(args, config)
   grid = parse_grid(args.sweep)
   # --seeds and --sweep run as one vmapped sweep; a config's several seeds
@@ -261,6 +264,7 @@ def _run(args, given: set[str], argv: list[str],
               for seed in config.seeds]
 
   def write_config():
+    echo()
     if not _is_writer(args):
       return
     from fedjax_agg import manifest  # pylint: disable=g-import-not-at-top

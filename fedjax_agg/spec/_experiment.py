@@ -313,7 +313,8 @@ def _section(cls, path: str, mapping: Mapping):
   for key in mapping:
     if key not in allowed and key not in extra:
       raise v.ConfigError(
-          f"{path}.{key}", f"{path}.{key}: unknown key; allowed: "
+          f"{path}.{key}", f"{path}.{key}: unknown key"
+          f"{v.did_you_mean(key, allowed)}; allowed: "
           f"{sorted(allowed)}")
   required = [f.name for f in dataclasses.fields(cls)
               if f.default is dataclasses.MISSING
