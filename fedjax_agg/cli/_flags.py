@@ -28,7 +28,11 @@ __all__ = ["CONFIG_KEYS", "LISTS", "RUN_FLAGS", "SPEC_FLAGS", "UsageError",
            "parse_kv", "parse_seeds"]
 
 # The first line of ``python -m fedjax_agg --help``.
-_DESCRIPTION = "Command line: run one configurable federated experiment."
+_DESCRIPTION = (
+    "Command line: run one configurable federated experiment. To compare "
+    "finished runs (tables and plots, mean and band over seeds): python -m "
+    "fedjax_agg report RUN_DIR [RUN_DIR ...] --out DIR [--metric M] "
+    "[--target T] (see python -m fedjax_agg report --help).")
 
 LISTS = ("aggregators", "objectives", "clients", "partitions", "models",
          "datasets", "attacks", "codecs", "profiles", "availability",

@@ -23,6 +23,10 @@ def test_help_lists_names_and_defaults(capsys):
   for default in ("(default: 0.05)", "(default: fedavg)", "(default: iid)",
                   "(default: 10)", "(default: results/run)"):
     assert default in text, default
+  # The other command is named where users look first.
+  assert "python -m fedjax_agg report RUN_DIR" in text
+  for flag in ("--allow-import MODULE", "--keep PATH", "--allow-subset"):
+    assert flag in text, flag
 
 
 def test_list_prints_names_with_arguments_and_defaults(capsys):
