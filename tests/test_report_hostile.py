@@ -17,6 +17,7 @@ from fedjax_agg import cli
 from fedjax_agg import history
 from fedjax_agg import report
 from fedjax_agg.history import History
+from fedjax_agg.report import _plots as report_plots
 
 
 def _history(values, metric="test_accuracy", seconds=None):
@@ -50,8 +51,8 @@ def _error_of(argv, capsys):
 def _figures(monkeypatch):
   """The figures ``report`` draws from now on, as it draws them."""
   figures = []
-  new_figure = report.new_figure
-  monkeypatch.setattr(report, "new_figure",
+  new_figure = report_plots.new_figure
+  monkeypatch.setattr(report_plots, "new_figure",
                       lambda size: figures.append(new_figure(size))
                       or figures[-1])
   return figures
