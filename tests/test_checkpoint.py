@@ -21,6 +21,7 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg.checkpoint import _run as checkpoint_run
 from fedjax_agg import clients
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
@@ -99,8 +100,8 @@ def assert_same_tree(got, expected):
   exp_leaves, exp_def = jax.tree.flatten(expected)
   assert got_def == exp_def
   for a, b in zip(got_leaves, exp_leaves, strict=True):
-    if checkpoint._is_key(a):  # pylint: disable=protected-access
-      assert checkpoint._is_key(b)  # pylint: disable=protected-access
+    if checkpoint_run._is_key(a):  # pylint: disable=protected-access
+      assert checkpoint_run._is_key(b)  # pylint: disable=protected-access
       a, b = jax.random.key_data(a), jax.random.key_data(b)
     assert a.dtype == b.dtype and a.shape == b.shape
     np.testing.assert_array_equal(a, b)

@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 
 from fedjax_agg import aggregators  # noqa: E402
 from fedjax_agg import checkpoint  # noqa: E402
+from fedjax_agg.checkpoint import _run as checkpoint_run  # noqa: E402
 from fedjax_agg import models  # noqa: E402
 from fedjax_agg import rounds as rounds_lib
 
@@ -75,7 +76,7 @@ def bench(model_name: str, aggregator_name: str, args) -> dict:
       state)
   run_key = jax.random.key(1)
   state_bytes = sum(np.asarray(
-      jax.random.key_data(x) if checkpoint._is_key(x) else x).nbytes  # pylint: disable=protected-access
+      jax.random.key_data(x) if checkpoint_run._is_key(x) else x).nbytes  # pylint: disable=protected-access
                     for x in jax.tree.leaves(state))
   with tempfile.TemporaryDirectory() as root:
     saver = checkpoint.RunCheckpointer(root, 1, {"case": model_name},

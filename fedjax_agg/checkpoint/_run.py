@@ -1,68 +1,8 @@
-"""Checkpoint and resume of ``simulation.run`` with orbax.
+"""The checkpoints of one run: written, listed, restored and checked.
 
-``simulation.run(..., checkpointing=Checkpointing(d, every=n))`` saves the
-whole run every ``n`` rounds (and after the last round);
-``Checkpointing(d, every=n, resume=True)`` continues from the latest
-checkpoint in ``d`` and gives the history and final params of the
-uninterrupted run (every column but the wall-clock ``time_s``). Resuming
-with a larger ``num_rounds`` extends a finished run: the cohort keys of a
-run are a prefix of a longer run's, so the extended run equals the longer
-uninterrupted one (every column, given an evaluation schedule that does not
-depend on R: the last round of the shorter run was evaluated as a last
-round -- on the test set, and on the clients' data under the default
-``Evaluation(clients="auto")``).
-
-What must match. The checkpoint's config is a description of everything
-that decides the results (``simulation.run``'s fingerprint): the training
-configuration, seed, model, aggregator and local update (with the scalars
-their closures hold) and the CONTENT of the data -- CRC-32s of the pooled
-examples (another dataset or preprocessing differs), of every client's
-index row (another partition of equal sizes differs), of the validation
-split and of the test set. Each differing entry is named.
-
-What a checkpoint holds. One directory per saved round, ``<d>/<round>/``,
-with three orbax items written together:
-
-* ``state``: every array leaf of the run's ``ServerState`` (global params,
-  the aggregator's whole state -- for FedDRL the networks, targets, Adam
-  states, replay buffer and the agent's key --, the round counter, the
-  state's PRNG key) and the run key the per-round cohort keys are split
-  from. Typed PRNG keys (``jax.random.key``) are stored as their
-  ``key_data`` and wrapped back with their implementation on restore.
-* ``history``: the History rows so far (JSON) and the client rows (each
-  per-client field stacked over rounds into one array of ``state``, with
-  its dtype and CRC-32; other values as JSON), so a restored history
-  equals the original bit for bit; its CRC-32 is in ``meta``, so an
-  edited history is refused like a damaged array.
-* ``meta``: format version, round, the run's config (hyperparameters, a
-  description of the aggregator / objective / optimizer including the
-  scalars their closures hold, a fingerprint of the data) and the spec of
-  every state leaf: tree path, shape, dtype, PRNG implementation, CRC-32.
-
-Atomicity. orbax writes a step to ``<d>/<round>.orbax-checkpoint-tmp``,
-writes ``commit_success.txt`` last and renames the folder to ``<d>/<round>``
-(one ``rename``, atomic on POSIX file systems; on GCS orbax marks
-completion with that file instead); a folder without the temporary suffix
-is therefore complete. Temporary folders of a killed run are deleted when
-the run is resumed. Only the latest ``max_to_keep`` (2)
-checkpoints are kept, so a damaged latest one leaves an earlier one.
-
-Errors, never a silent restart. Resuming raises ``CheckpointMismatchError``
-naming every config entry, tree path, shape or dtype that differs from the
-run asked for, and ``CorruptCheckpointError`` when a checkpoint cannot be
-read or a leaf's CRC-32 differs (it names the earlier checkpoints one could
-resume from by deleting the damaged one). Starting a run without
-``resume`` in a folder that already holds checkpoints is an error too.
-``resume=True`` with no checkpoint in the folder starts at round 0 (and
-logs that), so a job script can always pass it.
-
-What may change between the killed and the resumed run: the progress bar,
-``checkpoint_every``, and how the round is executed (``clients_per_step``,
-``unroll``, ``mesh``); the latter change float rounding, so the history is
-then equal to float tolerance rather than bit for bit.
-
-Saves are asynchronous: the state is copied to host memory before
-``save`` returns, and orbax writes it while the next rounds run.
+``RunCheckpointer`` saves a run's state, history and meta for a round and
+restores them (the layout and its checks are in ``fedjax_agg.checkpoint``'s
+docstring); ``open_run`` opens a run's folder, fresh or resumed.
 """
 
 import dataclasses
@@ -79,17 +19,11 @@ import orbax.checkpoint as ocp
 
 from fedjax_agg import locks
 from fedjax_agg import manifest
-# What must match, described (re-exported: part of this module's API).
+from fedjax_agg.checkpoint._errors import CheckpointError
+from fedjax_agg.checkpoint._errors import CheckpointMismatchError
+from fedjax_agg.checkpoint._errors import CorruptCheckpointError
 from fedjax_agg.fingerprint import _crc
 from fedjax_agg.fingerprint import config_differences
-from fedjax_agg.fingerprint import data_fingerprint
-from fedjax_agg.fingerprint import describe
-
-__all__ = ["CheckpointError", "CheckpointMismatchError",
-    "CorruptCheckpointError", "FORMAT_VERSION", "ITEMS", "MAX_TO_KEEP",
-    "RunCheckpointer", "Snapshot", "check_arguments", "config_differences",
-    "data_fingerprint", "describe", "load_variables", "open_run",
-    "save_variables", "saved_variables", "spec_differences", "VARIABLES"]
 
 FORMAT_VERSION = 1
 """The version of the checkpoint layout written to ``meta``; a checkpoint
@@ -100,19 +34,8 @@ oldest are deleted)."""
 ITEMS = ("state", "history", "meta")
 """The names of the orbax items written together for each saved round."""
 
-_log = logging.getLogger(__name__)
-
-
-class CheckpointError(ValueError):
-  """A checkpoint cannot be used to resume the run asked for."""
-
-
-class CorruptCheckpointError(CheckpointError):
-  """A checkpoint is unreadable, incomplete or fails its checksums."""
-
-
-class CheckpointMismatchError(CheckpointError):
-  """A checkpoint was written by a different run (config, shapes, rule)."""
+# The package's logger: its messages keep the name they had.
+_log = logging.getLogger("fedjax_agg.checkpoint")
 
 
 class Snapshot(NamedTuple):
@@ -524,102 +447,3 @@ def open_run(checkpoint_dir: str, every: int, resume: bool, config: dict,
   _log.info("resume: round %d from %s", snapshot.round,
             checkpointer.directory)
   return checkpointer, snapshot
-
-
-VARIABLES = "variables"
-"""The orbax item of ``save_variables``' folder."""
-
-
-def save_variables(directory: str, variables) -> str:
-  """Saves a network's variables (e.g. a pre-trained base) to
-  ``<directory>/variables`` with orbax, for ``load_variables`` and a
-  description's ``model.base``. Returns ``directory``."""
-  path = os.path.join(os.path.abspath(directory), VARIABLES)
-  checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(path, variables, force=True)
-  checkpointer.wait_until_finished()
-  # orbax's note of success names the absolute folder; restoring does not
-  # read it, and a committed base carries no machine's paths.
-  marker = os.path.join(path, "commit_success.txt")
-  if os.path.exists(marker):
-    os.remove(marker)
-  return directory
-
-
-def load_variables(directory: str, template):
-  """The variables ``save_variables`` wrote to ``directory``, restored
-  into ``template``'s tree, shapes and dtypes (e.g.
-  ``jax.eval_shape(model.init, key)``).
-
-  Raises:
-    CheckpointError: naming ``directory``: nothing saved there, or
-      variables of another network (another tree or shapes).
-  """
-  path = os.path.join(os.path.abspath(directory), VARIABLES)
-  refused = (f"{directory}: its variables are not those of this network "
-             "(the model's name and arguments must be the base's): ")
-  # The saved leaves and shapes are compared before any array is read: a
-  # refused restore would leave orbax's pending reads behind.
-  saved = saved_variables(directory)
-  wanted = _leaf_shapes(template)
-  for leaf in sorted(set(saved) ^ set(wanted)):
-    where = "the saved variables" if leaf in saved else "the network"
-    raise CheckpointError(f"{refused}only {where} have {leaf}")
-  for leaf, shape in sorted(wanted.items()):
-    if saved[leaf] != shape:
-      raise CheckpointError(f"{refused}{leaf} is {saved[leaf]} saved, "
-                            f"{shape} in the network")
-  try:
-    return ocp.StandardCheckpointer().restore(path, template)
-  except (ValueError, KeyError, TypeError) as error:
-    # orbax's first sentence names the leaf; the rest is about its own API.
-    raise CheckpointError(refused + str(error).split(". ")[0]) from None
-  except Exception as error:  # pylint: disable=broad-except
-    # A damaged array file: tensorstore raises a bare Exception.
-    raise CorruptCheckpointError(
-        f"{directory}: the saved arrays in {path} cannot be read (a damaged "
-        f"or partial save): {str(error).split('. ')[0][:200]}") from None
-
-
-def saved_variables(directory: str) -> dict:
-  """{leaf path: shape} of the variables ``save_variables`` wrote to
-  ``directory``, from their metadata (no array is read).
-
-  Raises:
-    CheckpointError: naming ``directory``: nothing saved there;
-      ``CorruptCheckpointError`` where the metadata cannot be read (a
-      damaged or partial save).
-  """
-  path = os.path.join(os.path.abspath(directory), VARIABLES)
-  if not os.path.isdir(path):
-    raise CheckpointError(f"{directory}: no saved variables (expected "
-                          f"{VARIABLES}/ written by save_variables)")
-  damaged = (f"{directory}: the saved variables in {path} cannot be read "
-             "(a damaged or partial save: its metadata ")
-  # orbax logs its own warning before returning no metadata; the error
-  # below says it once.
-  absl_logger = logging.getLogger("absl")
-  level = absl_logger.level
-  absl_logger.setLevel(logging.ERROR)
-  try:
-    metadata = ocp.StandardCheckpointer().metadata(path).item_metadata
-  except (OSError, ValueError, TypeError, KeyError, AttributeError):
-    # orbax's own parse of a malformed file fails in any of these ways.
-    raise CorruptCheckpointError(f"{damaged}is malformed)") from None
-  finally:
-    absl_logger.setLevel(level)
-  tree = getattr(metadata, "tree", None)
-  if tree is None:
-    raise CorruptCheckpointError(f"{damaged}is missing or unreadable)")
-  try:
-    return _leaf_shapes(tree)
-  except (AttributeError, TypeError, ValueError):
-    raise CorruptCheckpointError(f"{damaged}is malformed)") from None
-
-
-def _leaf_shapes(tree) -> dict:
-  """{leaf path: shape} of a tree of arrays or of orbax's array metadata."""
-  leaves = jax.tree_util.tree_flatten_with_path(
-      tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
-  return {jax.tree_util.keystr(key): tuple(leaf.shape)
-          for key, leaf in leaves}
