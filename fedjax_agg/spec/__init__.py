@@ -39,19 +39,21 @@ Modules: ``_values`` (the errors and the checks of values), ``_fields``
 (a field's default, flag, check and target), ``_adapters`` (LoRA adapters
 of the model section), ``_train`` (the "train" section and the run
 objects it builds), ``_sections`` (the other sections), ``_experiment``
-(``Experiment``).
+(``Experiment``), ``_rule_checks`` (its checks that the rules fit the
+rest of the description: a client side and its rule, adapters, privacy,
+the secure sum, an attack).
 """
 
 from fedjax_agg.spec._experiment import Experiment
 from fedjax_agg.spec._experiment import flags
-from fedjax_agg.spec._experiment import PAIRED_RULES
-from fedjax_agg.spec._experiment import PERSONAL_CLIENTS
 from fedjax_agg.spec._experiment import PRIVATE_AGGREGATORS
 from fedjax_agg.spec._experiment import SECTIONS
 from fedjax_agg.spec._adapters import ADAPTER_ONLY_RULES
 from fedjax_agg.spec._adapters import ADAPTER_RULES
 from fedjax_agg.spec._adapters import AdaptersSpec
 from fedjax_agg.spec._adapters import RULE_OPTIONS
+from fedjax_agg.spec._rule_checks import PAIRED_RULES
+from fedjax_agg.spec._rule_checks import PERSONAL_CLIENTS
 from fedjax_agg.spec._sections import ADVERSARY_MODES
 from fedjax_agg.spec._sections import AlgorithmSpec
 from fedjax_agg.spec._sections import AttackSpec
