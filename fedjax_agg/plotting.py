@@ -47,6 +47,21 @@ def save_figure(fig: "figure.Figure", path: str, **savefig_args) -> str:
       temporary, format=suffix, **savefig_args))
 
 
+def colour(position: int) -> str:
+  """The colour of the curve at ``position`` in a figure's order: every
+  figure of the library (a run's ``curves.png``, ``accuracy.png``, the
+  report's plots) colours the i-th algorithm of a run alike."""
+  return f"C{position % 10}"
+
+
+def wrapped(title: str, width: int) -> str:
+  """``title`` broken into lines of at most ``width`` characters (at
+  separators), so a long setting is not clipped."""
+  import textwrap  # pylint: disable=g-import-not-at-top
+  return "\n".join(textwrap.wrap(title, width, break_long_words=False)
+                   ) if title else title
+
+
 def new_figure(figsize: tuple[float, float]) -> "figure.Figure":
   """A matplotlib ``Figure`` of ``figsize`` inches drawn by the Agg canvas.
 
@@ -79,17 +94,18 @@ def curves_figure(histories: Mapping[str, Sequence[History]],
   fig = new_figure((5 * len(metrics), 3.6))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   for ax, metric in zip(axes, metrics, strict=True):
-    for label, runs in histories.items():
+    for position, (label, runs) in enumerate(histories.items()):
       if not runs:
         continue
       rounds = runs[0].column("round")
       values = np.stack([h.column(metric) for h in runs])
       keep = ~np.isnan(values).any(axis=0)
       mean, std = values.mean(0), values.std(0)
-      ax.plot(rounds[keep], mean[keep], marker=".", label=label)
+      ax.plot(rounds[keep], mean[keep], marker=".", label=label,
+              color=colour(position))
       if len(runs) > 1:
         ax.fill_between(rounds[keep], (mean - std)[keep], (mean + std)[keep],
-                        alpha=0.2)
+                        alpha=0.2, color=colour(position))
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     last = max((float(np.nanmax(runs[0].column("round")))
                 for runs in histories.values() if runs), default=0.0)
@@ -100,7 +116,7 @@ def curves_figure(histories: Mapping[str, Sequence[History]],
     if ax.get_legend_handles_labels()[0]:
       ax.legend()
   if title:
-    fig.suptitle(title)
+    fig.suptitle(wrapped(title, 55 * len(metrics)), fontsize="medium")
   fig.tight_layout()
   return fig
 

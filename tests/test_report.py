@@ -112,3 +112,38 @@ def test_the_initial_model_is_drawn_at_zero_time_and_bytes(tmp_path):
       path = report.plot_curves({"a": [run, run]}, "test_accuracy", axis,
                                 str(tmp_path / f"{axis}.png"))
     assert os.path.getsize(path) > 0
+
+
+def test_a_comparison_keeps_its_records_order_colours_and_setting(
+    tmp_path, monkeypatch):
+  """The report draws a run_config folder's algorithms in its config's
+  order with the colours its curves.png gives them, names the setting in
+  the title and puts the loss beside the accuracy."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
+  from tests.experiment.test_runs import MNIST_5K  # pylint: disable=g-import-not-at-top
+  config = experiment.override(MNIST_5K, {"algorithms": {
+      "Zeta": {"aggregator": "fedavg"}, "Alpha": {"aggregator": "fedadp"}}})
+  run = tmp_path / "run"
+  experiment.run_config(config, str(run), progress=False)
+  assert list(report.load_run(str(run))) == ["Zeta", "Alpha"]
+  figures = []
+  save = plotting.save_figure
+  monkeypatch.setattr(plotting, "save_figure", lambda fig, path, **kw: (
+      figures.append(fig), save(fig, path, **kw))[1])
+  made = report.report([str(run)], str(tmp_path / "report"))
+  assert [row["name"] for row in made["rows"]] == ["Zeta", "Alpha"]
+  (fig,) = figures
+  accuracy, loss = fig.axes
+  assert loss.get_ylabel() == plotting.axis_label("test_loss")
+  for ax in (accuracy, loss):
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == ["Zeta", "Alpha"]
+    assert [line.get_color() for line in lines] == ["C0", "C1"]
+  title = fig.texts[0].get_text().replace("\n", " ")
+  # The setting as the run's record states it (every default written).
+  import json  # pylint: disable=g-import-not-at-top
+  record = json.loads((run / "config.json").read_text())
+  del record["provenance"]
+  assert experiment.setting_title(record) in title, title
+  assert "shards(N=4" in title and "mlp2" in title

@@ -79,6 +79,7 @@ from fedjax_agg.report._runs import _folder_curves
 from fedjax_agg.report._runs import _short
 from fedjax_agg.report._runs import _shown
 from fedjax_agg.report._runs import _values
+from fedjax_agg.report._runs import recorded_config
 from fedjax_agg.report._runs import async_tag
 from fedjax_agg.report._runs import AXES
 from fedjax_agg.report._runs import load_run
@@ -151,6 +152,11 @@ def report(run_dirs: Sequence[str], out: str, metric: str = "test_accuracy",
   rows = table_rows(curves, metric, target)
   markdown, latex = _tables(rows, metric, target)
   paths = {}
+  # The loss beside the accuracy, as a run's curves.png has it.
+  also = [name for name in ("test_loss",) if metric == "test_accuracy"
+          and all(not np.isnan(_values(run, name)).all()
+                  for runs in curves.values() for run in runs)]
+  setting = _shared_setting(run_dirs)
   # Each file written is recorded in ``out``'s manifest, beside those of
   # anything else written there (``resume``: nothing is removed).
   with manifest.recording(out, resume=True):
@@ -160,10 +166,26 @@ def report(run_dirs: Sequence[str], out: str, metric: str = "test_accuracy",
         paths[axis] = plot_curves(
             curves, metric, axis,
             os.path.join(out, _plot_name(metric, axis)),
-            f"{axis_label(metric)} by {AXES[axis]}")
+            f"{axis_label(metric)} by {AXES[axis]}" + (
+                f": {setting}" if setting else ""), also)
     for name, text in (("report.md", markdown), ("report.tex", latex)):
       paths[name] = jsonio.write_text(os.path.join(out, name), text)
   return {"paths": paths, "rows": rows}
+
+
+def _shared_setting(run_dirs) -> str:
+  """The setting (``experiment.setting_title``) the records of every run
+  folder in ``run_dirs`` name, where they all name the same one; else
+  "". A record that does not check is left out (it is only read)."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  settings = set()
+  for run_dir in run_dirs:
+    record = recorded_config(run_dir)
+    try:
+      settings.add(experiment.setting_title(record) if record else "")
+    except (TypeError, ValueError):
+      settings.add("")
+  return settings.pop() if len(settings) == 1 else ""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -46,32 +46,43 @@ def _plain(text: str) -> str:
 
 
 def plot_curves(curves: dict[str, list[History]], metric: str, axis: str,
-                path: str, title: str = "") -> str:
-  """Saves ``metric`` against history column ``axis`` (one of ``AXES``),
-  mean and +- one sd band over each curve's runs (at each round, over
-  the runs that ran it), to ``path``."""
-  _check_metric(metric)
+                path: str, title: str = "",
+                also: Sequence[str] = ()) -> str:
+  """Saves ``metric`` (and each metric of ``also``, one panel each)
+  against history column ``axis`` (one of ``AXES``), mean and +- one sd
+  band over each curve's runs (at each round, over the runs that ran it),
+  to ``path``. Curve i has colour i of the cycle (``plotting.colour``),
+  as the run's own ``curves.png`` gives it."""
+  metrics = [metric, *also]
+  for name in metrics:
+    _check_metric(name)
   if axis not in AXES:
     raise ValueError(f"axis must be one of {list(AXES)}, got {axis!r}")
-  _check_curves(curves, metric, recorded=False)
-  fig = new_figure((6, 4))
-  ax = fig.add_subplot(1, 1, 1)
+  for name in metrics:
+    _check_curves(curves, name, recorded=False)
+  fig = new_figure((6 * len(metrics), 4.2))
+  axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   scale = 1e-6 if axis == "uplink_bytes" else 1.0
-  for label, runs in curves.items():
-    _, values, ran = _aligned(runs, metric)
-    x = curve_x(runs, axis) * scale
-    # A round where a run that ran it has no value is left out.
-    keep = ran.any(0) & ~(ran & np.isnan(values)).any(0) & ~np.isnan(x)
-    mean = np.nanmean(values[:, keep], 0)
-    sd = np.nanstd(values[:, keep], 0)
-    ax.plot(x[keep], mean, marker=".", label=_plain(label))
-    if len(runs) > 1:
-      ax.fill_between(x[keep], mean - sd, mean + sd, alpha=0.2)
-  ax.set_xlabel(AXES[axis])
-  ax.set_ylabel(_plain(axis_label(metric)))
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.suptitle(_plain(title))
+  for ax, name in zip(axes, metrics, strict=True):
+    for position, (label, runs) in enumerate(curves.items()):
+      _, values, ran = _aligned(runs, name)
+      x = curve_x(runs, axis) * scale
+      # A round where a run that ran it has no value is left out.
+      keep = ran.any(0) & ~(ran & np.isnan(values)).any(0) & ~np.isnan(x)
+      mean = np.nanmean(values[:, keep], 0)
+      sd = np.nanstd(values[:, keep], 0)
+      colour = plotting.colour(position)
+      ax.plot(x[keep], mean, marker=".", label=_plain(label), color=colour)
+      if len(runs) > 1:
+        ax.fill_between(x[keep], mean - sd, mean + sd, alpha=0.2,
+                        color=colour)
+    ax.set_xlabel(AXES[axis])
+    ax.set_ylabel(_plain(axis_label(name)))
+    ax.grid(alpha=0.3)
+    ax.legend()
+  # A long setting wraps instead of being clipped at the figure's edge.
+  fig.suptitle(plotting.wrapped(_plain(title), 60 * len(metrics)),
+               fontsize="medium")
   fig.tight_layout()
   return plotting.save_figure(fig, path, dpi=120)
 

@@ -9,11 +9,12 @@ arguments (a metric, a target, a path, curves given as Histories); and
 the alignment of several runs' columns by round (``_aligned``).
 """
 
+import json
 import math
 import numbers
 import os
 import re
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -207,7 +208,12 @@ def _folder_curves(run_dir) -> dict[str, list[tuple]]:
   name = os.path.basename(os.path.abspath(run_dir)) or str(run_dir)
   curves = _run_curves(run_dir, name)
   if not curves:  # a comparison: one sub-folder per algorithm
-    for algorithm in _subfolders(run_dir):
+    # In the order its record gives them (as the run's curves.png draws
+    # them), then any others by name.
+    order = list((recorded_config(run_dir) or {}).get("algorithms") or ())
+    folders = _subfolders(run_dir)
+    for algorithm in sorted(folders, key=lambda f: (
+        order.index(f) if f in order else len(order), f)):
       for label, runs in _run_curves(os.path.join(run_dir, algorithm),
                                      algorithm).items():
         _add_curve(curves, label, runs)
@@ -215,6 +221,25 @@ def _folder_curves(run_dir) -> dict[str, list[tuple]]:
     raise ValueError(f"{_shown(run_dir)}: holds no run (no history.json "
                      "in it or in its sub-folders)")
   return curves
+
+
+def recorded_config(run_dir) -> Optional[dict]:
+  """The experiment ``run_dir``'s ``config.json`` records (without its
+  provenance), or None where it has none that reads as one (it is only
+  read, never run: names in it import nothing)."""
+  path = os.path.join(run_dir, "config.json")
+  try:
+    if os.path.getsize(path) > 16 << 20:
+      return None
+    with open(path, encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, ValueError, RecursionError):
+    return None
+  if not isinstance(record, dict) or not isinstance(
+      record.get("algorithms"), dict):
+    return None
+  return {key: value for key, value in record.items()
+          if key != "provenance"}
 
 
 def load_run(run_dir: str) -> dict[str, list[History]]:
