@@ -1,0 +1,227 @@
+"""The runs the command line starts, and what each writes to ``--out``.
+
+One run (``single_main``: ``history.csv|json``, ``accuracy.png``); a
+config's seeds one after the other (``seeds_main``) or every seed x grid
+point as one vmapped sweep (``sweep_main``), both written as several
+members (``<out>/<member>/history.*``, ``summary.csv``,
+``accuracy.png``); a config's algorithms compared (``compare_main``, as
+``experiment.run_config`` runs them). ``_Start`` writes the run's config
+with its first row, once everything checked up front has passed.
+"""
+
+import json
+import os
+from typing import Optional
+
+from fedjax_agg import types
+from fedjax_agg.cli._flags import _flag
+from fedjax_agg.cli._flags import UsageError
+
+
+class _Start(types.Callback):
+  """A callback that writes the run's config with the run's first row (a
+  member's initial evaluation), after everything the run checks up front.
+  """
+
+  def __init__(self, write, dataset=None) -> None:
+    self.write = write
+    self.started = False
+    self.dataset = dataset  # what the run trains on, for titles and notes
+
+  def record(self, history) -> None:
+    """Notes in ``history``'s config a subset that stood in for the data
+    asked for (``experiment.note_substitution``)."""
+    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+    experiment.note_substitution(history, self.dataset)
+
+  def __call__(self, row: dict, client) -> None:
+    del row, client
+    if not self.started:
+      self.started = True
+      self.write()
+
+  def refused(self, error: Exception) -> "UsageError":
+    """A refusal raised before the first row, as the command's error line
+    (the message names the setting); after it, the error is the run's."""
+    if self.started:
+      raise error
+    return UsageError(str(error))
+
+
+def _checkpoint_dir(args) -> Optional[str]:
+  """--checkpoint-dir, else <out>/checkpoint where checkpoints are asked
+  for, else None."""
+  if args.checkpoint_dir is None and (args.checkpoint_every or args.resume):
+    return os.path.join(args.out, "checkpoint")
+  return args.checkpoint_dir
+
+
+def _is_writer(args) -> bool:
+  """Whether this process writes the results (process 0 of a job)."""
+  if not args.distributed:
+    return True
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0
+
+
+def _title(config, algorithm: str, dataset=None) -> str:
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  return f"{algorithm}: {experiment.setting_title(config, dataset)}"
+
+
+def single_main(args, config, algorithm: str, prepared,
+                start: _Start) -> int:
+  """One run: writes ``history.csv|json`` and ``accuracy.png``."""
+  from fedjax_agg import checkpoint  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import report  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  callbacks = [start]
+  if _is_writer(args):
+    # The history files stay current as the run goes (a run that dies
+    # keeps what it computed).
+    callbacks.append(history.HistoryWriter(args.out, {"partial": True}))
+    if args.tensorboard:
+      callbacks.append(history.TensorBoardWriter(args.tensorboard))
+  try:
+    result = experiment.run_algorithm(
+        config, algorithm, config.seeds[0], prepared,
+        progress=not args.no_progress, checkpoint_dir=_checkpoint_dir(args),
+        checkpoint_every=args.checkpoint_every, resume=args.resume,
+        callbacks=callbacks)
+  except checkpoint.CheckpointError as error:
+    raise UsageError(f"--resume/--checkpoint-dir: {error}") from None
+  except (ValueError, TypeError, OSError) as error:
+    raise start.refused(error) from None
+  finally:
+    for callback in callbacks:  # also when the run failed to start
+      callback.close()
+  if not _is_writer(args):
+    return 0  # Every process holds the same history; process 0 writes it.
+  start.record(result.history)
+  paths = history.write_run(args.out, {"run": result.history})["run"]
+  plot_path = os.path.join(args.out, "accuracy.png")
+  label = algorithm + report.async_tag(result.history)
+  plotting.plot_history({label: result.history}, plot_path,
+                        title=_title(config, algorithm, start.dataset))
+  if not np.isnan(result.history.column("sim_time_s")).all():
+    report.plot_curves({label: [result.history]}, "test_accuracy",
+                       "sim_time_s", os.path.join(args.out,
+                                                  "accuracy_by_time.png"),
+                       _title(config, algorithm, start.dataset))
+  rows = result.history.rows
+  print(json.dumps({"final_test_accuracy": rows[-1].get("test_accuracy"),
+                    "initial_test_accuracy": rows[0].get("test_accuracy"),
+                    "rounds": rows[-1].get("round"), **paths,
+                    "config": os.path.join(args.out, "config.json"),
+                    "plot": plot_path}))
+  return 0
+
+
+def seeds_main(args, config, algorithm: str, prepared: list,
+               start: _Start) -> int:
+  """A config's seeds one after the other ("vmap_seeds": false): the
+  sweep's layout and summary, each member a run of its own."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import runner  # pylint: disable=g-import-not-at-top
+  members = []
+  checkpoint_dir = _checkpoint_dir(args)
+  for seed, data in zip(config.seeds, prepared, strict=True):
+    try:
+      result = experiment.run_algorithm(
+          config, algorithm, seed, data, progress=not args.no_progress,
+          callbacks=[start],
+          checkpoint_dir=None if checkpoint_dir is None else os.path.join(
+              checkpoint_dir, f"seed{seed}"),
+          checkpoint_every=args.checkpoint_every, resume=args.resume)
+    except (ValueError, TypeError, OSError) as error:
+      raise start.refused(error) from None
+    members.append(runner.Member({}, seed, result.history, result.state))
+  return _save_members(args, config, algorithm, members, start)
+
+
+def sweep_main(args, config, algorithm: str, prepared: list,
+               grid: dict, start: _Start) -> int:
+  """``--seeds`` / ``--sweep``: every member in one vmapped computation;
+  writes the run in the one layout (``history.save_run``:
+  ``<out>/<member>/history.csv|json`` for several members),
+  ``summary.csv`` and ``accuracy.png``."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import round_forms  # pylint: disable=g-import-not-at-top
+  try:
+    members = experiment.sweep_algorithm(
+        config, algorithm, config.seeds, prepared, grid,
+        progress=not args.no_progress, callbacks=[start],
+        checkpoint_dir=_checkpoint_dir(args),
+        checkpoint_every=args.checkpoint_every, resume=args.resume)
+  except round_forms.UntraceableGridError as error:
+    raise UsageError(f"--sweep: {error}") from None
+  except (ValueError, TypeError, OSError) as error:
+    raise start.refused(error) from None
+  return _save_members(args, config, algorithm, members, start)
+
+
+def compare_main(args, config) -> int:
+  """A config of several algorithms without ``--algorithm``: every
+  algorithm x seed, as ``experiment.run_config`` runs them (its layout:
+  ``<out>/<algorithm>/...``, ``summary.json`` and ``curves.png``)."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  for dest in ("sweep", "tensorboard", "checkpoint_dir", "distributed",
+               "partition_plot"):
+    if getattr(args, dest):
+      raise UsageError(
+          f"{_flag(dest)}: not available when a config's algorithms are "
+          "compared (give --algorithm NAME to run one of them)")
+  try:
+    summary = experiment.run_config(
+        config, args.out, progress=not args.no_progress,
+        checkpoint_every=args.checkpoint_every, resume=args.resume,
+        overwrite=args.overwrite, keep=args.keep)
+  except ValueError as error:
+    raise UsageError(f"--config {args.config}: {error}") from None
+  print(json.dumps({"algorithms": {
+      name: {key: value for key, value in entry.items()
+             if key.startswith("final_test_accuracy")}
+      for name, entry in summary.items()},
+      "summary": os.path.join(args.out, "summary.json"),
+      "plot": os.path.join(args.out, "curves.png")}))
+  return 0
+
+
+def _save_members(args, config, algorithm: str, members,
+                  start: _Start) -> int:
+  """Writes several members' histories, summary and plot."""
+  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
+  histories = {sweep.member_name(member.hparams, member.seed):
+               member.history for member in members}
+  for member in members:
+    start.record(member.history)
+  saved = history.write_run(args.out, histories)
+  rows = [{"member": name, "hparams": member.hparams, "seed": member.seed,
+           "final_test_accuracy": member.history.rows[-1].get(
+               "test_accuracy"), **saved[name]}
+          for (name, _), member in zip(histories.items(), members,
+                                       strict=True)]
+  # One band per grid point: mean +- std over its seeds, and a summary CSV.
+  by_point = {}
+  for member in members:
+    # A band is named by what varies across bands (the grid point), or
+    # by the algorithm when only the seed does: never by one seed.
+    by_point.setdefault(sweep.point_name(member.hparams) or algorithm,
+                        []).append(member.history)
+  plot_path = os.path.join(args.out, "accuracy.png")
+  plotting.plot_mean_curves(by_point, plot_path,
+                            title=_title(config, algorithm, start.dataset))
+  summary = experiment.summarize(by_point, config.target_accuracy)
+  summary_path = os.path.join(args.out, "summary.csv")
+  experiment.write_summary_csv(summary, summary_path)
+  print(json.dumps({"members": rows,
+                    "rounds": members[0].history.rows[-1].get("round"),
+                    "config": os.path.join(args.out, "config.json"),
+                    "summary": summary_path, "plot": plot_path}))
+  return 0
