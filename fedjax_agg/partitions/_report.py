@@ -1,6 +1,7 @@
 """Describing a partition: per-client label histograms, tables, heatmaps."""
 
 import os
+import textwrap
 from typing import Optional, Sequence
 
 import numpy as np
@@ -73,7 +74,11 @@ def heatmap_figure(client_indices: Sequence[np.ndarray], labels,
   ax.set_ylabel("class")
   fig.colorbar(image, cax=fig.add_subplot(grid[1, 1]), label="examples")
   if title:
-    bars.set_title(title)
+    # Wrapped to the figure's width (about 8 characters an inch), so that
+    # a narrow figure of few clients does not clip or overlap it.
+    bars.set_title("\n".join(textwrap.wrap(
+        title, max(20, int(8 * fig.get_figwidth())),
+        break_long_words=False)), fontsize="medium")
   return fig
 
 

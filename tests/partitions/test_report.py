@@ -24,3 +24,16 @@ def test_plot_heatmap_writes_png(tmp_path):
                                  title="CN")
   assert path.endswith("h.png")
   assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_long_title_fits_a_narrow_heatmap():
+  """Few clients make a narrow figure: the title wraps inside it."""
+  from fedjax_agg.partitions import _report  # pylint: disable=g-import-not-at-top
+  labels = np.arange(40) % 10
+  title = "mnist (mnist_5k), shards(N=4, shards_per_client=2), seed 0"
+  fig = _report.heatmap_figure(np.array_split(np.arange(40), 4), labels,
+                               10, title)
+  drawn = fig.axes[0].get_title()
+  assert drawn.replace("\n", " ") == title
+  assert max(len(line) for line in drawn.splitlines()) <= (
+      8 * fig.get_figwidth())
