@@ -25,9 +25,11 @@ Modules by layer (each imports only from the layers below it):
   ``fedjax_agg.simulation`` (``run``), ``fedjax_agg.sweep``,
   ``fedjax_agg.drivers`` (``fedjax_agg.drivers.adct``,
   ``fedjax_agg.drivers.feddrl_two_stage``), ``fedjax_agg.spec``,
-  ``fedjax_agg.experiment``, ``fedjax_agg.checkpoint``,
+  ``fedjax_agg.experiment``, ``fedjax_agg.checkpoint`` (a run's
+  checkpoints and a network's saved variables),
   ``fedjax_agg.fingerprint``, ``fedjax_agg.locks``,
-  ``fedjax_agg.plotting`` and the command line, ``fedjax_agg.cli``.
+  ``fedjax_agg.plotting``, ``fedjax_agg.report`` (finished runs compared)
+  and the command line, ``fedjax_agg.cli``.
 
 .. include:: ../README.md
    :end-before: ## Performance
