@@ -1,35 +1,44 @@
 """fedjax_agg: federated learning simulation and aggregation rules in JAX.
 
-Modules by layer (each imports only from the layers below it):
+Modules by layer: each imports only from its own layer and the layers
+above it in this list, and no two modules import each other, function-
+local imports included (``tests/test_layers.py`` checks this list against
+the import graph; its one exception is named there):
 
-* contracts and shared math: ``fedjax_agg.types``, ``fedjax_agg.config``,
-  ``fedjax_agg.checks``, ``fedjax_agg.tree_math``,
-  ``fedjax_agg.update_stats``, ``fedjax_agg.registry``,
-  ``fedjax_agg.manifest`` (what a run wrote), ``fedjax_agg.jsonio``;
-* rules: ``fedjax_agg.aggregators``, ``fedjax_agg.objectives``,
-  ``fedjax_agg.clients`` (every client-side algorithm, ADCT's tuning
-  included), ``fedjax_agg.attacks``, ``fedjax_agg.privacy``, and
-  ``fedjax_agg.testing`` (the conformance checks of a rule);
-* models: ``fedjax_agg.models`` (``fedjax_agg.models.networks``,
-  ``fedjax_agg.models.layers``);
-* data: ``fedjax_agg.data``, ``fedjax_agg.partitions``,
-  ``fedjax_agg.federated``, ``fedjax_agg.validation``;
-* local training and rounds: ``fedjax_agg.engine``, ``fedjax_agg.rounds``,
-  ``fedjax_agg.evaluation``, ``fedjax_agg.history``,
-  ``fedjax_agg.sampling``, ``fedjax_agg.stragglers``,
-  ``fedjax_agg.distributed``;
-* systems: ``fedjax_agg.systems``, ``fedjax_agg.compression``,
-  ``fedjax_agg.clock``, ``fedjax_agg.fedbuff``, ``fedjax_agg.secagg``;
-* drivers: ``fedjax_agg.options``, ``fedjax_agg.loop`` (the one round
-  loop), ``fedjax_agg.runner``, ``fedjax_agg.round_forms``,
+* contracts and shared math: ``fedjax_agg.types``, ``fedjax_agg.checks``,
+  ``fedjax_agg.tree_math``, ``fedjax_agg.update_stats``,
+  ``fedjax_agg.registry``, ``fedjax_agg.manifest`` (what a run wrote),
+  ``fedjax_agg.jsonio``, ``fedjax_agg.locks``, ``fedjax_agg.fingerprint``,
+  ``fedjax_agg.run_context``, ``fedjax_agg.sampling``,
+  ``fedjax_agg.stragglers``, ``fedjax_agg.secagg``,
+  ``fedjax_agg.systems`` (the clients' clock: speeds, availability,
+  rounds planned) and ``fedjax_agg.testing`` (the conformance checks of a
+  rule);
+* models and data: ``fedjax_agg.models`` (``fedjax_agg.models.networks``,
+  ``fedjax_agg.models.layers``, ``fedjax_agg.models.lora``),
+  ``fedjax_agg.data``, ``fedjax_agg.partitions``,
+  ``fedjax_agg.federated``, ``fedjax_agg.validation``,
+  ``fedjax_agg.evaluation``;
+* configuration and local training: ``fedjax_agg.config``,
+  ``fedjax_agg.objectives``, ``fedjax_agg.privacy``,
+  ``fedjax_agg.distributed``, ``fedjax_agg.engine`` (the local trainer);
+* server rules: ``fedjax_agg.aggregators``;
+* rounds: ``fedjax_agg.rounds``, ``fedjax_agg.compression``;
+* client sides: ``fedjax_agg.clients`` (every client-side algorithm,
+  ADCT's tuning included, on the engine's trainer) and
+  ``fedjax_agg.attacks``;
+* systems: ``fedjax_agg.fedbuff``, ``fedjax_agg.clock`` (a run's systems
+  objects, built once);
+* drivers: ``fedjax_agg.history``, ``fedjax_agg.checkpoint`` (a run's
+  checkpoints and a network's saved variables), ``fedjax_agg.options``,
+  ``fedjax_agg.loop`` (the one round loop), ``fedjax_agg.accounting``,
+  ``fedjax_agg.round_forms``, ``fedjax_agg.runner``,
   ``fedjax_agg.simulation`` (``run``), ``fedjax_agg.sweep``,
   ``fedjax_agg.drivers`` (``fedjax_agg.drivers.adct``,
-  ``fedjax_agg.drivers.feddrl_two_stage``), ``fedjax_agg.spec``,
-  ``fedjax_agg.experiment``, ``fedjax_agg.checkpoint`` (a run's
-  checkpoints and a network's saved variables),
-  ``fedjax_agg.fingerprint``, ``fedjax_agg.locks``,
-  ``fedjax_agg.plotting``, ``fedjax_agg.report`` (finished runs compared)
-  and the command line, ``fedjax_agg.cli``.
+  ``fedjax_agg.drivers.feddrl_two_stage``), ``fedjax_agg.plotting``,
+  ``fedjax_agg.spec``, ``fedjax_agg.experiment``, ``fedjax_agg.report``
+  (finished runs compared) and the command line, ``fedjax_agg.cli``
+  (``fedjax_agg.__main__``).
 
 .. include:: ../README.md
    :end-before: ## Performance

@@ -1,7 +1,13 @@
 """A run's systems (``config.Systems``): population, round plan, uplink.
 
-The run (``fedjax_agg.runner``) asks this module four things:
+The run (``fedjax_agg.runner``) asks this module five things:
 
+* ``built(systems)``: the runtime objects a ``config.Systems`` names --
+  the uplink codec and the staleness weight -- built once (kept with that
+  ``Systems``: a run builds its codec once, however many parts use it),
+  after the checks of every name and its arguments (profiles and
+  availability too, before the run knows N); a refusal is a
+  ``SystemsError`` naming the attribute;
 * ``check(systems, plan)``: what a run with systems refuses (a vmapped
   sweep; privacy accounting when the clock selects the clients, since the
   accountant assumes uniform cohorts of m; privacy accounting on a secure
@@ -18,8 +24,9 @@ The run (``fedjax_agg.runner``) asks this module four things:
   itself is ``fedjax_agg.fedbuff``).
 """
 
+import re
 import zlib
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -34,8 +41,107 @@ from fedjax_agg.federated import FederatedData
 from fedjax_agg.models import lora
 from fedjax_agg.types import Aggregator, LocalUpdate, Params
 
-__all__ = ["async_plan", "build_system", "check", "model_bytes",
-           "round_plan", "server_rule", "trace_fingerprint", "uplink"]
+__all__ = ["Built", "SystemsError", "SystemsTypeError", "async_plan",
+           "build_system", "built", "check", "model_bytes", "round_plan",
+           "server_rule", "trace_fingerprint", "uplink"]
+
+
+class SystemsError(ValueError):
+  """A ``config.Systems`` attribute the systems layer refuses.
+
+  Attributes:
+    field: the attribute at fault (e.g. "codec_args").
+  """
+
+  def __init__(self, field: str, message: str):
+    # A message that already starts with the attribute keeps its words.
+    super().__init__(message if re.match(rf"{field}\b", message)
+                     else f"{field}: {message}")
+    self.field = field
+
+
+class SystemsTypeError(SystemsError, TypeError):
+  """A ``SystemsError`` of a value of the wrong type."""
+
+
+class Built(NamedTuple):
+  """What a ``config.Systems`` names, built (``built``).
+
+  Attributes:
+    codec: the uplink ``compression.Codec``, or None (float32 updates).
+    staleness: the staleness weight w(s) (jit-able).
+  """
+  codec: Optional[compression.Codec]
+  staleness: Callable
+
+
+_BUILT = "_built_runtime"  # where a Systems keeps its Built
+
+
+def built(systems: Systems) -> Built:
+  """``systems``' codec and staleness weight, built the first time they
+  are asked for and kept with ``systems`` (one build a run); every name
+  and its arguments are checked first.
+
+  Raises:
+    SystemsError: naming the attribute (e.g. ``codec_args``) and what is
+      wrong.
+  """
+  if not isinstance(systems, Systems):
+    raise TypeError(f"systems must be a config.Systems, got "
+                    f"{type(systems).__name__}")
+  kept = systems.__dict__.get(_BUILT)
+  if kept is not None:
+    return kept
+
+  def named(field, build, *args, **kwargs):
+    try:
+      return build(*args, **kwargs)
+    except TypeError as error:
+      raise SystemsTypeError(field, str(error)) from None
+    except ValueError as error:
+      raise SystemsError(field, str(error)) from None
+  named("profiles", _check_choice, "profiles", systems.profiles,
+        systems_lib.PROFILES.names + ("trace",))
+  named("availability", _check_choice, "availability", systems.availability,
+        systems_lib.AVAILABILITY.names)
+  named("over_selection", systems_lib.check_over_selection,
+        systems.over_selection)
+  # The models' own argument checks, before the run knows N (the error
+  # names the argument; its attribute is the one of the model named).
+  try:
+    systems_lib.check_model_arguments(
+        systems.profiles, systems.profile_args, systems.availability,
+        systems.availability_args, systems.seed)
+  except (TypeError, ValueError) as error:
+    # Its messages start with the attribute ("availability_args: ...",
+    # "profiles='trace' takes ...").
+    field = re.match(r"\w+", str(error))
+    field = field[0] if field and field[0] in (
+        "profiles", "profile_args", "availability",
+        "availability_args") else "profile_args"
+    kind = SystemsTypeError if isinstance(error, TypeError) else SystemsError
+    raise kind(field, str(error)) from None
+  codec = None
+  if systems.codec is not None:
+    named("codec", _check_choice, "codec", systems.codec,
+          compression.CODECS.names)
+    codec = named("codec_args", compression.get, systems.codec,
+                  **systems.codec_args)
+  named("staleness", _check_choice, "staleness", systems.staleness,
+        systems_lib.STALENESS.names)
+  named("staleness_args", systems_lib.STALENESS.check_arguments,
+        systems.staleness, systems.staleness_args, "staleness_args")
+  staleness = named("staleness_args", systems_lib.STALENESS.build,
+                    systems.staleness, **systems.staleness_args)
+  kept = Built(codec, staleness)
+  object.__setattr__(systems, _BUILT, kept)  # a cache, not a field
+  return kept
+
+
+def _check_choice(name, value, names) -> None:
+  if not isinstance(value, str) or value not in names:
+    raise ValueError(f"{name} must be one of {list(names)}, got {value!r}")
 
 
 def check(systems: Optional[Systems], *, vmapped: bool, privacy,
@@ -43,9 +149,7 @@ def check(systems: Optional[Systems], *, vmapped: bool, privacy,
   """Refuses what a run with ``systems`` cannot do (module docstring)."""
   if systems is None:
     return
-  if not isinstance(systems, Systems):
-    raise TypeError(f"systems must be a config.Systems, got "
-                    f"{type(systems).__name__}")
+  built(systems)  # its names and arguments, and its objects, once
   if vmapped:
     raise ValueError(
         "systems: a sweep steps its members with one shared cohort mask, "
@@ -141,7 +245,7 @@ def _update_bytes(systems: Systems, params: Params,
   if systems.secagg_bits is not None:
     # The secure sum's b-bit message replaces whatever the codec sent.
     return secagg.message_bytes(rule, params, systems.secagg_bits)
-  codec = systems.build_codec()
+  codec = built(systems).codec
   if codec is None:
     return model_bytes(jax.tree.map(
         lambda leaf: jax.ShapeDtypeStruct(leaf.shape, np.float32), params))
@@ -154,7 +258,7 @@ def uplink(systems: Optional[Systems], params: Params
   (also for an asynchronous run, whose step applies the codec itself)."""
   if systems is None or systems.codec is None or systems.asynchronous:
     return None
-  codec = systems.build_codec()
+  codec = built(systems).codec
   template = jax.tree.map(
       lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params)
   return lambda inner: compression.with_codec(

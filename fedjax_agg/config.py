@@ -26,6 +26,7 @@ import functools
 import math
 import os
 from typing import Any, Callable, Optional, Union
+import warnings
 
 import jax
 import optax
@@ -414,6 +415,12 @@ class Privacy:
                          low_open=True)
 
 
+def _clock():
+  """The systems layer, for ``Systems``' deprecated builders only."""
+  from fedjax_agg import clock  # pylint: disable=g-import-not-at-top
+  return clock
+
+
 def _check_arguments(name: str, value) -> None:
   if not isinstance(value, dict) or not all(
       isinstance(k, str) for k in value):
@@ -440,6 +447,12 @@ class Systems:
   first m to finish (m = the cohort size) and ends when the last of them
   reports (``systems.sync_round_from_order``).
 
+  A ``Systems`` describes; its runtime objects (the codec, the staleness
+  weight) are built once a run from it by ``clock.built``, which also
+  checks the names and their arguments (raising ``clock.SystemsError``
+  naming the attribute); the spec's check of a config calls it, and so
+  does every run before its first round.
+
   Attributes:
     profiles: how fast clients are: a ``systems.PROFILES`` name
       ("constant", "lognormal") or "trace" (``profile_args={"path":
@@ -448,7 +461,8 @@ class Systems:
     availability: when clients are online: a ``systems.AVAILABILITY``
       name ("always", "markov", "diurnal", "intervals" with a ``path``).
     availability_args: its arguments (e.g. ``mean_online_s``); these and
-      ``profile_args`` are checked here (``systems.check_model_arguments``).
+      ``profile_args`` are checked by ``clock.built``
+      (``systems.check_model_arguments``).
     over_selection: x in [0, ``systems.MAX_OVER_SELECTION`` = 100]: select
       ceil(m (1 + x)) clients (all online ones if that exceeds N),
       aggregate the first m to finish.
@@ -503,37 +517,33 @@ class Systems:
   secagg_clip: float = 1.0
 
   def __post_init__(self):
-    from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
-    from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
-    checks.check_choice("profiles", self.profiles,
-                        systems.PROFILES.names + ("trace",))
-    checks.check_choice("availability", self.availability,
-                        systems.AVAILABILITY.names)
+    # The names and their arguments (profiles, availability, codec,
+    # staleness) are checked where their objects are built, once a run,
+    # by the systems layer (``clock.built``), which the spec's check of a
+    # config calls too; here, what a description alone says.
+    for name in ("profiles", "availability", "staleness"):
+      if not isinstance(getattr(self, name), str):
+        raise TypeError(f"{name} must be a name (str), got "
+                        f"{getattr(self, name)!r}")
+    if self.codec is not None and not isinstance(self.codec, str):
+      raise TypeError(f"codec must be a name (str) or None, got "
+                      f"{self.codec!r}")
     for name in ("profile_args", "availability_args", "codec_args",
                  "staleness_args"):
       _check_arguments(name, getattr(self, name))
     checks.check_int("seed", self.seed, 0, 2**32 - 1)
-    # The models' own argument checks, before the run knows N.
-    systems.check_model_arguments(self.profiles, self.profile_args,
-                                  self.availability, self.availability_args,
-                                  self.seed)
-    systems.check_over_selection(self.over_selection)
+    checks.check_range("over_selection", self.over_selection, 0)
     if self.deadline_s is not None:
       checks.check_range("deadline_s", self.deadline_s, 0, low_open=True)
       if not math.isfinite(self.deadline_s):
         raise ValueError(f"deadline_s must be finite (None: no deadline), "
                          f"got {self.deadline_s!r}")
-    if self.codec is not None:
-      compression.get(self.codec, **self.codec_args)  # its own checks
-    elif self.codec_args:
+    if self.codec is None and self.codec_args:
       raise ValueError(f"codec_args {self.codec_args!r} without a codec")
     checks.check_bool("error_feedback", self.error_feedback)
     if self.error_feedback and self.codec is None:
       raise ValueError("error_feedback=True needs a codec (the residual of "
                        "an uncompressed update is 0)")
-    checks.check_choice("staleness", self.staleness, systems.STALENESS.names)
-    systems.STALENESS.check_arguments(self.staleness, self.staleness_args,
-                                      "staleness_args")
     if self.secagg_bits is not None:
       checks.check_int("secagg_bits", self.secagg_bits, 1, 32)
     checks.check_range("secagg_clip", self.secagg_clip, 0, low_open=True)
@@ -542,10 +552,6 @@ class Systems:
     if self.secagg_bits is None and self.secagg_clip != 1.0:
       raise ValueError(f"secagg_clip={self.secagg_clip} applies to secure "
                        "aggregation only: set secagg_bits too")
-    try:
-      self.build_staleness()  # the function's own checks of its arguments
-    except (TypeError, ValueError) as error:
-      raise type(error)(f"staleness_args: {error}") from None
     if self.concurrency is None:
       defaults = Systems.__dataclass_fields__
       for name in ("staleness", "staleness_args", "max_staleness"):
@@ -589,12 +595,15 @@ class Systems:
     return 10 * -(-self.concurrency // cohort_size) + 1
 
   def build_staleness(self):
-    """The staleness weight w(s) (jit-able)."""
-    from fedjax_agg import systems  # pylint: disable=g-import-not-at-top
-    return systems.STALENESS.build(self.staleness, **self.staleness_args)
+    """Deprecated: ``clock.built(systems).staleness``."""
+    warnings.warn("Systems.build_staleness() is deprecated: use "
+                  "fedjax_agg.clock.built(systems).staleness (built once "
+                  "a run)", DeprecationWarning, stacklevel=2)
+    return _clock().built(self).staleness
 
   def build_codec(self):
-    """The uplink ``compression.Codec``, or None."""
-    from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
-    return (None if self.codec is None
-            else compression.get(self.codec, **self.codec_args))
+    """Deprecated: ``clock.built(systems).codec``."""
+    warnings.warn("Systems.build_codec() is deprecated: use "
+                  "fedjax_agg.clock.built(systems).codec (built once a "
+                  "run)", DeprecationWarning, stacklevel=2)
+    return _clock().built(self).codec

@@ -100,8 +100,8 @@ def unvmapped(plan, state, built, cohort_size: int,
   asynchronous = systems is not None and systems.asynchronous
   if asynchronous:
     round_fn = fedbuff.make_async_round_fn(
-        model, aggregator, training, systems.build_staleness(),
-        execution=execution, mesh=mesh, codec=systems.build_codec(),
+        model, aggregator, training, clock.built(systems).staleness,
+        execution=execution, mesh=mesh, codec=clock.built(systems).codec,
         nonfinite=plan.options.nonfinite.clients, donate_state=True)
   else:
     round_fn = rounds.make_round_fn(

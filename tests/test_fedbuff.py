@@ -233,10 +233,16 @@ def test_refusals_name_the_argument():
     Systems(concurrency=4, codec="sign", error_feedback=True)
   with pytest.raises(ValueError, match="staleness='hinge' applies to"):
     Systems(staleness="hinge")
+  # Names and their arguments are checked where their objects are built,
+  # once a run (clock.built), before its first round.
+  from fedjax_agg import clock  # pylint: disable=g-import-not-at-top
+  with pytest.raises(clock.SystemsError,
+                     match="staleness_args: a must be >= 0"):
+    clock.built(Systems(concurrency=4, staleness_args={"a": -1.0}))
   with pytest.raises(ValueError, match="staleness_args: a must be >= 0"):
-    Systems(concurrency=4, staleness_args={"a": -1.0})
+    _run(Systems(concurrency=4, staleness_args={"a": -1.0}))
   with pytest.raises(ValueError, match="staleness must be one of"):
-    Systems(concurrency=4, staleness="linear")
+    _run(Systems(concurrency=4, staleness="linear"))
   with pytest.raises(ValueError, match="max_staleness"):
     Systems(concurrency=4, max_staleness=-1)
   with pytest.raises(ValueError, match="systems: a sweep"):

@@ -29,7 +29,6 @@ from fedjax_agg.models import lora
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
-from fedjax_agg.config import Systems
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.options import RunOptions
 from fedjax_agg.types import Aggregator, Model
@@ -169,8 +168,7 @@ def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
       local_update=local_update(experiment, algorithm, model, training,
                                 execution, data.num_clients),
       privacy=experiment.privacy_of(algorithm), init_params=init_params,
-      systems=(None if systems is None
-               else Systems(**dataclasses.asdict(systems))),
+      systems=None if systems is None else systems.run_object(),
       config={"experiment": experiment.name, "algorithm": algorithm,
               **{f"train.{k}": value
                  for k, value in dataclasses.asdict(train).items()}},

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
 from fedjax_agg import clients
+from fedjax_agg import clock
 from fedjax_agg import compression
 from fedjax_agg import config as config_lib
 from fedjax_agg import data as data_lib
@@ -357,7 +358,13 @@ class SystemsSpec:
 
   def __post_init__(self):
     v.plain_fields(self)
-    _check_systems(self)
+    # The run object, checked and its codec built once: the run uses it.
+    object.__setattr__(self, "_run_object", _check_systems(self))
+
+  def run_object(self) -> config_lib.Systems:
+    """The ``config.Systems`` these keys describe, as checked (its
+    ``clock.built`` objects already built: a run builds them once)."""
+    return self._run_object
 
 @dataclasses.dataclass(frozen=True)
 class EarlyStoppingSpec:
@@ -476,19 +483,30 @@ _SYSTEMS_PARENTS = {"profile_args": ("profiles",),
                     "secagg_clip": ("secagg_bits",)}
 
 
-def _check_systems(spec: SystemsSpec) -> None:
-  """Each key built into ``config.Systems`` with the keys it depends on,
-  arguments first (so that a bad argument is named), then the whole."""
+def _check_systems(spec: SystemsSpec) -> config_lib.Systems:
+  """The keys built into one ``config.Systems`` and its runtime objects
+  (``clock.built``: each refusal names its key). Only where the whole is
+  refused, each key is built with the keys it depends on, arguments first,
+  to name the one at fault."""
   block = dataclasses.asdict(spec)
-  initial = defaults(SystemsSpec)
-  given = [key for key in block if block[key] != initial[key]]
-  for key in sorted(given, key=lambda key: key not in _SYSTEMS_PARENTS):
-    related = set(_SYSTEMS_PARENTS.get(key, ())) | {
-        child for child, names in _SYSTEMS_PARENTS.items() if key in names}
-    together = {key: block[key]}
-    together.update({other: block[other] for other in related})
-    v.built(f"systems.{key}", config_lib.Systems, **together)
-  v.built("systems", config_lib.Systems, **block)
+
+  def whole(**keys):
+    systems = config_lib.Systems(**keys)
+    clock.built(systems)
+    return systems
+  try:
+    return whole(**block)
+  except (TypeError, ValueError):
+    initial = defaults(SystemsSpec)
+    given = [key for key in block if block[key] != initial[key]]
+    for key in sorted(given, key=lambda key: key not in _SYSTEMS_PARENTS):
+      related = set(_SYSTEMS_PARENTS.get(key, ())) | {
+          child for child, names in _SYSTEMS_PARENTS.items()
+          if key in names}
+      together = {key: block[key]}
+      together.update({other: block[other] for other in related})
+      v.built(f"systems.{key}", whole, **together)
+    return v.built("systems", whole, **block)
 
 
 def defaults(cls) -> dict[str, Any]:

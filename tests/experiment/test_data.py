@@ -17,8 +17,8 @@ def test_override_and_bad_configs_are_named():
   bad = experiment.override(CONFIG, {"algorithms.FedAvg.aggregator": "nope"})
   with pytest.raises(ValueError, match="algorithms.FedAvg.aggregator"):
     experiment.check_config(bad)
-  with pytest.raises(ValueError, match=r"^train\.lr: unknown key; allowed: "
-                     r"\[.*'learning_rate'"):
+  with pytest.raises(ValueError, match=r"^train\.lr: unknown key( \(did "
+                     r"you mean .*\))?; allowed: \[.*'learning_rate'"):
     experiment.check_config(experiment.override(CONFIG, {"train.lr": 1}))
   # Not a recipe: a describing helper of the same module, or a private one.
   for name in ("nope", "summary", "plot_heatmap", "_finish"):

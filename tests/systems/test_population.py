@@ -1,13 +1,22 @@
-"""The population's model arguments, checked where a ``config.Systems`` is
-built (``systems.check_model_arguments``), before the run knows N: the
-same refusals the run's population build gives, named, and trace files
-that exist still accepted."""
+"""The population's model arguments, checked where a ``config.Systems``'
+objects are built (``clock.built``, once a run, with
+``systems.check_model_arguments``), before the run knows N: the same
+refusals the run's population build gives, named, and trace files that
+exist still accepted."""
 
 import numpy as np
 import pytest
 
+from fedjax_agg import clock
 from fedjax_agg import systems
-from fedjax_agg.config import Systems
+from fedjax_agg.config import Systems as _Systems
+
+
+def Systems(**kwargs):  # pylint: disable=invalid-name
+  """A ``config.Systems`` with its objects built (its checks run)."""
+  described = _Systems(**kwargs)
+  clock.built(described)
+  return described
 
 MARKOV = {"mean_online_s": 10.0, "mean_offline_s": 5.0}
 

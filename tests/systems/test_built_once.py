@@ -1,0 +1,66 @@
+"""A run's systems objects are built once: the spec's check builds the
+``config.Systems`` and its codec (``clock.built``) and the run uses that
+object, whatever the entry point; no config dataclass builds a codec."""
+
+import pytest
+
+from fedjax_agg import cli
+from fedjax_agg import clock
+from fedjax_agg import compression
+from fedjax_agg import config
+from fedjax_agg import experiment
+from tests.cli.test_cli import TINY
+from tests.experiment.test_runs import MNIST_5K
+
+
+@pytest.fixture
+def counted(monkeypatch):
+  calls = {"codec": 0, "systems": 0}
+  build = compression.get
+
+  def get(*args, **kwargs):
+    calls["codec"] += 1
+    return build(*args, **kwargs)
+  monkeypatch.setattr(compression, "get", get)
+  init = config.Systems.__post_init__
+
+  def post_init(self):
+    calls["systems"] += 1
+    init(self)
+  monkeypatch.setattr(config.Systems, "__post_init__", post_init)
+  return calls
+
+
+def test_a_two_round_run_config_builds_its_codec_once(counted, tmp_path):
+  run = experiment.override(MNIST_5K, {
+      "train.rounds": 2, "systems": {"codec": "qsgd",
+                                     "codec_args": {"bits": 4}}})
+  experiment.run_config(run, str(tmp_path), progress=False)
+  assert counted == {"codec": 1, "systems": 1}
+
+
+def test_a_two_round_command_builds_its_codec_once(counted, tmp_path,
+                                                   capsys):
+  cli.main([flag if flag != "1" else "2" for flag in TINY] + [
+      "--out", str(tmp_path / "run"), "--codec", "qsgd", "--codec-arg",
+      "bits=4"])
+  capsys.readouterr()
+  assert counted == {"codec": 1, "systems": 1}
+
+
+def test_a_description_builds_nothing_and_built_keeps_its_objects(
+    counted):
+  described = config.Systems(codec="qsgd", codec_args={"bits": 4})
+  assert counted["codec"] == 0
+  first = clock.built(described)
+  assert clock.built(described) is first and counted["codec"] == 1
+  # A bad name is refused where it is built, naming the attribute.
+  with pytest.raises(clock.SystemsError, match="^codec must be one "
+                     "of") as raised:
+    clock.built(config.Systems(codec="nope"))
+  assert raised.value.field == "codec"
+  with pytest.raises(clock.SystemsError) as raised:
+    clock.built(config.Systems(codec="qsgd", codec_args={"bits": 99}))
+  assert raised.value.field == "codec_args"
+  with pytest.warns(DeprecationWarning, match="clock.built"):
+    assert described.build_codec() is first.codec
