@@ -38,7 +38,7 @@ the import graph; its one exception is named there):
   ``fedjax_agg.drivers.feddrl_two_stage``), ``fedjax_agg.plotting``,
   ``fedjax_agg.spec``, ``fedjax_agg.experiment``, ``fedjax_agg.report``
   (finished runs compared) and the command line, ``fedjax_agg.cli``
-  (``fedjax_agg.__main__``).
+  (and the package's ``__main__``, which runs it).
 
 .. include:: ../README.md
    :end-before: ## Performance

@@ -37,11 +37,11 @@ import importlib
 import inspect
 import re
 import threading
-from typing import (Any, Callable, Iterable, Iterator, Mapping, Optional,
-                    Sequence)
+from typing import (Any, Callable, Iterable, Iterator, Mapping, NamedTuple,
+                    Optional, Sequence)
 
-__all__ = ["KINDS", "Names", "Registry", "allow_imports", "allowed_imports",
-           "allowing_imports", "declare"]
+__all__ = ["Capabilities", "KINDS", "Names", "Registry", "allow_imports",
+           "allowed_imports", "allowing_imports", "declare"]
 
 _IMPORT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -51,6 +51,55 @@ KINDS = ("aggregator", "objective", "client", "attack", "model",
          "profiles")
 """The kinds a factory can be declared as (``declare``), one per
 registry."""
+
+ADAPTERS = ("no", "also", "only")
+
+
+class Capabilities(NamedTuple):
+  """What a registered entry needs and implies, declared with it (its
+  registry line, or ``register(..., capabilities=...)``); the spec, the
+  command line and the run's checks read these, never a table of names.
+
+  Attributes:
+    private: a differentially private rule (the run accounts its privacy;
+      ``privacy`` settings need one).
+    adapters: "no": it reads the full model; "also": it may aggregate
+      LoRA adapters too (``models.lora``); "only": it is defined for
+      adapters only.
+    model_options: the ``models.lora.lora`` options its adapters need
+      (e.g. FFA-LoRA's ``{"freeze_a": True}``).
+    pairs_with: for a client side, ``(rule, shared argument)``: the rule it
+      needs and the argument both must take alike (FedDyn's ``alpha``).
+    personal: a client side that keeps personal models (personalised
+      evaluation needs one).
+  """
+  private: bool = False
+  adapters: str = "no"
+  model_options: Mapping[str, Any] = {}
+  pairs_with: Optional[tuple[str, str]] = None
+  personal: bool = False
+
+  def checked(self, name: str) -> "Capabilities":
+    """``self``, refused (naming ``name``) where a field has the wrong
+    kind."""
+    for field in ("private", "personal"):
+      if not isinstance(getattr(self, field), bool):
+        raise TypeError(f"{name}: capabilities.{field} must be a bool, got "
+                        f"{getattr(self, field)!r}")
+    if self.adapters not in ADAPTERS:
+      raise ValueError(f"{name}: capabilities.adapters must be one of "
+                       f"{ADAPTERS}, got {self.adapters!r}")
+    if not isinstance(self.model_options, Mapping) or not all(
+        isinstance(k, str) for k in self.model_options):
+      raise TypeError(f"{name}: capabilities.model_options must map option "
+                      f"names to values, got {self.model_options!r}")
+    if self.pairs_with is not None and not (
+        isinstance(self.pairs_with, tuple) and len(self.pairs_with) == 2
+        and all(isinstance(x, str) for x in self.pairs_with)):
+      raise TypeError(f"{name}: capabilities.pairs_with must be (rule, "
+                      f"argument), got {self.pairs_with!r}")
+    return self
+
 
 _DECLARED = "__fedjax_agg_kinds__"
 _LOCK = threading.Lock()
@@ -175,8 +224,14 @@ class Registry(Mapping[str, Callable[..., Any]]):
                context: Sequence[str] = (),
                check: Optional[Callable[[str, Callable[..., Any]],
                                         None]] = None,
-               declared_as: Optional[str] = None):
+               declared_as: Optional[str] = None,
+               capabilities: Optional[Mapping[str, Capabilities]] = None):
     self.kind = kind
+    unknown = sorted(set(capabilities or {}) - set(entries))
+    if unknown:
+      raise ValueError(f"capabilities of unknown {kind}s {unknown}")
+    self._capabilities = {name: caps.checked(f"{kind} {name!r}")
+                          for name, caps in (capabilities or {}).items()}
     self.declared_as = kind if declared_as is None else declared_as
     if self.declared_as not in KINDS:
       raise ValueError(f"declared_as must be one of {KINDS}, got "
@@ -187,9 +242,18 @@ class Registry(Mapping[str, Callable[..., Any]]):
     self._check = check
 
   def register(self, name: str, factory: Callable[..., Any], *,
-               replace: bool = False, **check_options) -> Callable[..., Any]:
-    """Adds ``factory`` as ``name`` (returns it); ``check_options`` go to
-    the registry's check (e.g. the aggregators' ``symmetric``)."""
+               replace: bool = False,
+               capabilities: Optional[Capabilities] = None,
+               **check_options) -> Callable[..., Any]:
+    """Adds ``factory`` as ``name`` (returns it) with its
+    ``capabilities`` (default: none); ``check_options`` go to the
+    registry's check (e.g. the aggregators' ``symmetric``)."""
+    if capabilities is not None and not isinstance(capabilities,
+                                                   Capabilities):
+      raise TypeError(f"capabilities must be a registry.Capabilities, got "
+                      f"{type(capabilities).__name__}")
+    capabilities = (capabilities or Capabilities()).checked(
+        f"{self.kind} {name!r}")
     if not isinstance(name, str) or not name or name != name.strip():
       raise TypeError(f"name must be a non-empty string, got {name!r}")
     if not callable(factory):
@@ -207,7 +271,25 @@ class Registry(Mapping[str, Callable[..., Any]]):
       raise TypeError(f"the {self.kind} registry checks nothing; got "
                       f"{sorted(check_options)}")
     self._entries[name] = factory
+    self._capabilities[name] = capabilities
     return factory
+
+  def capabilities(self, name: str) -> Capabilities:
+    """What ``name`` declared it needs and implies (``Capabilities``);
+    ValueError naming the choices for an unknown name."""
+    self.factory(name)
+    return self._capabilities.get(name, Capabilities())
+
+  def having(self, **wanted) -> tuple[str, ...]:
+    """The names whose capabilities have the ``wanted`` values, e.g.
+    ``having(adapters="only")``, in registration order."""
+    bad = sorted(set(wanted) - set(Capabilities._fields))
+    if bad:
+      raise TypeError(f"having: unknown capabilities {bad}; known: "
+                      f"{list(Capabilities._fields)}")
+    return tuple(name for name in self._entries if all(
+        getattr(self._capabilities.get(name, Capabilities()), key) == value
+        for key, value in wanted.items()))
 
   def _imported(self, name: str) -> Callable[..., Any]:
     """Imports and registers ``module:factory`` where the user allowed the

@@ -66,6 +66,8 @@ def _imports(modules) -> list[tuple[str, str]]:
 
 
 def _layer_of(module: str, layers: dict[str, int]):
+  if module == "fedjax_agg.__main__":  # ``python -m fedjax_agg``: the CLI
+    module = "fedjax_agg.cli"
   parts = module.split(".")
   for end in range(len(parts), 0, -1):
     name = ".".join(parts[:end])

@@ -53,6 +53,7 @@ private (``_fedadp.py``), so no factory shadows a module.
 """
 
 import inspect
+from typing import Optional
 
 from fedjax_agg.aggregators._bulyan import bulyan
 from fedjax_agg.aggregators._bulyan import BulyanState
@@ -116,6 +117,7 @@ from fedjax_agg.aggregators._server_optimizer import ServerOptState
 from fedjax_agg.aggregators._server_optimizer import with_server_optimizer
 from fedjax_agg.aggregators._trimmed_mean import trimmed_mean
 from fedjax_agg.aggregators._trimmed_mean import TrimmedMeanState
+from fedjax_agg.registry import Capabilities
 from fedjax_agg.registry import Registry
 
 __all__ = [
@@ -169,19 +171,35 @@ REGISTRY = Registry("aggregator", {
     "flora": flora,
     "hetlora": hetlora,
 }, context=("num_clients", "model", "x_eval", "y_eval"),
-   check=lambda *args, **kwargs: _conformance(*args, **kwargs))
+   check=lambda *args, **kwargs: _conformance(*args, **kwargs),
+   capabilities={
+       # What each rule needs and implies (registry.Capabilities): the
+       # spec, the command line and the checks read these.
+       "dp_fedavg": Capabilities(private=True, adapters="also"),
+       "dp_ftrl": Capabilities(private=True),
+       "fedit": Capabilities(adapters="only"),
+       "ffa_lora": Capabilities(adapters="only",
+                                model_options={"freeze_a": True}),
+       "flora": Capabilities(adapters="only",
+                             model_options={"merged": True}),
+       "hetlora": Capabilities(adapters="only"),
+   })
 """Every aggregator factory by the name the CLI and the conformance suite use:
 name -> factory of an ``Aggregator``. Factories are called with keyword
 arguments only; each has defaults for every argument except the context ones,
 which ``build`` passes only to the factories that declare them: ``num_clients``
 (rules with per-client state) and FedACS's ``model``, ``x_eval``, ``y_eval``.
-``ADAPTER_RULES`` take LoRA adapters only (``models.lora``) and refuse any
-other params naming the rule."""
+Each rule declares what it needs and implies
+(``REGISTRY.capabilities(name)``, a ``registry.Capabilities``): private
+(DP) rules, rules for LoRA adapters (``models.lora``) and the adapter
+options they need; a rule of yours declares them with ``register(...,
+capabilities=...)``."""
 
 
-ADAPTER_RULES = ("fedit", "ffa_lora", "flora", "hetlora")
-"""The rules of ``REGISTRY`` defined on LoRA adapters only
-(``models.lora.lora``'s params); the conformance kit checks them on
+ADAPTER_RULES = REGISTRY.having(adapters="only")
+"""The built-in rules of ``REGISTRY`` defined on LoRA adapters only
+(``models.lora.lora``'s params; ``REGISTRY.having(adapters="only")`` when
+the library was imported); the conformance kit checks them on
 adapters."""
 
 
@@ -208,7 +226,8 @@ def _conformance(name: str, factory, symmetric: bool = True) -> None:
 
 
 def register(name: str, factory, *, replace: bool = False,
-             symmetric: bool = True):
+             symmetric: bool = True,
+             capabilities: Optional[Capabilities] = None):
   """Adds a rule factory to ``REGISTRY``, so that configs, the command line
   and ``run_config`` run it by ``name`` as a built-in one.
 
@@ -216,15 +235,18 @@ def register(name: str, factory, *, replace: bool = False,
   declares it) and must pass the conformance kit
   (``testing.check_aggregator``; ``symmetric`` False skips the
   client-permutation property, for rules that read cohort positions).
-  A rule in an importable module can also be named ``module:factory`` in
-  a config or on the command line, without registering it.
+  ``capabilities`` declares what the rule needs and implies (e.g.
+  ``Capabilities(private=True)`` for a DP rule that privacy settings may
+  account). A rule in an importable module can also be named
+  ``module:factory`` in a config or on the command line, once its module
+  is allowed and the factory declared (``fedjax_agg.registry``).
 
   Raises:
     ValueError: a taken name (``replace`` replaces your own), a built-in
       name, or a rule the conformance kit refuses (naming the property).
   """
   return REGISTRY.register(name, factory, replace=replace,
-                           symmetric=symmetric)
+                           symmetric=symmetric, capabilities=capabilities)
 
 
 def takes_num_clients(factory) -> bool:

@@ -72,6 +72,7 @@ from fedjax_agg.clients._table import gather
 from fedjax_agg.clients._table import init_table
 from fedjax_agg.clients._table import scatter
 from fedjax_agg.clients._table import Table
+from fedjax_agg.registry import Capabilities
 from fedjax_agg.registry import Registry
 
 __all__ = [
@@ -96,7 +97,15 @@ REGISTRY = Registry("client", {
     "fedrep": fedrep,
     "apfl": apfl,
     "lora_ranks": lora_ranks,
-}, context=("model", "training"))
+}, context=("model", "training"), capabilities={
+    # What each client side needs and implies (registry.Capabilities).
+    "feddyn": Capabilities(pairs_with=("feddyn", "alpha")),
+    **{name: Capabilities(personal=True)
+       for name in ("fedbn", "ditto", "fedper", "fedrep", "apfl")},
+    "lora_ranks": Capabilities(adapters="only"),
+})
 """The stateful client sides a config may name (``AlgorithmSpec.client``):
 name -> factory, called with the run's model and training (the context
-arguments) and the config's ``client_args``."""
+arguments) and the config's ``client_args``; each declares what it needs
+(``REGISTRY.capabilities(name)``: the rule it pairs with, whether it keeps
+personal models, whether it is for LoRA adapters)."""

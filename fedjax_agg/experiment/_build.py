@@ -210,7 +210,8 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
     adapted = lora.lora(model, variables, rank=adapters.rank,
                         alpha=adapters.alpha, targets=adapters.patterns(),
                         dropout=adapters.dropout, key=key,
-                        **spec_lib.RULE_OPTIONS.get(aggregator, {}))
+                        **aggregators.REGISTRY.capabilities(
+                            aggregator).model_options)
   except (TypeError, ValueError) as error:
     raise spec_lib.ConfigError(where, f"{where}: {error}") from None
   return adapted, None

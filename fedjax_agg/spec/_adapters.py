@@ -15,19 +15,27 @@ import functools
 import re
 from typing import Optional, Union
 
+from fedjax_agg import aggregators
 from fedjax_agg import loop
 from fedjax_agg import models
 from fedjax_agg.models import lora
 from fedjax_agg.spec import _values as v
 
-ADAPTER_ONLY_RULES = ("fedit", "ffa_lora", "flora", "hetlora")
-"""The rules defined only for LoRA adapters."""
-ADAPTER_RULES = ADAPTER_ONLY_RULES + ("dp_fedavg",)
-"""The rules a run with LoRA adapters may use: those for adapters, and
-DP-FedAvg (each client's adapters update clipped as one vector, Gaussian
-noise on their mean: A and B averaged as FedIT does, with privacy)."""
-RULE_OPTIONS = {"ffa_lora": {"freeze_a": True}, "flora": {"merged": True}}
-"""Rule -> the ``models.lora.lora`` options its adapters need."""
+ADAPTER_ONLY_RULES = aggregators.REGISTRY.having(adapters="only")
+"""The built-in rules defined only for LoRA adapters (each rule declares
+it: ``registry.Capabilities.adapters``)."""
+ADAPTER_RULES = ADAPTER_ONLY_RULES + aggregators.REGISTRY.having(
+    adapters="also")
+"""The built-in rules a run with LoRA adapters may use: those for
+adapters, and DP-FedAvg (each client's adapters update clipped as one
+vector, Gaussian noise on their mean: A and B averaged as FedIT does, with
+privacy)."""
+RULE_OPTIONS = {
+    name: dict(aggregators.REGISTRY.capabilities(name).model_options)
+    for name in aggregators.REGISTRY
+    if aggregators.REGISTRY.capabilities(name).model_options}
+"""The built-in rules' adapter options: rule -> the ``models.lora.lora``
+options its adapters need (``registry.Capabilities.model_options``)."""
 TARGET_PRESETS = {"transformer": lora.TRANSFORMER_TARGETS}
 """Named target sets: "transformer" is ``transformer_lm``'s attention
 projections and MLP layers."""

@@ -38,7 +38,7 @@ from fedjax_agg.spec._sections import SCRIPT_KEYS
 from fedjax_agg.spec._sections import SystemsSpec
 from fedjax_agg.spec._train import TrainSpec
 
-PRIVATE_AGGREGATORS = ("dp_fedavg", "dp_ftrl")
+PRIVATE_AGGREGATORS = aggregators.REGISTRY.having(private=True)
 """Rules whose runs account their privacy (the "privacy" section)."""
 
 
@@ -274,7 +274,8 @@ class Experiment:
   def privacy_of(self, algorithm: str) -> Optional[config_lib.Privacy]:
     """The accounting of ``algorithm``'s runs (None for a non-private
     rule): the "privacy" section with the rule's noise multiplier."""
-    if self.algorithms[algorithm].aggregator not in PRIVATE_AGGREGATORS:
+    if not aggregators.REGISTRY.capabilities(
+        self.algorithms[algorithm].aggregator).private:
       return None
     block = {} if self.privacy is None else dataclasses.asdict(self.privacy)
     return config_lib.Privacy(
@@ -358,14 +359,15 @@ def _check(experiment: Experiment) -> None:
     raise v.ConfigError("algorithms", "algorithms must name at least one "
                         "algorithm")
   if experiment.privacy is not None and not any(
-      spec.aggregator in PRIVATE_AGGREGATORS
+      aggregators.REGISTRY.capabilities(spec.aggregator).private
       for spec in experiment.algorithms.values()):
     given = _section_dict(experiment.privacy)
     path = f"privacy.{next(iter(given))}" if given else "privacy"
     raise v.ConfigError(path, f"{path}: every algorithm's aggregator adds "
                         "no calibrated Gaussian noise, so the runs have no "
                         "privacy guarantee to account; use a private rule "
-                        f"{PRIVATE_AGGREGATORS}, or drop privacy")
+                        f"{aggregators.REGISTRY.having(private=True)}, or "
+                        "drop privacy")
   for name in experiment.algorithms:
     _check_algorithm(experiment, name)
   for name in experiment.algorithms:

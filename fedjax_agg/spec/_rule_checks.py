@@ -24,22 +24,31 @@ from fedjax_agg import clients
 from fedjax_agg import data as data_lib
 from fedjax_agg import objectives
 from fedjax_agg import privacy as privacy_lib
+from fedjax_agg.registry import Capabilities
 from fedjax_agg import secagg
 from fedjax_agg import systems as systems_lib
 from fedjax_agg import types
 from fedjax_agg.spec import _values as v
-from fedjax_agg.spec._adapters import ADAPTER_ONLY_RULES
-from fedjax_agg.spec._adapters import ADAPTER_RULES
 
 if typing.TYPE_CHECKING:
   from fedjax_agg.spec._experiment import Experiment
 
-PAIRED_RULES = {"feddyn": ("feddyn", "alpha")}
-"""Client side -> (the server rule it needs, the argument both must share)."""
+PAIRED_RULES = {name: clients.REGISTRY.capabilities(name).pairs_with
+                for name in clients.REGISTRY
+                if clients.REGISTRY.capabilities(name).pairs_with}
+"""The built-in client sides' pairs: client side -> (the server rule it
+needs, the argument both must share); the checks read each entry's
+``registry.Capabilities.pairs_with``."""
 
 
-PERSONAL_CLIENTS = ("fedbn", "ditto", "fedper", "fedrep", "apfl")
-"""Client sides with personal models (a ``personalize``)."""
+PERSONAL_CLIENTS = clients.REGISTRY.having(personal=True)
+"""The built-in client sides with personal models (a ``personalize``);
+the checks read each entry's ``registry.Capabilities.personal``."""
+
+
+def _client_caps(spec):
+  return (Capabilities() if spec.client is None
+          else clients.REGISTRY.capabilities(spec.client))
 
 
 def _check_attack(experiment: "Experiment",
@@ -88,8 +97,8 @@ def _check_algorithm(experiment: "Experiment", name: str) -> None:
     raise v.ConfigError(key, f"{key}: momentum is for optimizer 'sgd' (Adam "
                         f"has its own betas), got momentum={train.momentum!r}"
                         " with optimizer 'adam'")
-  if spec.client in PAIRED_RULES:
-    rule, shared = PAIRED_RULES[spec.client]
+  if _client_caps(spec).pairs_with:
+    rule, shared = _client_caps(spec).pairs_with
     if spec.aggregator != rule:
       raise v.ConfigError(
           f"{path}.aggregator", f"{path}.aggregator: the {spec.client} "
@@ -104,11 +113,12 @@ def _check_algorithm(experiment: "Experiment", name: str) -> None:
           f"{path}.client_args.{shared}", f"{path}.client_args.{shared}: "
           f"the {spec.client} client and rule must share {shared}, got "
           f"{ours!r} (client) and {theirs!r} (aggregator_args)")
-  if train.personalized and spec.client not in PERSONAL_CLIENTS:
+  if train.personalized and not _client_caps(spec).personal:
     key = _train_key(experiment, name, "personalized")
     raise v.ConfigError(key, f"{key}: personal models need a client side "
-                        f"that keeps them ({list(PERSONAL_CLIENTS)}), got "
-                        f"{path}.client={spec.client!r}")
+                        "that keeps them "
+                        f"({list(clients.REGISTRY.having(personal=True))}), "
+                        f"got {path}.client={spec.client!r}")
   if ((train.personalized or train.finetune_steps)
       and not experiment.partition.holdout_fraction):
     raise v.ConfigError(
@@ -123,27 +133,32 @@ def _check_adapters(experiment: "Experiment", name: str) -> None:
   adapters = experiment.adapters_of(name)
   where = ("model.adapters" if adapters is None or not spec.adapters
            else f"{path}.adapters")
+  rule = aggregators.REGISTRY.capabilities(spec.aggregator).adapters
+  client = _client_caps(spec).adapters
   if adapters is None:
-    if spec.aggregator in ADAPTER_ONLY_RULES or spec.client == "lora_ranks":
-      key = ("aggregator" if spec.aggregator in ADAPTER_ONLY_RULES
-             else "client")
+    if "only" in (rule, client):
+      key = "aggregator" if rule == "only" else "client"
       raise v.ConfigError(
           f"{path}.{key}", f"{path}.{key}: {getattr(spec, key)!r} works on "
           "LoRA adapters; set model.adapters or the algorithm's adapters "
           "(e.g. {\"rank\": 8}, --lora-rank 8)")
     return
-  if spec.aggregator not in ADAPTER_RULES:
+  if rule == "no":
+    defined = [n for n in aggregators.REGISTRY
+               if aggregators.REGISTRY.capabilities(n).adapters != "no"]
     raise v.ConfigError(
         f"{path}.aggregator", f"{path}.aggregator: {spec.aggregator!r} "
         "aggregates whole models (their coordinates, norms or angles), not "
         f"LoRA adapters ({where}); use a rule defined for adapters "
-        f"{list(ADAPTER_RULES)}, or \"adapters\": null in the algorithm "
+        f"{defined}, or \"adapters\": null in the algorithm "
         "to train the whole model")
-  if spec.client not in (None, "lora_ranks"):
+  if spec.client is not None and client == "no":
+    defined = [n for n in clients.REGISTRY
+               if clients.REGISTRY.capabilities(n).adapters != "no"]
     raise v.ConfigError(
         f"{path}.client", f"{path}.client: the {spec.client} client side "
-        f"trains whole models, not LoRA adapters ({where}); only "
-        "'lora_ranks' is defined for adapters")
+        f"trains whole models, not LoRA adapters ({where}); the client "
+        f"sides defined for adapters are {defined}")
   adapters.check_targets(
       f"{path}.adapters" if "targets" in (spec.adapters or {})
       else "model.adapters", experiment.model.name,
