@@ -28,7 +28,9 @@ BUILD = load_docs_build()
 README = ROOT / "README.md"
 MAX_README_LINES = 250
 HOWTO_PAGES = ("compare-algorithms.md", "fedbuff.md", "resume.md",
-               "dp-epsilon.md", "shakespeare.md", "custom-rule.md")
+               "dp-epsilon.md", "shakespeare.md", "custom-rule.md",
+               "own-model-and-data.md", "own-local-training.md",
+               "lora-fine-tuning.md")
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
