@@ -207,3 +207,54 @@ def test_allow_import_names_must_be_module_names(capsys, tmp_path):
         pass
   with pytest.raises(ValueError, match="kinds must be"):
     registry.declare("aggregatr")
+
+
+USER_PARTS = '''
+import numpy as np
+from fedjax_agg import registry
+from fedjax_agg.models import networks  # noqa: F401  (a library import)
+from fedjax_agg import models
+
+@registry.declare("model")
+def small_mlp(num_classes=10, input_shape=(28, 28, 1), hidden=16):
+  return models.get("mlp2", num_classes=num_classes,
+                    input_shape=input_shape, hidden=hidden)
+
+@registry.declare("partition")
+def halves(labels, num_clients, seed=0):
+  del seed
+  order = np.argsort(np.asarray(labels), kind="stable")
+  return [np.sort(part) for part in np.array_split(order, num_clients)]
+'''
+
+
+def test_a_declared_model_and_partition_run_from_a_config(tmp_path,
+                                                          monkeypatch):
+  (tmp_path / "fja_user_parts.py").write_text(USER_PARTS)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  config = experiment.override(MNIST_5K, {
+      "model": {"name": "fja_user_parts:small_mlp", "args": {"hidden": 8}},
+      "partition": {"name": "fja_user_parts:halves", "num_clients": 4}})
+  try:
+    with pytest.raises(spec.ConfigError,
+                       match="(model|partition).name.*not allowed"):
+      experiment.check_config(config)
+    summary = experiment.run_config(config, str(tmp_path / "out"),
+                                    progress=False,
+                                    allow_imports=["fja_user_parts"])
+    assert 0.0 <= summary["FedAdp"]["final_test_accuracy_mean"] <= 1.0
+    record = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert record["model"]["name"] == "fja_user_parts:small_mlp"
+    assert record["provenance"]["execution"]["allowed_imports"] == [
+        "fja_user_parts"]
+    # The option reached the network: mlp2 with 8 hidden units.
+    with pytest.raises(spec.ConfigError, match="model.args"):
+      experiment.check_config(experiment.override(
+          config, {"model.args": {"hiden": 8}}),
+                              allow_imports=["fja_user_parts"])
+  finally:
+    sys.modules.pop("fja_user_parts", None)
+    from fedjax_agg import models, partitions  # pylint: disable=g-import-not-at-top,g-multiple-import
+    for reg in (models.REGISTRY, partitions.REGISTRY):
+      for name in [n for n in reg if n.startswith("fja_user_parts:")]:
+        reg._entries.pop(name, None)  # pylint: disable=protected-access

@@ -185,10 +185,22 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
   over that base (frozen, shared by every client) whose params are the
   adapters."""
   spec = experiment.model
-  model = models.get(spec.name, num_classes=num_classes,
-                     input_shape=input_shape,
-                     **{**spec.args,
-                        **experiment.algorithms[algorithm].model_args})
+  options = {**spec.args, **experiment.algorithms[algorithm].model_args}
+  if spec.name in models.NAMES:
+    model = models.get(spec.name, num_classes=num_classes,
+                       input_shape=input_shape, **options)
+  else:  # a declared network of the user's (``module:factory``)
+    try:
+      model = models.REGISTRY.build(spec.name, num_classes=num_classes,
+                                    input_shape=tuple(input_shape),
+                                    **options)
+    except (TypeError, ValueError) as error:
+      raise spec_lib.ConfigError("model.name",
+                                 f"model.name: {error}") from None
+    if not isinstance(model, Model):
+      raise spec_lib.ConfigError(
+          "model.name", f"model.name: {spec.name!r} returned a "
+          f"{type(model).__name__}, not a fedjax_agg.types.Model")
   variables = None
   if spec.base is not None:
     template = jax.eval_shape(model.init, jax.random.key(0))

@@ -27,6 +27,7 @@ from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import partitions
 from fedjax_agg import privacy as privacy_lib
+from fedjax_agg import registry as registry_lib
 from fedjax_agg import systems as systems_lib
 from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._adapters import AdaptersSpec
@@ -61,8 +62,18 @@ def _registry(registry):
 
 _DATASETS = lambda: data_lib.ALL_NAMES
 _SOURCES = lambda: data_lib.SOURCES
-_PARTITIONS = lambda: partitions.ALL_NAMES
-_MODELS = lambda: models.NAMES
+_PARTITIONS = lambda: _partition_names()
+_MODELS = lambda: models.REGISTRY.names
+
+
+def _partition_names():
+  """The partition names a config takes: the registry's (``module:factory``
+  ones too, resolved as every registry resolves them) and a natural
+  federation's own clients."""
+  names = registry_lib.Names(partitions.ALL_NAMES)
+  names.resolve = lambda name: (None if name == partitions.NATURAL
+                                else partitions.REGISTRY.factory(name))
+  return names
 _SAMPLINGS = lambda: privacy_lib.SAMPLINGS
 _ACCOUNTANTS = lambda: privacy_lib.ACCOUNTANTS
 _STOPPING_MODES = lambda: loop.STOPPING_MODES
@@ -121,7 +132,7 @@ class PartitionSpec:
   def __post_init__(self):
     v.plain_fields(self)
     path = "partition"
-    v.name_in(f"{path}.name", self.name, partitions.ALL_NAMES)
+    v.name_in(f"{path}.name", self.name, _partition_names())
     v.integer(f"{path}.num_clients", self.num_clients, 1)
     v.integer(f"{path}.seed_offset", self.seed_offset, 0)
     v.arguments_of(f"{path}.args", v.mapping(f"{path}.args", self.args),
@@ -159,7 +170,7 @@ class ModelSpec:
 
   def __post_init__(self):
     v.plain_fields(self)
-    v.name_in("model.name", self.name, models.NAMES)
+    v.name_in("model.name", self.name, models.REGISTRY.names)
     v.model_arguments("model.args", self.name,
                       v.mapping("model.args", self.args))
     if self.base is not None:
