@@ -88,8 +88,16 @@ def problems(path: str) -> list[str]:
       found.append("no provenance.data.clients_by_seed")
   rules = provenance.get("algorithms") or {}
   folder = os.path.dirname(path)
+  # A command-line run of one algorithm keeps its history at the top of
+  # its folder (execution.algorithm names it); a compared config one
+  # folder per algorithm.
+  single = (provenance.get("execution") or {}).get("algorithm")
   for name in record.get("algorithms", {}):
-    if not os.path.isdir(os.path.join(folder, name)):
+    if name == single and os.path.isfile(os.path.join(folder,
+                                                      "history.json")):
+      if "aggregator_args" not in rules.get(name, {}):
+        found.append(f"no resolved rule arguments for {name!r}")
+    elif not os.path.isdir(os.path.join(folder, name)):
       found.append(f"algorithm {name!r} has no results folder")
     elif "aggregator_args" not in rules.get(name, {}):
       found.append(f"no resolved rule arguments for {name!r}")

@@ -447,11 +447,8 @@ class Systems:
   first m to finish (m = the cohort size) and ends when the last of them
   reports (``systems.sync_round_from_order``).
 
-  A ``Systems`` describes; its runtime objects (the codec, the staleness
-  weight) are built once a run from it by ``clock.built``, which also
-  checks the names and their arguments (raising ``clock.SystemsError``
-  naming the attribute); the spec's check of a config calls it, and so
-  does every run before its first round.
+  Its codec and staleness weight are built once a run by ``clock.built``,
+  which checks the names and their arguments (``clock.SystemsError``).
 
   Attributes:
     profiles: how fast clients are: a ``systems.PROFILES`` name
@@ -517,17 +514,13 @@ class Systems:
   secagg_clip: float = 1.0
 
   def __post_init__(self):
-    # The names and their arguments (profiles, availability, codec,
-    # staleness) are checked where their objects are built, once a run,
-    # by the systems layer (``clock.built``), which the spec's check of a
-    # config calls too; here, what a description alone says.
-    for name in ("profiles", "availability", "staleness"):
-      if not isinstance(getattr(self, name), str):
+    # Names and their arguments: where their objects are built
+    # (``clock.built``); here, what a description alone says.
+    for name in ("profiles", "availability", "staleness", "codec"):
+      if not isinstance(getattr(self, name), str) and not (
+          name == "codec" and self.codec is None):
         raise TypeError(f"{name} must be a name (str), got "
                         f"{getattr(self, name)!r}")
-    if self.codec is not None and not isinstance(self.codec, str):
-      raise TypeError(f"codec must be a name (str) or None, got "
-                      f"{self.codec!r}")
     for name in ("profile_args", "availability_args", "codec_args",
                  "staleness_args"):
       _check_arguments(name, getattr(self, name))
@@ -597,13 +590,11 @@ class Systems:
   def build_staleness(self):
     """Deprecated: ``clock.built(systems).staleness``."""
     warnings.warn("Systems.build_staleness() is deprecated: use "
-                  "fedjax_agg.clock.built(systems).staleness (built once "
-                  "a run)", DeprecationWarning, stacklevel=2)
+                  "clock.built(systems).staleness", DeprecationWarning, 2)
     return _clock().built(self).staleness
 
   def build_codec(self):
     """Deprecated: ``clock.built(systems).codec``."""
     warnings.warn("Systems.build_codec() is deprecated: use "
-                  "fedjax_agg.clock.built(systems).codec (built once a "
-                  "run)", DeprecationWarning, stacklevel=2)
+                  "clock.built(systems).codec", DeprecationWarning, 2)
     return _clock().built(self).codec
