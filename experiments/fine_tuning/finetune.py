@@ -189,30 +189,59 @@ def write_table(out: str, lines) -> str:
   return table
 
 
+def _mean_of_rounds(history, metric: str, with_max: bool = False) -> str:
+  """The mean of ``metric`` over the rounds (and its largest value), as a
+  table cell; empty when the history has none."""
+  values = history.column(metric)[1:]
+  if not len(values) or np.isnan(values).all():
+    return ""
+  cell = f"{np.nanmean(values):.4f}"
+  return f"{cell} ({np.nanmax(values):.4f})" if with_max else cell
+
+
 def results_table(out: str) -> str:
   """The Markdown table of ``<out>/summary.json`` and the histories beside
-  it (FedIT's mean inexactness over the rounds included), written to
-  ``<out>/table.md``."""
+  it (FedIT's gap over the product and over the round's update, means
+  over the rounds, included), written to ``<out>/table.md``."""
   with open(os.path.join(out, "summary.json")) as f:
     summary = json.load(f)
   lines = ["| partition | method | trainable | uplink / client / round | "
-           "perplexity start -> end | next-char accuracy | FedIT "
-           "inexactness (mean) | round s (median) |",
-           "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+           "perplexity start -> end | next-char accuracy | FedIT gap / "
+           "product (mean) | FedIT gap / update (mean (max)) | "
+           "round s (median) |",
+           "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
   for run, entry in summary["runs"].items():
     partition, method = run.split("/")
     history = history_lib.History.load(os.path.join(out, partition,
                                                     method))
-    inexact = history.column("inexact_aggregation")[1:]
-    inexact = (f"{np.nanmean(inexact):.4f}" if len(inexact)
-               and not np.isnan(inexact).all() else "")
     lines.append(
         f"| {partition} | {method} | {entry['trainable_params']:,} | "
         f"{entry['uplink_bytes_per_client']:,} B | "
         f"{entry['initial_perplexity']:.3f} -> "
         f"{entry['final_perplexity']:.3f} | {entry['final_accuracy']:.4f} | "
-        f"{inexact} | {entry['median_round_s']:.2f} |")
+        f"{_mean_of_rounds(history, 'inexact_aggregation')} | "
+        f"{_mean_of_rounds(history, 'inexact_aggregation_of_update', True)}"
+        f" | {entry['median_round_s']:.2f} |")
   return write_table(out, lines)
+
+
+RERUN_FREE = ("only", "memory", "table_only")
+"""Options a rerun of some methods (``--only``) may change: they choose
+what runs, not how."""
+
+
+def earlier_summary(path: str, settings: dict) -> dict:
+  """The summary at ``path``, which a rerun of some methods extends; it
+  must have been written with ``settings`` (but for ``RERUN_FREE``), else
+  SystemExit naming it."""
+  with open(path) as f:
+    earlier = json.load(f)
+  strip = lambda given: {k: v for k, v in given.items()
+                         if k not in RERUN_FREE}
+  if strip(earlier["settings"]) != strip(json.loads(json.dumps(settings))):
+    raise SystemExit(f"{path} was written with other settings; rerun "
+                     "every method (no --only) or choose another --out")
+  return earlier
 
 
 def main(argv=None) -> dict:
@@ -223,6 +252,11 @@ def main(argv=None) -> dict:
   parser.add_argument("--memory", default="10,100,1000",
                       help="cohort sizes whose one-call memory is read from "
                       "the compiled program ('' to skip)")
+  parser.add_argument("--only", default="",
+                      help="comma-separated methods to rerun on every "
+                      "partition of --partitions, keeping the other runs "
+                      "of --out's summary ('' for all); with --memory '' "
+                      "its memory figures are kept too")
   parser.add_argument("--table-only", action="store_true",
                       help="only write <out>/table.md from a finished run")
   parser.add_argument("--tiny", action="store_true",
@@ -247,22 +281,44 @@ def main(argv=None) -> dict:
                               "perplexity_after"),
                           "data": fed.provenance}, "runs": {}}
   all_methods = methods(base, ranks, jax.random.key(args.seed))
+  chosen = [m for m in args.only.split(",") if m]
+  unknown = sorted(set(chosen) - set(all_methods))
+  if unknown:
+    raise SystemExit(f"--only: no method {unknown}; the methods are "
+                     f"{sorted(all_methods)}")
+  path = os.path.join(args.out, "summary.json")
+  if chosen and os.path.exists(path):
+    # A rerun of some methods keeps the other runs (and, with --memory '',
+    # the memory figures) of a summary written with the same settings.
+    earlier = earlier_summary(path, summary["settings"])
+    summary["runs"] = {run: entry for run, entry in earlier["runs"].items()
+                       if run.split("/")[1] not in chosen
+                       or run.split("/")[0] not in args.partitions.split(
+                           ",")}
+    if not args.memory:
+      summary["memory"] = earlier.get("memory", {})
   feds = federations(fed, args.seed)
-  summary["memory"] = {}
-  for name in ("full", f"fedit-{max(ranks)}"):
-    model, _, init = all_methods[name]
-    params = init if init is not None else model.init(jax.random.key(0))
-    summary["memory"][name] = [
-        cohort_memory(model, params, feds["natural"], int(width),
-                      args.batch_size)
-        for width in filter(None, args.memory.split(","))]
-    print(json.dumps({"memory": name, "by_cohort": summary["memory"][name]}),
-          flush=True)
+  if not (chosen and not args.memory and "memory" in summary):
+    summary["memory"] = {}
+    for name in ("full", f"fedit-{max(ranks)}"):
+      model, _, init = all_methods[name]
+      params = init if init is not None else model.init(jax.random.key(0))
+      summary["memory"][name] = [
+          cohort_memory(model, params, feds["natural"], int(width),
+                        args.batch_size)
+          for width in filter(None, args.memory.split(","))]
+      print(json.dumps({"memory": name,
+                        "by_cohort": summary["memory"][name]}), flush=True)
   for partition, data in feds.items():
     if partition not in args.partitions.split(","):
       continue
     curves = {}
     for name, (model, rule, init) in all_methods.items():
+      if chosen and name not in chosen:
+        if f"{partition}/{name}" in summary["runs"]:
+          curves[name] = history_lib.History.load(os.path.join(
+              args.out, partition, name))
+        continue
       start = time.perf_counter()
       history, params = run_one(model, rule, init, data, test, args)
       seconds = time.perf_counter() - start
@@ -286,6 +342,10 @@ def main(argv=None) -> dict:
         args.out, f"perplexity_{partition}.png"), metrics=("test_loss",
                                                            "test_accuracy"),
         title=f"fine-tuning, {partition} partition")
+  # In the partitions' and the methods' order, whichever ran now.
+  summary["runs"] = {f"{p}/{m}": summary["runs"][f"{p}/{m}"]
+                     for p in feds for m in all_methods
+                     if f"{p}/{m}" in summary["runs"]}
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)

@@ -25,13 +25,26 @@ round (``sweep.run_sweep``):
 * ``dp_fedit-r``, ``dp_ffa_lora-r``: DP-FedAvg (``aggregators.dp_fedavg``,
   adaptive clipping to the median update norm) on FedIT's and on
   FFA-LoRA's adapters, noise multiplier ``--noise``, the privacy of every
-  member accounted (``config.Privacy``, delta ``--delta``).
+  member accounted (``config.Privacy``, delta ``--delta``);
+* its two controls, which take DP-FedAvg's parts one at a time:
+  ``uniform_fedit-r``, ``uniform_ffa_lora-r``: the rule with every client
+  weighted the same (``weighting="uniform"``, as DP-FedAvg weights them),
+  no clipping, no noise; ``clip_fedit-r``, ``clip_ffa_lora-r``: DP-FedAvg's
+  adaptive clipping with noise multiplier 0 (no privacy).
+
+The seed of a member draws its cohorts, its shuffles and its adapters'
+initial A. FFA-LoRA's A is frozen in the model (``lora(freeze_a=True,
+key=...)``), which the members of a sweep share, so each seed of an
+FFA-LoRA method runs as its own sweep of one member, its model's A drawn
+from ``jax.random.key(seed)``; its round time is then the sum of the
+members' median round times.
 
 Writes, under ``--out``: ``<method>/seed_<s>/history.csv|json`` (each
 member's rows and its run's config), ``summary.json`` (the settings and,
 per method, the final perplexity and accuracy of every seed, their mean
 and standard deviation, the uplink, epsilon, the median round time of the
-sweep), ``table.md`` (written from those files by ``--table-only``) and
+sweep, and for the clipping methods the share of clients clipped a
+round), ``table.md`` (written from those files by ``--table-only``) and
 ``perplexity.png`` (mean and one standard deviation over the seeds).
 """
 
@@ -63,11 +76,16 @@ import finetune
 
 
 class Method:
-  """One method of the comparison: its model, rule and run fields."""
+  """One method of the comparison: its model, rule and run fields.
+  ``seed_model``: seed -> the model of that seed's member, for a model
+  that draws part of itself from a key (FFA-LoRA's frozen A); each seed
+  then runs as a sweep of its own."""
 
-  def __init__(self, model, rule, init=None, client_ranks=None, **fields):
+  def __init__(self, model, rule, init=None, client_ranks=None,
+               seed_model=None, **fields):
     self.model, self.rule, self.init, self.fields = model, rule, init, fields
     self.client_ranks = client_ranks  # HetLoRA: r_k by client id
+    self.seed_model = seed_model
 
 
 def methods(base, rank: int, num_clients: int, training: LocalTraining,
@@ -76,7 +94,17 @@ def methods(base, rank: int, num_clients: int, training: LocalTraining,
   key = jax.random.key(args.seed)
   plain = finetune.methods(base, [rank], key)
   out = {name: Method(*plain[name]) for name in
-         ("full", f"fedit-{rank}", f"ffa_lora-{rank}", f"flora-{rank}")}
+         ("full", f"fedit-{rank}", f"flora-{rank}")}
+  # FFA-LoRA's A is frozen in the model: one model per seed, A drawn from
+  # the seed's key, as FedIT's trained A is drawn from it by model.init.
+  frozen = lambda seed: lora.lora(
+      base.model, base.variables, rank=rank,
+      targets=lora.TRANSFORMER_TARGETS, key=jax.random.key(seed),
+      freeze_a=True)
+  out[f"ffa_lora-{rank}"] = Method(plain[f"ffa_lora-{rank}"][0],
+                                   aggregators.ffa_lora(), seed_model=frozen)
+  out = {name: out[name] for name in ("full", f"fedit-{rank}",
+                                      f"ffa_lora-{rank}", f"flora-{rank}")}
   # HetLoRA: ranks r/4, r/2, r by client id, on a rank-r model.
   model = lora.lora(base.model, base.variables, rank=rank,
                     targets=lora.TRANSFORMER_TARGETS, key=key)
@@ -90,28 +118,43 @@ def methods(base, rank: int, num_clients: int, training: LocalTraining,
       local_update=clients.lora_ranks(
           model, client_ranks, training, self_pruning=args.gamma,
           pruning_strength=args.pruning_strength))
+  # DP-FedAvg and its controls: equal weights (as DP-FedAvg's), then its
+  # adaptive clipping without noise, then with noise.
   privacy = Privacy(args.noise, delta=args.delta)
-  for name in ("fedit", "ffa_lora"):
-    model = out[f"{name}-{rank}"].model
+  for name, factory in (("fedit", aggregators.fedit),
+                        ("ffa_lora", aggregators.ffa_lora)):
+    plain_method = out[f"{name}-{rank}"]
+    model, seed_model = plain_method.model, plain_method.seed_model
+    out[f"uniform_{name}-{rank}"] = Method(model, factory("uniform"),
+                                           seed_model=seed_model)
+    out[f"clip_{name}-{rank}"] = Method(
+        model, aggregators.dp_fedavg(clip_norm=args.clip,
+                                     noise_multiplier=0.0, adaptive=True),
+        seed_model=seed_model)
     out[f"dp_{name}-{rank}"] = Method(
         model, aggregators.dp_fedavg(clip_norm=args.clip,
                                      noise_multiplier=args.noise,
                                      adaptive=True),
-        privacy=privacy)
+        seed_model=seed_model, privacy=privacy)
   return out
 
 
 def run_method(method: Method, data, test, seeds, training, args):
-  """The seeds of ``method`` as one vmapped sweep; -> (members, seconds
-  of the whole sweep)."""
+  """The seeds of ``method`` as one vmapped sweep (a sweep per seed with
+  ``method.seed_model``); -> (members, seconds of the whole run)."""
   start = time.perf_counter()
-  members = sweep.run_sweep(
-      lambda hparams: method.rule, seeds=seeds, model=method.model,
+  run = lambda model, seeds: sweep.run_sweep(
+      lambda hparams: method.rule, seeds=seeds, model=model,
       data=data, test_data=test, num_rounds=args.rounds,
       participation=args.clients_per_round / data.num_clients,
       training=training, init_params=method.init,
       execution=Execution(progress=False),
       evaluation=Evaluation(clients=False), **method.fields)
+  if method.seed_model is None:
+    members = run(method.model, seeds)
+  else:
+    members = [member for seed in seeds
+               for member in run(method.seed_model(seed), [seed])]
   return members, time.perf_counter() - start
 
 
@@ -128,15 +171,20 @@ def _count_by_rank(ranks) -> dict:
 
 
 def summarise(name: str, members, seconds: float,
-              client_ranks=None) -> dict:
+              client_ranks=None, apart: bool = False) -> dict:
   """The summary entry of one method's members. ``client_ranks``
   (HetLoRA): a client of rank r_k sends r_k of A's rows and B's columns,
   so the uplink is the mean over the federation's clients of r_k / r of
-  the rank-r adapters' bytes."""
+  the rank-r adapters' bytes. ``apart``: each member ran as its own sweep;
+  the round time is then the sum of the members' medians."""
   finals = [m.history.rows[-1] for m in members]
   perplexity = [math.exp(row["test_loss"]) for row in finals]
   accuracy = [row["test_accuracy"] for row in finals]
-  times = members[0].history.column("time_s")[2:]  # after compiling
+  # After the compiling round.
+  medians = [float(np.median(m.history.column("time_s")[2:]))
+             if len(m.history.rows) > 2 else None for m in members]
+  median = (sum(medians) if apart and None not in medians
+            else medians[0])
   entry = {
       "seeds": [m.seed for m in members],
       "initial_perplexity": math.exp(members[0].history.rows[0]["test_loss"]),
@@ -144,8 +192,9 @@ def summarise(name: str, members, seconds: float,
       "perplexity": _mean_sd(perplexity), "accuracy": _mean_sd(accuracy),
       "uplink_bytes_per_client": finetune.uplink_per_client(
           name.removeprefix("dp_"), members[0].state.params),
-      "median_round_s": float(np.median(times)) if len(times) else None,
-      "total_s": round(seconds, 1)}
+      "median_round_s": median, "total_s": round(seconds, 1)}
+  if apart:
+    entry["seeds_run_apart"] = True
   if client_ranks is not None:
     full = entry["uplink_bytes_per_client"]
     rank = max(client_ranks)
@@ -170,6 +219,14 @@ def summarise(name: str, members, seconds: float,
     entry["epsilon"] = [float(row["epsilon"]) for row in finals]
   if "clip_norm" in finals[0]:
     entry["final_clip_norm"] = [float(row["clip_norm"]) for row in finals]
+  if "fraction_clipped" in finals[0]:
+    # The share of a round's participants whose update was clipped, over
+    # every round of every member.
+    clipped = np.concatenate([m.history.column("fraction_clipped")[1:]
+                              for m in members])
+    entry["fraction_clipped"] = {"mean": float(np.mean(clipped)),
+                                 "min": float(np.min(clipped)),
+                                 "max": float(np.max(clipped))}
   return entry
 
 
@@ -180,17 +237,22 @@ def results_table(out: str) -> str:
     summary = json.load(f)
   lines = ["| method | seeds | uplink / client / round | perplexity, "
            "mean ± sd | next-char accuracy, mean ± sd | epsilon | "
+           "clipped a round, mean (min-max) | "
            "round s (median, all seeds) |",
-           "| --- | ---: | ---: | --- | --- | ---: | ---: |"]
+           "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
   for name, entry in summary["runs"].items():
     eps = (f"{np.mean(entry['epsilon']):.3g}" if "epsilon" in entry
            else "")
+    clipped = entry.get("fraction_clipped")
+    clipped = (f"{clipped['mean']:.0%} ({clipped['min']:.0%}-"
+               f"{clipped['max']:.0%})" if clipped else "")
+    apart = " (seeds apart)" if entry.get("seeds_run_apart") else ""
     lines.append(
         f"| {name} | {len(entry['seeds'])} | "
         f"{entry['uplink_bytes_per_client']:,} B | "
         f"{entry['perplexity']['mean']:.3f} ± {entry['perplexity']['sd']:.3f}"
         f" | {entry['accuracy']['mean']:.4f} ± {entry['accuracy']['sd']:.4f}"
-        f" | {eps} | {entry['median_round_s']:.2f} |")
+        f" | {eps} | {clipped} | {entry['median_round_s']:.2f}{apart} |")
   return finetune.write_table(out, lines)
 
 
@@ -276,7 +338,8 @@ def main(argv=None) -> dict:
       history_lib.save_run(
           os.path.join(args.out, name, f"seed_{member.seed}"),
           {"run": member.history}, overwrite=True)
-    entry = summarise(name, members, seconds, method.client_ranks)
+    entry = summarise(name, members, seconds, method.client_ranks,
+                      apart=method.seed_model is not None)
     summary["runs"][name] = entry
     print(json.dumps({"run": name, **entry}), flush=True)
     curves[name] = [m.history for m in members]

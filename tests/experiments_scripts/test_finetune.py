@@ -44,8 +44,10 @@ def test_the_iid_federation_deals_the_same_rows_to_clients_of_the_same_sizes(
 
 def test_the_table_is_the_summary_and_the_histories(finetune, tmp_path):
   rows = [{"round": 0, "test_loss": 1.7},
-          {"round": 1, "test_loss": 1.6, "inexact_aggregation": 0.02},
-          {"round": 2, "test_loss": 1.5, "inexact_aggregation": 0.04}]
+          {"round": 1, "test_loss": 1.6, "inexact_aggregation": 0.02,
+           "inexact_aggregation_of_update": 0.05},
+          {"round": 2, "test_loss": 1.5, "inexact_aggregation": 0.04,
+           "inexact_aggregation_of_update": 0.15}]
   history_lib.save_run(str(tmp_path / "natural" / "fedit-2"),
                        {"run": history_lib.History(rows, [], {})})
   history_lib.save_run(str(tmp_path / "natural" / "full"), {
@@ -58,11 +60,26 @@ def test_the_table_is_the_summary_and_the_histories(finetune, tmp_path):
       "natural/fedit-2": entry, "natural/full": {
           **entry, "trainable_params": 115536}}}))
   table = finetune.results_table(str(tmp_path)).splitlines()
+  # FedIT's gap: over the product, mean of the rounds; over the round's
+  # update, mean (max).
   assert table[2] == ("| natural | fedit-2 | 4,608 | 18,432 B | 5.474 -> "
-                      "4.482 | 0.5000 | 0.0300 | 0.95 |")
+                      "4.482 | 0.5000 | 0.0300 | 0.1000 (0.1500) | 0.95 |")
   assert table[3].startswith("| natural | full | 115,536 |")
-  assert table[3].endswith("| 0.5000 |  | 0.95 |")
+  assert table[3].endswith("| 0.5000 |  |  | 0.95 |")
   assert (tmp_path / "table.md").read_text().splitlines() == table
+
+
+def test_a_rerun_of_some_methods_extends_a_summary_of_the_same_settings(
+    finetune, tmp_path):
+  settings = {"rounds": 20, "lr": 3.0, "memory": "10,100", "only": ""}
+  path = tmp_path / "summary.json"
+  path.write_text(json.dumps({"settings": settings, "runs": {"a": {}}}))
+  # What runs (--only, --memory, --table-only) may change ...
+  again = {**settings, "memory": "", "only": "fedit-8", "table_only": False}
+  assert finetune.earlier_summary(str(path), again)["runs"] == {"a": {}}
+  # ... how it runs may not.
+  with pytest.raises(SystemExit, match="other settings"):
+    finetune.earlier_summary(str(path), {**again, "lr": 1.0})
 
 
 def test_a_config_runs_the_scripts_fedit_on_the_committed_base(finetune):
@@ -140,8 +157,26 @@ def test_the_seeds_summary_is_over_the_members_and_the_table_reads_it(
   assert table[2] == (
       f"| dp_fedit-2 | 2 | {lora.uplink_bytes(params):,} B | "
       f"{entry['perplexity']['mean']:.3f} ± "
-      f"{entry['perplexity']['sd']:.3f} | 0.4500 ± 0.0707 | 3 | 0.25 |")
+      f"{entry['perplexity']['sd']:.3f} | 0.4500 ± 0.0707 | 3 |  | 0.25 |")
   assert (tmp_path / "table.md").read_text().splitlines() == table
+  # Clipping: the share of the participants clipped, over every round of
+  # every member; members run apart (FFA-LoRA's seeds): the round time
+  # is the sum of their medians.
+  clipping = [m._replace(history=history_lib.History(
+      [{**row, "fraction_clipped": clipped[i]} if i else row
+       for i, row in enumerate(m.history.rows)], [], {}))
+              for m, clipped in zip(members, ((None, 0.2, 0.6),
+                                              (None, 0.5, 0.9)),
+                                    strict=True)]
+  clip = seeds.summarise("clip_ffa_lora-2", clipping, 1.0, apart=True)
+  assert clip["fraction_clipped"]["mean"] == pytest.approx(0.55)
+  assert clip["fraction_clipped"]["min"] == pytest.approx(0.2)
+  assert clip["fraction_clipped"]["max"] == pytest.approx(0.9)
+  assert clip["median_round_s"] == 0.5 and clip["seeds_run_apart"]
+  (tmp_path / "summary.json").write_text(json.dumps({
+      "settings": {}, "runs": {"clip_ffa_lora-2": clip}}))
+  assert seeds.results_table(str(tmp_path)).splitlines()[2].endswith(
+      "| 3 | 55% (20%-90%) | 0.50 (seeds apart) |")
   # HetLoRA: a client of rank r_k sends r_k / r of the rank-r adapters;
   # the uplink is the mean over the federation's clients.
   het = seeds.summarise("hetlora-2", members, 1.0, client_ranks=[1, 2, 2])
@@ -168,6 +203,46 @@ def test_the_seeds_summary_is_over_the_members_and_the_table_reads_it(
   assert het["final_client_ranks"] == {"1": 4, "2": 2}
   assert het["final_mean_rank"] == pytest.approx(8 / 6)
   assert het["mean_sent_rank"] == pytest.approx(4 / 3)  # 2, 1 and 1
+
+
+def test_ffa_lora_draws_a_per_seed_and_dp_has_its_two_controls(finetune):
+  import argparse  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from fedjax_agg.config import LocalTraining  # pylint: disable=g-import-not-at-top
+  seeds = load_script("fine_tuning", "seeds.py")
+  pretrain = load_script("fine_tuning", "pretrain.py")
+  base = pretrain.load_base(os.path.join(os.path.dirname(finetune.__file__),
+                                         "base"))
+  args = argparse.Namespace(seed=0, gamma=0.5, pruning_strength=1e-3,
+                            noise=0.05, delta=1e-4, clip=1.0)
+  every = seeds.methods(base, 2, 9, LocalTraining(), args)
+  frozen = lambda model: lora.spec(model).frozen_a
+  single_run = frozen(finetune.methods(base, [2], jax.random.key(0))[
+      "ffa_lora-2"][0])
+  for name in ("ffa_lora-2", "uniform_ffa_lora-2", "clip_ffa_lora-2",
+               "dp_ffa_lora-2"):
+    # Seed 0's A is the one-seed run's; another seed draws another.
+    by_seed = every[name].seed_model
+    jax.tree.map(np.testing.assert_array_equal, frozen(by_seed(0)),
+                 single_run)
+    for path in single_run:
+      assert not np.allclose(frozen(by_seed(1))[path], single_run[path])
+  for name in ("fedit-2", "uniform_fedit-2", "clip_fedit-2", "dp_fedit-2"):
+    assert every[name].seed_model is None  # A is drawn by model.init
+  # The controls: clipping without noise and no privacy; then DP.
+  for rule in ("fedit", "ffa_lora"):
+    assert every[f"clip_{rule}-2"].rule.noise_multiplier == 0.0
+    assert "privacy" not in every[f"clip_{rule}-2"].fields
+    assert every[f"dp_{rule}-2"].rule.noise_multiplier == 0.05
+    assert "privacy" in every[f"dp_{rule}-2"].fields
+    assert not every[f"uniform_{rule}-2"].fields
+  # Equal weights, as DP-FedAvg's, whatever the clients' examples.
+  for rule, options in (("fedit", {}), ("ffa_lora", {"freeze_a": True})):
+    _, _, model = _util.lora_mlp(rank=2, **options)
+    global_params, clients, info = _util.cohort(model, 4, seed=0)
+    weights = every[f"uniform_{rule}-2"].rule.aggregate(
+        global_params, clients, info, ())[2]["client_weights"]
+    np.testing.assert_allclose(weights, [0.25] * 4)
 
 
 def test_a_cohorts_call_is_measured_and_the_memory_fitted_per_client():
