@@ -114,12 +114,10 @@ def built(systems: Systems) -> Built:
         systems.profiles, systems.profile_args, systems.availability,
         systems.availability_args, systems.seed)
   except (TypeError, ValueError) as error:
-    # Its messages start with the attribute ("availability_args: ...",
-    # "profiles='trace' takes ...").
-    field = re.match(r"\w+", str(error))
-    field = field[0] if field and field[0] in (
-        "profiles", "profile_args", "availability",
-        "availability_args") else "profile_args"
+    # Its messages start with the attribute they are about.
+    field = ("availability_args"
+             if str(error).startswith("availability_args")
+             else "profile_args")
     kind = SystemsTypeError if isinstance(error, TypeError) else SystemsError
     raise kind(field, str(error)) from None
   codec = None

@@ -100,7 +100,8 @@ def check_fresh(run_dir: str, overwrite: bool = False,
   if os.path.isdir(run_dir) and manifest.read(run_dir) is None:
     # A run written without a manifest (by older code): its record at the
     # top of the folder (a user's files further down are not a run).
-    files = [name for name in earlier_run(run_dir) if os.sep not in name]
+    files = [name for name in _MARKERS
+             if os.path.isfile(os.path.join(run_dir, name))]
     if files:
       shown = ", ".join(files[:4]) + (" ..." if len(files) > 4 else "")
       if not overwrite:

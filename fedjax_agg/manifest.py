@@ -39,15 +39,19 @@ import threading
 from typing import Iterator, Optional, Sequence
 import uuid
 
-__all__ = ["FILE", "Plan", "check", "check_replace", "kept_folder", "note",
-           "read", "recording", "write_atomically"]
+__all__ = ["FILE", "Plan", "TEMPORARY_OVERHEAD", "check", "check_replace",
+           "kept_folder", "note", "read", "recording", "write_atomically"]
 
 FILE = ".fedjax_agg-manifest.json"
 """The manifest's name, in the run folder."""
 _FORMAT = "fedjax_agg run files"
 _VERSION = 1
-# An interrupted atomic write of ``name`` leaves ``.<name>.<pid>.<hex>.tmp``.
+# An interrupted atomic write of ``name`` leaves ``.<name>.<pid>.<hex>.tmp``
+# (``write_atomically``).
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.\d+\.[0-9a-f]{32}\.tmp$")
+TEMPORARY_OVERHEAD = len(".") + len(".") + 10 + len(".") + 32 + len(".tmp")
+"""The most bytes the temporary of an atomic write adds to a file's name
+(a pid of up to 10 digits): what a name must leave room for."""
 _LOCK = threading.RLock()
 _ACTIVE: dict[str, "_Claim"] = {}  # abs folder -> its claim
 
@@ -67,6 +71,13 @@ def _digest(path: str) -> str:
 
 def _entry(path: str) -> dict:
   return {"size": os.path.getsize(path), "sha256": _digest(path)}
+
+
+def _unchanged(path: str, entry: dict) -> bool:
+  """Whether ``path`` is still the regular file a manifest ``entry``
+  recorded (a link or a folder in its place is a change)."""
+  return (not os.path.islink(path) and os.path.isfile(path)
+          and _entry(path) == {k: entry[k] for k in ("size", "sha256")})
 
 
 def _inside(relative: str) -> bool:
@@ -199,26 +210,21 @@ def check(folder: str, names: Sequence[str] = (), overwrite: bool = False,
           "choose another folder, or overwrite it explicitly (--overwrite, "
           "overwrite=True)")
     return Plan()
-  changed = []
-  for name in present:
-    path = os.path.join(folder, name)
-    if (os.path.islink(path) or not os.path.isfile(path)
-        or _entry(path) != {k: listed[name][k] for k in ("size", "sha256")}):
-      changed.append(name)
+  changed = [name for name in present
+             if not _unchanged(os.path.join(folder, name), listed[name])]
   if changed:
     raise ValueError(
         f"{folder}: {_shown(sorted(changed))} changed since the run wrote "
         "them; the overwrite removed nothing (move them away first)")
-  unlisted = [name for name in _walk(folder, manifest["kept"])
-              if name not in listed and name not in keep
-              and not _temporary_of(name, listed)]
+  found = [name for name in _walk(folder, manifest["kept"])
+           if name not in listed and name not in keep]
+  temporaries = [name for name in found if _temporary_of(name, listed)]
+  unlisted = [name for name in found if name not in temporaries]
   if unlisted:
     raise ValueError(
         f"{folder} holds files no recorded run wrote: {_shown(unlisted)}; "
         "the overwrite removed nothing. Move them, or name them to stay "
         "(--keep PATH, keep=[...])")
-  temporaries = [name for name in _walk(folder, manifest["kept"])
-                 if _temporary_of(name, listed)]
   return Plan(sorted(present) + temporaries)
 
 
@@ -241,9 +247,7 @@ def check_replace(folder: str, names: Sequence[str]) -> None:
     path = os.path.join(folder, name)
     if not os.path.lexists(path):
       continue
-    if name not in listed or os.path.islink(path) or not os.path.isfile(
-        path) or _entry(path) != {k: listed[name][k]
-                                  for k in ("size", "sha256")}:
+    if name not in listed or not _unchanged(path, listed[name]):
       mine.append(name)
   if mine:
     raise ValueError(
@@ -325,9 +329,7 @@ def _remove(folder: str, plan: Plan, manifest: dict) -> None:
     if name in listed:
       if not os.path.lexists(path):
         continue
-      if (os.path.islink(path) or not os.path.isfile(path)
-          or _entry(path) != {k: listed[name][k]
-                              for k in ("size", "sha256")}):
+      if not _unchanged(path, listed[name]):
         raise ValueError(f"{path} changed since the overwrite was checked; "
                          "it was left in place")
     elif not _temporary_of(name, listed):

@@ -21,6 +21,7 @@ from fedjax_agg import data as data_lib
 from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import partitions
+from fedjax_agg import registry
 from fedjax_agg import spec as spec_lib
 
 __all__ = ["CONFIG_KEYS", "LISTS", "RUN_FLAGS", "SPEC_FLAGS", "UsageError",
@@ -98,54 +99,43 @@ class UsageError(SystemExit):
 class _Parser(argparse.ArgumentParser):
 
   def error(self, message):
-    raise UsageError(message + near_miss(message))
+    raise UsageError(message + near_miss(message, self))
 
 
-# The flags that name a registry's entry, by the kind of entry.
-_NAME_FLAGS = {"aggregator": "--aggregator", "objective": "--objective",
-               "client": "--client", "attack": "--attack",
-               "model": "--model", "partition": "--partition",
-               "dataset": "--dataset", "codec": "--codec"}
 _INVALID_CHOICE = re.compile(
     r"argument (?P<flag>--[\w-]+): invalid choice: '(?P<value>[^']*)'")
 
 
-def near_miss(message: str) -> str:
-  """For argparse's "invalid choice" ``message``: where the name belongs to
-  another flag's registry (``--aggregator FedProx``: an objective) or is
-  close to an accepted one, a hint; else ""."""
+def near_miss(message: str, parser: argparse.ArgumentParser) -> str:
+  """For argparse's "invalid choice" ``message``: where the name is
+  another flag's registered entry (``--aggregator FedProx``: an
+  objective) or close to one of this flag's choices, a hint; else "".
+  The flags and their names are the parser's own (a flag names a
+  registry's entries where its choices are a ``registry.Names``)."""
   match = _INVALID_CHOICE.search(message)
   if match is None:
     return ""
   flag, value = match["flag"], match["value"]
+  choices = {action.option_strings[0]: action.choices
+             for action in parser._actions  # pylint: disable=protected-access
+             if action.choices and action.option_strings}
   hints = []
-  for kind, names in _registry_names().items():
-    found = [name for name in names if name.lower() == value.lower()]
-    if found and _NAME_FLAGS[kind] != flag:
-      hints.append(f"{found[0]} is {'an' if kind[0] in 'aeiou' else 'a'} "
-                   f"{kind}: {_NAME_FLAGS[kind]} {found[0]}")
-    elif found:
+  for other, names in choices.items():
+    found = [name for name in names
+             if isinstance(name, str) and name.lower() == value.lower()]
+    if found and other == flag:
       hints.append(f"did you mean {found[0]}?")
-  if not hints:
-    own = [kind for kind, other in _NAME_FLAGS.items() if other == flag]
-    names = _registry_names().get(own[0], ()) if own else ()
-    close = difflib.get_close_matches(value.lower(), names, n=3,
+    elif found and isinstance(names, registry.Names):
+      kind = other[2:].replace("-", " ")
+      hints.append(f"{found[0]} is {'an' if kind[0] in 'aeiou' else 'a'} "
+                   f"{kind}: {other} {found[0]}")
+  if not hints and flag in choices:
+    own = {str(name).lower(): str(name) for name in choices[flag]}
+    close = difflib.get_close_matches(value.lower(), list(own), n=3,
                                       cutoff=0.6)
     if close:
-      hints.append(f"did you mean {' or '.join(close)}?")
+      hints.append(f"did you mean {' or '.join(own[c] for c in close)}?")
   return f" ({'; '.join(hints)})" if hints else ""
-
-
-def _registry_names() -> dict[str, tuple]:
-  from fedjax_agg import compression  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import clients  # pylint: disable=g-import-not-at-top
-  return {"aggregator": tuple(aggregators.REGISTRY),
-          "objective": tuple(objectives.REGISTRY),
-          "client": tuple(clients.REGISTRY),
-          "attack": tuple(attacks.REGISTRY),
-          "model": tuple(models.NAMES), "partition": tuple(partitions.NAMES),
-          "dataset": tuple(data_lib.NAMES) + tuple(data_lib.FEDERATIONS),
-          "codec": tuple(compression.CODECS)}
 
 
 def _flag(dest: str) -> str:

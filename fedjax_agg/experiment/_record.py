@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 from fedjax_agg import data as data_lib
 from fedjax_agg import history as history_lib
 from fedjax_agg import jsonio
+from fedjax_agg import manifest
 from fedjax_agg import spec as spec_lib
 from fedjax_agg.experiment._data import partition_indices
 from fedjax_agg.experiment._data import partition_source
@@ -208,8 +209,7 @@ def _check_lengths(path: str, existing: str, names: Sequence[str]) -> None:
     path_max = os.pathconf(existing, "PC_PATH_MAX")
   except (OSError, ValueError):
     name_max, path_max = 255, 4096
-  # ``jsonio.write_file``'s temporary: ".<name>.<pid>.<32 hex>.tmp".
-  temporary = 1 + 1 + 10 + 1 + 32 + 4
+  temporary = manifest.TEMPORARY_OVERHEAD  # an atomic write's temporary
   for name in [""] + [os.path.normpath(n) for n in names]:
     full = os.path.abspath(os.path.join(path, name))
     parts = full.split(os.sep)

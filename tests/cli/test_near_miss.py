@@ -32,7 +32,8 @@ def test_no_hint_where_nothing_is_close():
   with pytest.raises(_flags.UsageError) as raised:
     _flags.build_parser().parse_args(["--aggregator", "zzz"])
   assert "did you mean" not in raised.value.message
-  assert _flags.near_miss("not argparse's message") == ""
+  assert _flags.near_miss("not argparse's message",
+                          _flags.build_parser()) == ""
 
 
 @pytest.mark.parametrize("override, hint", [
