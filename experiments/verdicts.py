@@ -61,8 +61,11 @@ def read_history(path: str) -> dict:
 def runs(results: str, algorithm: str) -> list:
   """Every seed's history of ``algorithm`` in the results folder
   ``results`` (``<results>/<algorithm>/seed<k>/history.csv``, or
-  ``<results>/<algorithm>/history.csv`` for a one-seed run), seed order."""
+  ``<results>/<algorithm>/history.csv`` for a one-seed run; the same in
+  ``<results>`` itself for a run of one algorithm), seed order."""
   folder = os.path.join(results, algorithm)
+  if not os.path.isdir(folder):  # a run of this one algorithm writes at
+    folder = results             # the top of its folder
   single = os.path.join(folder, "history.csv")
   if os.path.exists(single):
     return [read_history(single)]

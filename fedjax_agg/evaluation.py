@@ -16,6 +16,7 @@ padded) so each function compiles once per model and batch size.
   (``config.Evaluation.extra``; also importable from ``config``).
 """
 
+import math
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -240,7 +241,8 @@ def member_rows(model: Model, params, test, num_classes: int,
     params: one model's params, or (``stacked``) S members' stacked along
       a leading axis.
     test: (x, y), scored as ``test_loss``, ``test_accuracy``,
-      ``test_macro_f1``.
+      ``test_macro_f1`` (and ``test_perplexity``, exp of ``test_loss``,
+      for per-token targets [M, T]).
     num_classes: of the labels.
     batch_size: examples per forward pass.
     stacked: ``params`` hold S members (one vmapped forward pass each
@@ -269,6 +271,10 @@ def member_rows(model: Model, params, test, num_classes: int,
   for m in range(mean.shape[0]):
     test_row = classification_metrics(test[1], test_preds[m], num_classes)
     test_row["loss"] = float(mean[m])
+    if np.ndim(test[1]) == 2:  # per-token targets: a language model's
+      # perplexity, exp of the mean token cross-entropy (inf past float).
+      test_row["perplexity"] = (math.exp(test_row["loss"])
+                                if test_row["loss"] < 709.0 else math.inf)
     rows.append({f"test_{k}": v for k, v in test_row.items()})
   if clients is not None:
     if stacked:

@@ -49,7 +49,7 @@ __all__ = ["History", "HistoryWriter", "RUN_FILES", "TensorBoardWriter",
            "rounds_to_target", "save_run", "write_run"]
 
 RUN_FILES = ("config.json", "history.csv", "history.json", "summary.csv",
-             "summary.json", "accuracy.png", "partition.png", "curves.png",
+             "summary.json", "curves.png", "partition.png",
              "accuracy_by_time.png")
 """The files a run writes in its folder and its member folders; the first
 five mark a folder as holding a run."""
@@ -169,6 +169,80 @@ class History:
                       "clients": self.client_rows}, json_path, indent=None)
     return {"csv": csv_path, "json": json_path}
 
+
+def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
+  """Makes sure results can be written to ``path``, before anything runs.
+
+  Writes nothing: a missing ``path`` is created by the first file written
+  into it, so a refused run leaves no folder behind.
+
+  Args:
+    path: the output folder.
+    names: the files that will be written there, relative to ``path``
+      (e.g. "history.csv", "FedAvg/seed0/history.json").
+
+  Returns:
+    ``path``.
+
+  Raises:
+    ValueError: naming the path: ``path`` is a file, cannot be created or
+      is not writable; one of ``names``, or a folder on the way to it, is
+      a directory where a file goes (or a file where a folder goes), or an
+      existing file that cannot be overwritten.
+  """
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{path} exists and is not a directory")
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ValueError(f"cannot create {path}: {existing} is a file")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f"{path} is not writable" if os.path.isdir(path) else
+                     f"cannot create {path}: {existing} is not writable")
+  for name in names:
+    target = os.path.join(path, name)
+    folder = path
+    for part in os.path.normpath(name).split(os.sep)[:-1]:
+      folder = os.path.join(folder, part)
+      if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{folder} is a file; results go into a folder "
+                         "of that name")
+      if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{folder} is not writable")
+    if os.path.isdir(target):
+      raise ValueError(f"{target} is a directory; the file {name} is "
+                       "written there")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+      raise ValueError(f"{target} exists and is not writable")
+  _check_lengths(path, existing, names)
+  return path
+
+
+def _check_lengths(path: str, existing: str, names: Sequence[str]) -> None:
+  """Refuses names the file system cannot hold (a component longer than
+  its ``NAME_MAX`` or a path longer than ``PATH_MAX``), with the
+  temporary names the atomic writes use, before anything runs."""
+  try:
+    name_max = os.pathconf(existing, "PC_NAME_MAX")
+    path_max = os.pathconf(existing, "PC_PATH_MAX")
+  except (OSError, ValueError):
+    name_max, path_max = 255, 4096
+  temporary = manifest.TEMPORARY_OVERHEAD  # an atomic write's temporary
+  for name in [""] + [os.path.normpath(n) for n in names]:
+    full = os.path.abspath(os.path.join(path, name))
+    parts = full.split(os.sep)
+    for position, part in enumerate(parts):
+      extra = temporary if position == len(parts) - 1 and name else 0
+      if len(part.encode()) + extra > name_max:
+        raise ValueError(
+            f"{path}: the name {part[:40]!r}... ({len(part.encode())} "
+            f"bytes{' + a temporary suffix' if extra else ''}) is longer "
+            f"than the file system allows ({name_max} bytes)")
+    if len(full.encode()) + temporary >= path_max:
+      raise ValueError(f"{path}: the path of {name or 'the folder'} is "
+                       f"longer than the file system allows ({path_max} "
+                       "bytes)")
 
 def member_folder(run_dir: str, member: str, num_members: int) -> str:
   """Where member ``member`` of a run of ``num_members`` writes its

@@ -79,9 +79,10 @@ class Interrupted(Exception):
     self.num_rounds = num_rounds
     self.checkpointed = checkpointed
     how = ("rerun the same command with --resume (resume=True) to go on"
-           if checkpointed else "its checkpoints were off, so a rerun starts "
-           "again (--checkpoint-every N, Checkpointing(every=N), lets a "
-           "run resume)")
+           if checkpointed else "it had no checkpoint folder, so a rerun "
+           "starts again (the command line and run_config keep one by "
+           "default; in Python, Checkpointing(directory) lets a run "
+           "resume)")
     super().__init__(f"interrupted ({signal_name}) after round {round_num} "
                      f"of {num_rounds}; {how}")
 
@@ -190,9 +191,13 @@ def open_checkpoints(checkpointing: Optional[Checkpointing],
 
 class Checkpoints(Callback):
   """The callback that saves a run as ``config.Checkpointing`` says: every
-  ``every`` rounds, at the last round and at a round where callbacks end
-  the run (``pack`` turns the members' rows into what a checkpoint
+  ``every`` rounds, at the last round, at a round where callbacks end
+  the run and, whatever ``every`` is (0 too), at the round where a signal
+  stops it (``interrupted``, set by the loop), so that an interrupted run
+  resumes (``pack`` turns the members' rows into what a checkpoint
   holds). ``close()`` releases the checkpointer."""
+  interrupted = False
+  saved_round = None
 
   def __init__(self, checkpointer, run_key, num_rounds: int, rows,
                client_rows, pack=lambda rows, client_rows: (
@@ -209,9 +214,10 @@ class Checkpoints(Callback):
     run ends there because callbacks asked (``stopping``)."""
     checkpointer = self.checkpointer
     if checkpointer.should_save(round_num, self.num_rounds) or (
-        stopping and checkpointer.every > 0):
+        stopping and (checkpointer.every > 0 or self.interrupted)):
       checkpointer.save(round_num, state, self.run_key,
                         *self.pack(self.rows, self.client_rows))
+      self.saved_round = round_num
 
   def close(self) -> None:
     """Releases the checkpointer (waits for its pending writes)."""
@@ -354,7 +360,7 @@ class Driver:
       raise Interrupted(self._interrupts.signal, self.stopped_at,
                         num_rounds, any(
                             isinstance(c, Checkpoints)
-                            and c.checkpointer.every > 0
+                            and c.saved_round == self.stopped_at
                             for c in self._each_once()))
     return state
 
@@ -406,6 +412,8 @@ class Driver:
       stop = (self._stop_requested() or interrupted) and (
           round_num < num_rounds)
       for callback in shared:
+        if isinstance(callback, Checkpoints):
+          callback.interrupted = interrupted
         callback.after_round(round_num, state, stop)
       if stop:
         self.stopped_at = round_num

@@ -49,7 +49,7 @@ def save_figure(fig: "figure.Figure", path: str, **savefig_args) -> str:
 
 def colour(position: int) -> str:
   """The colour of the curve at ``position`` in a figure's order: every
-  figure of the library (a run's ``curves.png``, ``accuracy.png``, the
+  figure of the library (a run's ``curves.png``, the
   report's plots) colours the i-th algorithm of a run alike."""
   return f"C{position % 10}"
 

@@ -180,6 +180,16 @@ RUNS = {
                   "train": {**_BASE["train"], "personalized": True,
                             "finetune_steps": 2}},
                  _PERSONAL, ()),
+    # A language model (per-token targets): its perplexity.
+    "language_model": ({"algorithms": {"A": {"aggregator": "fedavg"}},
+                        "dataset": {"name": "shakespeare", "args": {
+                            "min_samples": 2000, "sequence_length": 20}},
+                        "partition": {"name": "natural", "num_clients": 4},
+                        "model": {"name": "char_lstm", "args": {
+                            "embed_dim": 4, "hidden": 8}},
+                        "train": {**_BASE["train"], "rounds": 1,
+                                  "batch_size": 32, "eval_clients": False}},
+                       ("test_perplexity",), ()),
 }
 
 

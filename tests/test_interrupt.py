@@ -65,6 +65,29 @@ def test_without_checkpoints_the_message_says_a_rerun_starts_again():
   assert raised.value.round == 1 and not raised.value.checkpointed
 
 
+def test_a_run_without_periodic_checkpoints_is_saved_when_interrupted(
+    tmp_path):
+  """every=0 (the entry points' default): nothing is written by a run
+  that ends, and a run that a signal stops saves its last round and
+  resumes to the uninterrupted history."""
+  folder = tmp_path / "ckpt"
+  _run(3, checkpointing=Checkpointing(str(folder), every=0))
+  assert not folder.exists()
+  with pytest.raises(loop.Interrupted, match="--resume") as raised:
+    _run(5, [_SignalAt(signal.SIGTERM, 2)],
+         checkpointing=Checkpointing(str(folder), every=0))
+  assert raised.value.checkpointed and raised.value.round == 2
+  checkpointer = checkpoint.RunCheckpointer(str(folder), 0, {})
+  try:
+    assert checkpointer.all_rounds() == [2]
+  finally:
+    checkpointer.close()
+  resumed = _run(5, checkpointing=Checkpointing(str(folder), every=0,
+                                                resume=True))
+  np.testing.assert_allclose(resumed.history.column("test_loss"),
+                             _run(5).history.column("test_loss"), rtol=1e-6)
+
+
 def test_a_signal_at_the_last_round_lets_the_run_finish():
   result = _run(3, [_SignalAt(signal.SIGTERM, 3)])
   assert result.history.rows[-1]["round"] == 3
@@ -86,8 +109,7 @@ def test_the_command_line_stops_politely_and_resumes(tmp_path):
   argv = [sys.executable, "-m", "fedjax_agg"] + [
       "40" if flag == "1" and TINY[i - 1] == "--rounds" else flag
       for i, flag in enumerate(TINY)] + [
-          "--out", str(out), "--checkpoint-every", "1000",
-          "--cpu-devices", "1"]
+          "--out", str(out), "--cpu-devices", "1"]  # default checkpoints
   process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
   history = out / "history.json"
   deadline = time.monotonic() + 120

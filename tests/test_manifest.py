@@ -249,7 +249,7 @@ def test_run_config_never_clears_users_files(tmp_path):
   _intact(tmp_path, USERS)
   listed = manifest.read(str(tmp_path))["files"]
   assert {"config.json", "summary.json", "curves.png",
-          "FedAdp/history.json"} <= set(listed)
+          "history.json"} <= set(listed)
 
 
 def test_a_name_too_long_is_refused_before_the_first_round(tmp_path,

@@ -61,7 +61,7 @@ def test_the_python_quick_start_is_the_main_job(tmp_path):
   flags[flags.index("--out") + 1] = "cli"
   _run([sys.executable, "-m", "fedjax_agg", *flags], tmp_path)
   python = json.load(open(tmp_path / "results" / "quickstart_python" /
-                          "FedAvg" / "history.json"))["rows"]
+                          "history.json"))["rows"]
   cli = json.load(open(tmp_path / "cli" / "history.json"))["rows"]
   assert len(python) == len(cli) == 3
   for ours, theirs in zip(python, cli, strict=True):

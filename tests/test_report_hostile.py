@@ -395,7 +395,8 @@ def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
 
 def test_metric_directions():
   for metric in ("test_loss", "train_loss", "cohort_loss_before",
-                 "xentloss", "uplink_bytes", "sim_time_s", "wall_time"):
+                 "xentloss", "uplink_bytes", "sim_time_s", "wall_time",
+                 "test_perplexity"):
     assert report.metric_direction(metric) == "min", metric
   for metric in ("test_accuracy", "f1", "test_auc"):
     assert report.metric_direction(metric) == "max", metric

@@ -7,7 +7,7 @@ guide shows from it.
 Runs the command of the README's "Run the main job" (read from README.md,
 so that the two cannot differ) with ``--out`` set to
 ``experiments/bench/results/main_job`` (replacing an earlier run of it
-there: only the files that run wrote), then copies its ``accuracy.png`` to
+there: only the files that run wrote), then copies its ``curves.png`` to
 ``docs/img/quickstart_accuracy.png`` and writes
 ``experiments/bench/results/main_job.json``: the command, the final test
 accuracy and the wall time of the command.
@@ -56,7 +56,7 @@ def record(seconds=None) -> dict:
   returns it."""
   with open(os.path.join(ROOT, OUT, "history.json"), encoding="utf-8") as f:
     rows = json.load(f)["rows"]
-  shutil.copyfile(os.path.join(ROOT, OUT, "accuracy.png"),
+  shutil.copyfile(os.path.join(ROOT, OUT, "curves.png"),
                   os.path.join(ROOT, FIGURE))
   entry = {"command": ["python", "-m", "fedjax_agg", *readme_command(),
                        "--out", OUT],

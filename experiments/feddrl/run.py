@@ -57,7 +57,8 @@ def saved_path(config: dict, out_dir: str, name: str, seed: int) -> str:
   (the one layout: a run per algorithm, a member per seed)."""
   seeds = config.get("seeds", [0])
   return os.path.join(history_lib.member_folder(
-      os.path.join(out_dir, name), f"seed{seed}", len(seeds)), "history.json")
+      experiment.saved_algorithm_dir(out_dir, name, list(
+          config["algorithms"])), f"seed{seed}", len(seeds)), "history.json")
 
 
 def load_saved(config: dict, out_dir: str, name: str, seed: int) -> dict:

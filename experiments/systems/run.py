@@ -168,11 +168,13 @@ def run_part(part: str) -> None:
     for png in glob.glob(os.path.join(out_dir, "*.png")):
       os.remove(png)
     seeds = experiment.check_config(config).seeds
+    folder = experiment.RunFolder(out_dir, {
+        algorithm: [f"seed{seed}" for seed in seeds]
+        for algorithm in config["algorithms"]})
     for algorithm in config["algorithms"]:  # the histories' CSV copies
       for seed in seeds:
-        os.remove(os.path.join(history_lib.member_folder(
-            os.path.join(out_dir, algorithm), f"seed{seed}", len(seeds)),
-            "history.csv"))
+        os.remove(os.path.join(folder.member_dir(algorithm, f"seed{seed}"),
+                               "history.csv"))
     print(f"{name}: finished", flush=True)
 
 
@@ -189,7 +191,8 @@ def load_runs(name: str) -> list:
   seeds = experiment.check_config(config).seeds
   runs = []
   for algorithm in sorted(config["algorithms"]):
-    run_dir = os.path.join(out_dir, algorithm)
+    run_dir = experiment.saved_algorithm_dir(out_dir, algorithm,
+                                             list(config["algorithms"]))
     for seed in sorted(seeds):
       member = f"seed{seed}"
       folder = history_lib.member_folder(run_dir, member, len(seeds))

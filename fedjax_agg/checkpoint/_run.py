@@ -269,15 +269,24 @@ class RunCheckpointer:
       refused on restore.
     max_to_keep: checkpoints kept (the latest ones).
     async_save: write in a background thread while the next rounds run.
+    lazy: leave an absent ``directory`` absent until the first save (a
+      run that only checkpoints when it is interrupted creates nothing
+      otherwise).
   """
   directory: str
   every: int
   config: dict
   max_to_keep: int = MAX_TO_KEEP
   async_save: bool = True
+  lazy: bool = False
 
   def __post_init__(self):
     self.directory = os.path.abspath(os.fspath(self.directory))
+    self._manager = None
+    if not self.lazy or os.path.isdir(self.directory):
+      self._open()
+
+  def _open(self) -> None:
     # One writer per folder for the run's life: a second run in the same
     # folder would overwrite this one's steps.
     os.makedirs(self.directory, exist_ok=True)
@@ -294,11 +303,11 @@ class RunCheckpointer:
 
   def latest_round(self) -> Optional[int]:
     """The latest complete checkpoint's round (None if there is none)."""
-    return self._manager.latest_step()
+    return None if self._manager is None else self._manager.latest_step()
 
   def all_rounds(self) -> list[int]:
     """The rounds of the checkpoints in the directory, in ascending order."""
-    return sorted(self._manager.all_steps())
+    return [] if self._manager is None else sorted(self._manager.all_steps())
 
   def should_save(self, round_num: int, num_rounds: int) -> bool:
     """Whether to save after round ``round_num`` of ``num_rounds``: every
@@ -310,6 +319,8 @@ class RunCheckpointer:
            client_rows: list) -> None:
     """Saves the run after ``round_num`` rounds (returns once the arrays
     are on the host; the files are written in the background)."""
+    if self._manager is None:
+      self._open()
     arrays, spec = _to_host({"server": state, "run_key": run_key})
     meta = {"format_version": FORMAT_VERSION, "round": int(round_num),
             "config": self.config, "spec": spec}
@@ -409,6 +420,8 @@ class RunCheckpointer:
 
   def close(self) -> None:
     """Waits for pending writes and releases the manager."""
+    if self._manager is None:
+      return  # a lazy checkpointer that never saved
     try:
       self._manager.wait_until_finished()
       self._manager.close()
@@ -426,7 +439,10 @@ def open_run(checkpoint_dir: str, every: int, resume: bool, config: dict,
   Without it, a folder that already holds checkpoints is refused, so two
   runs never mix their checkpoints.
   """
-  checkpointer = RunCheckpointer(checkpoint_dir, every, config)
+  # every=0 saves only where the run is interrupted: nothing is created
+  # before that.
+  checkpointer = RunCheckpointer(checkpoint_dir, every, config,
+                                 lazy=every == 0)
   latest = checkpointer.latest_round()
   if latest is None:
     if resume:

@@ -4,11 +4,12 @@
       --num-clients 100 --model cnn_mcmahan --aggregator fedavg \
       --rounds 20 --participation 0.1 --epochs 1 --batch-size 16 --lr 0.05
 
-Writes ``history.csv``, ``history.json``, ``accuracy.png`` (test accuracy
-per round) and ``config.json`` (the resolved config with the data source
+Writes ``history.csv``, ``history.json``, ``curves.png`` (test accuracy
+and loss per round), ``summary.json``, ``partition.png`` (the clients'
+labels) and ``config.json`` (the resolved config with the data source
 and sizes, every argument of the rule, versions, devices and this command
-line; ``fedjax_agg.experiment.run_record``) to ``--out``;
-``--partition-plot`` also saves the partition's label heatmap. Algorithm
+line; ``fedjax_agg.experiment.run_record``) to ``--out``, in the layout
+``experiment.run_config`` writes (``experiment.RunFolder``). Algorithm
 hyperparameters go through repeated ``--agg-arg name=value`` /
 ``--objective-arg`` / ``--partition-arg`` flags (values are Python
 literals, e.g. ``alpha=5.0``); ``--list aggregators`` (objectives,
@@ -53,7 +54,6 @@ parses, resolves and checks what is asked for, and loads the data.
 import argparse
 import contextlib
 import json
-import os
 import sys
 import warnings
 from typing import Optional, Sequence
@@ -267,8 +267,9 @@ def _run(args, given: set[str], argv: list[str],
   # run_config runs them).
   sweeping = bool(grid) or args.seeds is not None or (
       len(config.seeds) > 1 and config.vmap_seeds)
-  plan = _check_execution(args, given, config, algorithm, grid, sweeping,
-                          several=sweeping or len(config.seeds) > 1)
+  plan, folder = _check_execution(args, given, config, algorithm, grid,
+                                  sweeping,
+                                  several=sweeping or len(config.seeds) > 1)
   dataset, indices = _load_data(args, given, config)
   prepared = [experiment.prepare_data(config, seed, dataset, indices[seed])
               for seed in config.seeds]
@@ -294,28 +295,26 @@ def _run(args, given: set[str], argv: list[str],
                    "distributed": args.distributed,
                    "progress": not args.no_progress},
         command=["python", "-m", "fedjax_agg", *argv])
-    if args.partition_plot:
-      experiment.plot_partition(prepared[0],
-                                os.path.join(args.out, "partition.png"))
+    folder.plot_partition(prepared[0])
 
   # Nothing is written until the run has passed every check (its rule,
   # client side, systems, privacy, checkpoint folder and lock): the files
   # appear with its first row; a refusal before it is one error line.
   start = _Start(write_config, dataset)
   if sweeping:
-    return sweep_main(args, config, algorithm, prepared, grid, start)
+    return sweep_main(args, config, algorithm, prepared, grid, start, folder)
   if len(config.seeds) > 1:
-    return seeds_main(args, config, algorithm, prepared, start)
-  return single_main(args, config, algorithm, prepared[0], start)
+    return seeds_main(args, config, algorithm, prepared, start, folder)
+  return single_main(args, config, algorithm, prepared[0], start, folder)
 
 
 def _check_execution(args, given: set[str], config, algorithm: str,
-                     grid: dict, sweeping: bool, several: bool) -> None:
+                     grid: dict, sweeping: bool, several: bool):
   """The flags of how to run, the devices and the output folder
-  (``several``: several members, vmapped or one after the other)."""
+  (``several``: several members, vmapped or one after the other).
+  -> (the folder's ``manifest.Plan``, its ``experiment.RunFolder``)."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  names = ["config.json", "accuracy.png"] + (
-      ["partition.png"] if args.partition_plot else [])
+  from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
   if sweeping and args.distributed:
     raise UsageError("--distributed: --seeds/--sweep runs shard their "
                      "members over this process's devices (--devices)")
@@ -324,16 +323,14 @@ def _check_execution(args, given: set[str], config, algorithm: str,
       raise UsageError("--tensorboard: runs of several seeds or grid points "
                        "do not write TensorBoard events (one run does)")
     _check_grid(config, algorithm, grid)
-  else:
-    names += ["history.csv", "history.json"]
+  points = sweep.grid_points(grid) if sweeping else [{}]
+  folder = experiment.RunFolder(args.out, {algorithm: [
+      sweep.member_name(point, seed) for point in points
+      for seed in config.seeds]})
+  names = folder.names()
   if args.checkpoint_every < 0:
     raise UsageError(f"--checkpoint-every: must be an int >= 0, got "
                      f"{args.checkpoint_every}")
-  if _checkpoint_dir(args) is not None:
-    try:
-      experiment.check_output_dir(_checkpoint_dir(args))
-    except ValueError as error:
-      raise UsageError(f"--checkpoint-dir: {error}") from None
   devices = config.train_of(algorithm).devices
   if devices is not None:
     import jax  # pylint: disable=g-import-not-at-top
@@ -345,6 +342,13 @@ def _check_execution(args, given: set[str], config, algorithm: str,
     experiment.check_output_dir(args.out, names)
   except ValueError as error:
     raise UsageError(f"--out: {error}") from None
+  if _checkpoint_dir(args) is not None:
+    # The default folder is in --out, and a refusal names --out.
+    flag = "--checkpoint-dir" if args.checkpoint_dir else "--out"
+    try:
+      experiment.check_output_dir(_checkpoint_dir(args))
+    except ValueError as error:
+      raise UsageError(f"{flag}: {error}") from None
   from fedjax_agg import history  # pylint: disable=g-import-not-at-top
   from fedjax_agg import manifest  # pylint: disable=g-import-not-at-top
   if args.resume and args.overwrite:
@@ -370,7 +374,7 @@ def _check_execution(args, given: set[str], config, algorithm: str,
       experiment.check_output_dir(args.tensorboard)
     except ValueError as error:
       raise UsageError(f"--tensorboard: {error}") from None
-  return plan
+  return plan, folder
 
 
 def _load_data(args, given: set[str], config):

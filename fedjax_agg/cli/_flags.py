@@ -285,7 +285,8 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
           help=help_text)
   group("execution and output")
   add("--partition-plot", action="store_true",
-      help="save the partition's label heatmap")
+      help="kept for older scripts: every run now saves the partition's "
+      "label heatmap (partition.png)")
   add("--cpu-devices", type=int, default=None,
       help="split the CPU into this many XLA devices before JAX starts; "
       "rounds then shard the clients over them (default: one per available "
@@ -312,10 +313,10 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
       help="also write every history scalar as TensorBoard events to DIR "
       "(needs tensorboardX: pip install 'fedjax_agg[tensorboard]')")
   add("--checkpoint-dir", default=None,
-      help="checkpoint folder (default <out>/checkpoint when "
-      "--checkpoint-every or --resume is given)")
+      help="checkpoint folder (default <out>/checkpoint)")
   add("--checkpoint-every", type=int, default=0,
-      help="save the whole run every this many rounds (0: never)")
+      help="save the whole run every this many rounds (0: only when Ctrl-C "
+      "or SIGTERM stops it, so that --resume goes on)")
   add("--resume", action="store_true",
       help="continue from the latest checkpoint (starts at round 0 if there "
       "is none)")

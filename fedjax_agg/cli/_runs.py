@@ -1,12 +1,15 @@
 """The runs the command line starts, and what each writes to ``--out``.
 
-One run (``single_main``: ``history.csv|json``, ``accuracy.png``); a
-config's seeds one after the other (``seeds_main``) or every seed x grid
-point as one vmapped sweep (``sweep_main``), both written as several
-members (``<out>/<member>/history.*``, ``summary.csv``,
-``accuracy.png``); a config's algorithms compared (``compare_main``, as
-``experiment.run_config`` runs them). ``_Start`` writes the run's config
-with its first row, once everything checked up front has passed.
+One run (``single_main``); a config's seeds one after the other
+(``seeds_main``) or every seed x grid point as one vmapped sweep
+(``sweep_main``); a config's algorithms compared (``compare_main``, which
+is ``experiment.run_config``). Every one writes its folder through the
+one writer, ``experiment.RunFolder``, in the one layout (a single run:
+``history.csv|json``; several members: ``<member>/history.*`` and
+``summary.csv``; always ``config.json``, ``summary.json``,
+``curves.png`` and ``partition.png``). ``_Start`` writes the run's
+config with its first row, once everything checked up front has
+passed.
 """
 
 import json
@@ -28,12 +31,6 @@ class _Start(types.Callback):
     self.started = False
     self.dataset = dataset  # what the run trains on, for titles and notes
 
-  def record(self, history) -> None:
-    """Notes in ``history``'s config a subset that stood in for the data
-    asked for (``experiment.note_substitution``)."""
-    from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-    experiment.note_substitution(history, self.dataset)
-
   def __call__(self, row: dict, client) -> None:
     del row, client
     if not self.started:
@@ -49,9 +46,12 @@ class _Start(types.Callback):
 
 
 def _checkpoint_dir(args) -> Optional[str]:
-  """--checkpoint-dir, else <out>/checkpoint where checkpoints are asked
-  for, else None."""
-  if args.checkpoint_dir is None and (args.checkpoint_every or args.resume):
+  """--checkpoint-dir, else <out>/checkpoint: every run keeps one, so that
+  an interrupted run resumes (without --checkpoint-every it is written
+  only when a signal stops the run); None for a --distributed run that
+  did not ask for checkpoints."""
+  if args.checkpoint_dir is None and (
+      args.checkpoint_every or args.resume or not args.distributed):
     return os.path.join(args.out, "checkpoint")
   return args.checkpoint_dir
 
@@ -64,25 +64,18 @@ def _is_writer(args) -> bool:
   return jax.process_index() == 0
 
 
-def _title(config, algorithm: str, dataset=None) -> str:
-  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  return f"{algorithm}: {experiment.setting_title(config, dataset)}"
-
-
-def single_main(args, config, algorithm: str, prepared,
-                start: _Start) -> int:
-  """One run: writes ``history.csv|json`` and ``accuracy.png``."""
+def single_main(args, config, algorithm: str, prepared, start: _Start,
+                folder) -> int:
+  """One run, in the one layout (``experiment.RunFolder``)."""
   from fedjax_agg import checkpoint  # pylint: disable=g-import-not-at-top
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
   from fedjax_agg import history  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import report  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  member = f"seed{config.seeds[0]}"
   callbacks = [start]
   if _is_writer(args):
     # The history files stay current as the run goes (a run that dies
     # keeps what it computed).
-    callbacks.append(history.HistoryWriter(args.out, {"partial": True}))
+    callbacks.append(folder.history_writer(algorithm, member))
     if args.tensorboard:
       callbacks.append(history.TensorBoardWriter(args.tensorboard))
   try:
@@ -100,28 +93,21 @@ def single_main(args, config, algorithm: str, prepared,
       callback.close()
   if not _is_writer(args):
     return 0  # Every process holds the same history; process 0 writes it.
-  start.record(result.history)
-  paths = history.write_run(args.out, {"run": result.history})["run"]
-  plot_path = os.path.join(args.out, "accuracy.png")
-  label = algorithm + report.async_tag(result.history)
-  plotting.plot_history({label: result.history}, plot_path,
-                        title=_title(config, algorithm, start.dataset))
-  if not np.isnan(result.history.column("sim_time_s")).all():
-    report.plot_curves({label: [result.history]}, "test_accuracy",
-                       "sim_time_s", os.path.join(args.out,
-                                                  "accuracy_by_time.png"),
-                       _title(config, algorithm, start.dataset))
+  written = folder.finish(config, {algorithm: {member: result.history}},
+                          start.dataset)
   rows = result.history.rows
   print(json.dumps({"final_test_accuracy": rows[-1].get("test_accuracy"),
                     "initial_test_accuracy": rows[0].get("test_accuracy"),
-                    "rounds": rows[-1].get("round"), **paths,
+                    "rounds": rows[-1].get("round"),
+                    **written["paths"][algorithm][member],
                     "config": os.path.join(args.out, "config.json"),
-                    "plot": plot_path}))
+                    "summary": os.path.join(args.out, "summary.json"),
+                    "plot": os.path.join(args.out, "curves.png")}))
   return 0
 
 
 def seeds_main(args, config, algorithm: str, prepared: list,
-               start: _Start) -> int:
+               start: _Start, folder) -> int:
   """A config's seeds one after the other ("vmap_seeds": false): the
   sweep's layout and summary, each member a run of its own."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
@@ -132,22 +118,23 @@ def seeds_main(args, config, algorithm: str, prepared: list,
     try:
       result = experiment.run_algorithm(
           config, algorithm, seed, data, progress=not args.no_progress,
-          callbacks=[start],
+          callbacks=[start, folder.history_writer(algorithm,
+                                                  f"seed{seed}")],
           checkpoint_dir=None if checkpoint_dir is None else os.path.join(
               checkpoint_dir, f"seed{seed}"),
           checkpoint_every=args.checkpoint_every, resume=args.resume)
     except (ValueError, TypeError, OSError) as error:
       raise start.refused(error) from None
     members.append(runner.Member({}, seed, result.history, result.state))
-  return _save_members(args, config, algorithm, members, start)
+  return _save_members(args, config, algorithm, members, start, folder)
 
 
 def sweep_main(args, config, algorithm: str, prepared: list,
-               grid: dict, start: _Start) -> int:
+               grid: dict, start: _Start, folder) -> int:
   """``--seeds`` / ``--sweep``: every member in one vmapped computation;
   writes the run in the one layout (``history.save_run``:
   ``<out>/<member>/history.csv|json`` for several members),
-  ``summary.csv`` and ``accuracy.png``."""
+  ``summary.csv`` and ``curves.png``."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
   from fedjax_agg import round_forms  # pylint: disable=g-import-not-at-top
   try:
@@ -160,7 +147,7 @@ def sweep_main(args, config, algorithm: str, prepared: list,
     raise UsageError(f"--sweep: {error}") from None
   except (ValueError, TypeError, OSError) as error:
     raise start.refused(error) from None
-  return _save_members(args, config, algorithm, members, start)
+  return _save_members(args, config, algorithm, members, start, folder)
 
 
 def compare_main(args, config) -> int:
@@ -168,8 +155,7 @@ def compare_main(args, config) -> int:
   algorithm x seed, as ``experiment.run_config`` runs them (its layout:
   ``<out>/<algorithm>/...``, ``summary.json`` and ``curves.png``)."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  for dest in ("sweep", "tensorboard", "checkpoint_dir", "distributed",
-               "partition_plot"):
+  for dest in ("sweep", "tensorboard", "checkpoint_dir", "distributed"):
     if getattr(args, dest):
       raise UsageError(
           f"{_flag(dest)}: not available when a config's algorithms are "
@@ -190,38 +176,27 @@ def compare_main(args, config) -> int:
   return 0
 
 
-def _save_members(args, config, algorithm: str, members,
-                  start: _Start) -> int:
-  """Writes several members' histories, summary and plot."""
-  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
-  from fedjax_agg import plotting  # pylint: disable=g-import-not-at-top
+def _save_members(args, config, algorithm: str, members, start: _Start,
+                  folder) -> int:
+  """Writes several members' histories, summary and plot: one curve per
+  grid point (mean +- std over its seeds), named by the point, or by the
+  algorithm when only the seed varies (never by one seed)."""
   from fedjax_agg import sweep  # pylint: disable=g-import-not-at-top
-  histories = {sweep.member_name(member.hparams, member.seed):
-               member.history for member in members}
+  histories, curves = {}, {}
   for member in members:
-    start.record(member.history)
-  saved = history.write_run(args.out, histories)
+    name = sweep.member_name(member.hparams, member.seed)
+    histories[name] = member.history
+    curves.setdefault(sweep.point_name(member.hparams) or algorithm,
+                      []).append(f"{algorithm}/{name}")
+  written = folder.finish(config, {algorithm: histories}, start.dataset,
+                          curves)
   rows = [{"member": name, "hparams": member.hparams, "seed": member.seed,
            "final_test_accuracy": member.history.rows[-1].get(
-               "test_accuracy"), **saved[name]}
-          for (name, _), member in zip(histories.items(), members,
-                                       strict=True)]
-  # One band per grid point: mean +- std over its seeds, and a summary CSV.
-  by_point = {}
-  for member in members:
-    # A band is named by what varies across bands (the grid point), or
-    # by the algorithm when only the seed does: never by one seed.
-    by_point.setdefault(sweep.point_name(member.hparams) or algorithm,
-                        []).append(member.history)
-  plot_path = os.path.join(args.out, "accuracy.png")
-  plotting.plot_mean_curves(by_point, plot_path,
-                            title=_title(config, algorithm, start.dataset))
-  summary = experiment.summarize(by_point, config.target_accuracy)
-  summary_path = os.path.join(args.out, "summary.csv")
-  experiment.write_summary_csv(summary, summary_path)
+               "test_accuracy"), **written["paths"][algorithm][name]}
+          for name, member in zip(histories, members, strict=True)]
   print(json.dumps({"members": rows,
                     "rounds": members[0].history.rows[-1].get("round"),
                     "config": os.path.join(args.out, "config.json"),
-                    "summary": summary_path, "plot": plot_path}))
+                    "summary": os.path.join(args.out, "summary.csv"),
+                    "plot": os.path.join(args.out, "curves.png")}))
   return 0

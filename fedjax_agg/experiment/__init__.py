@@ -65,11 +65,15 @@ list (every public name is re-exported here):
   ``attack_update``).
 - ``_record``: what a run writes down (``run_record``,
   ``write_run_config``, ``environment``, ``describe_data``,
-  ``shown_path``), the output folder's check (``check_output_dir``,
-  ``output_names``) and ``setting_title``.
+  ``shown_path``), the output folder's check (``check_output_dir``)
+  and ``setting_title``.
+- ``_folder``: the one writer of a run's folder (``RunFolder``: where
+  each file goes, the history writers, what sums the run up;
+  ``output_names``, ``saved_algorithm_dir``), used by ``run_config``
+  and the command line alike.
 - ``_runs``: running (``run_algorithm``, ``sweep_algorithm``,
-  ``run_config``, ``warn_short_feddrl``) and summing up (``summarize``,
-  ``write_summary_csv``).
+  ``run_config``, ``warn_short_feddrl``).
+- ``_summary``: summing up (``summarize``, ``write_summary_csv``).
 - ``_script``: the command line of the ``experiments/`` scripts
   (``script_parser``, ``config_path``, ``parse_sets``,
   ``script_config``).
@@ -91,11 +95,13 @@ from fedjax_agg.experiment._data import partition_indices
 from fedjax_agg.experiment._data import partition_source
 from fedjax_agg.experiment._data import plot_partition
 from fedjax_agg.experiment._data import prepare_data
+from fedjax_agg.experiment._folder import output_names
+from fedjax_agg.experiment._folder import RunFolder
+from fedjax_agg.experiment._folder import saved_algorithm_dir
 from fedjax_agg.experiment._data import substitution
 from fedjax_agg.experiment._record import check_output_dir
 from fedjax_agg.experiment._record import describe_data
 from fedjax_agg.experiment._record import environment
-from fedjax_agg.experiment._record import output_names
 from fedjax_agg.experiment._record import run_record
 from fedjax_agg.experiment._record import setting_title
 from fedjax_agg.experiment._record import shown_path
@@ -103,10 +109,10 @@ from fedjax_agg.experiment._record import write_run_config
 from fedjax_agg.experiment._runs import FEDDRL_MIN_AGENT_STEPS
 from fedjax_agg.experiment._runs import run_algorithm
 from fedjax_agg.experiment._runs import run_config
-from fedjax_agg.experiment._runs import summarize
+from fedjax_agg.experiment._summary import summarize
 from fedjax_agg.experiment._runs import sweep_algorithm
 from fedjax_agg.experiment._runs import warn_short_feddrl
-from fedjax_agg.experiment._runs import write_summary_csv
+from fedjax_agg.experiment._summary import write_summary_csv
 from fedjax_agg.experiment._script import config_path
 from fedjax_agg.experiment._script import parse_sets
 from fedjax_agg.experiment._script import script_config
@@ -116,9 +122,11 @@ __all__ = ["attack_update", "build", "build_rule", "Built", "check_config",
            "check_output_dir", "config_path", "describe_data",
            "environment", "FEDDRL_MIN_AGENT_STEPS", "load_config",
            "load_dataset", "natural_clients", "note_substitution",
-           "output_names", "override", "parse_sets", "partition_indices",
+           "RunFolder", "output_names", "override", "parse_sets",
+           "partition_indices",
            "partition_source", "plot_partition", "prepare_data",
-           "run_algorithm", "run_config", "run_record", "script_config",
+           "run_algorithm", "run_config", "run_record",
+           "saved_algorithm_dir", "script_config",
            "script_parser", "setting_title", "shown_path",
            "substitution", "summarize",
            "sweep_algorithm", "warn_short_feddrl", "write_run_config",

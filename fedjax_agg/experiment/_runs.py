@@ -6,20 +6,16 @@ Part of ``fedjax_agg.experiment`` (its docstring describes the config).
 """
 
 import dataclasses
-import io
 import math
 import os
 import warnings
 from typing import Optional, Sequence
 
 import jax
-import numpy as np
 
 from fedjax_agg import aggregators
 from fedjax_agg import history as history_lib
-from fedjax_agg import jsonio
 from fedjax_agg import objectives
-from fedjax_agg import plotting
 from fedjax_agg import loop
 from fedjax_agg import manifest
 from fedjax_agg import registry
@@ -31,12 +27,9 @@ from fedjax_agg.experiment._build import _parameters
 from fedjax_agg.experiment._build import build
 from fedjax_agg.experiment._build import build_rule
 from fedjax_agg.experiment._data import load_dataset
-from fedjax_agg.experiment._data import plot_partition
 from fedjax_agg.experiment._data import prepare_data
-from fedjax_agg.experiment._data import note_substitution
+from fedjax_agg.experiment._folder import RunFolder
 from fedjax_agg.experiment._record import check_output_dir
-from fedjax_agg.experiment._record import output_names
-from fedjax_agg.experiment._record import setting_title
 from fedjax_agg.experiment._record import shown_path
 from fedjax_agg.experiment._record import write_run_config
 
@@ -186,53 +179,6 @@ def sweep_algorithm(experiment: spec_lib.Experiment, algorithm: str,
       member_callbacks=lambda member: stopping_callbacks(experiment))
 
 
-def write_summary_csv(summary: dict, path: str) -> str:
-  """``summarize``'s result as a CSV, one row per algorithm (or grid
-  point): seeds, final / best mean and std, rounds to target."""
-  import csv  # pylint: disable=g-import-not-at-top
-  columns = ["name"] + sorted({key for entry in summary.values()
-                               for key, value in entry.items()
-                               if not isinstance(value, list)})
-  lines = io.StringIO()
-  writer = csv.DictWriter(lines, fieldnames=columns, restval="")
-  writer.writeheader()
-  for name, entry in summary.items():
-    writer.writerow({"name": name, **{
-        k: v for k, v in entry.items() if not isinstance(v, list)}})
-  return jsonio.write_text(path, lines.getvalue())
-
-
-def summarize(histories: dict[str, list], target: Optional[float],
-              metric: str = "test_accuracy") -> dict:
-  """Per algorithm: final/best metric and rounds to target over seeds."""
-  out = {}
-  for algorithm, runs in histories.items():
-    finals = [h.column(metric)[-1] for h in runs]
-    bests = [np.nanmax(h.column(metric)) for h in runs]
-    entry = {"seeds": len(runs),
-             f"final_{metric}_mean": float(np.mean(finals)),
-             f"final_{metric}_std": float(np.std(finals)),
-             f"best_{metric}_mean": float(np.mean(bests)),
-             f"best_{metric}_std": float(np.std(bests)),
-             f"final_{metric}": [float(v) for v in finals]}
-    if "client_loss_mean" in runs[0].rows[-1]:
-      entry["final_client_loss_mean"] = float(np.mean(
-          [h.column("client_loss_mean")[-1] for h in runs]))
-      entry["final_client_loss_var"] = float(np.mean(
-          [h.column("client_loss_var")[-1] for h in runs]))
-    if target is not None:
-      reached = [history_lib.rounds_to_target(h, target, metric)
-                 for h in runs]
-      entry["target"] = target
-      entry["rounds_to_target"] = reached
-      hits = [r for r in reached if r is not None]
-      entry["rounds_to_target_mean"] = (float(np.mean(hits)) if hits
-                                        else None)
-      entry["reached_target"] = f"{len(hits)}/{len(reached)}"
-    out[algorithm] = entry
-  return out
-
-
 def run_config(config, out_dir: str, progress: bool = True,
                algorithms: Optional[list[str]] = None,
                checkpoint_every: int = 0, resume: bool = False,
@@ -246,16 +192,20 @@ def run_config(config, out_dir: str, progress: bool = True,
 
   The config and the output folder are checked before the data is read;
   ``config.json`` (``write_run_config``) is written before the first round.
-  Each algorithm is a run of one member per seed, in the one layout
-  (``history``): ``<out_dir>/<algorithm>/history.csv|json`` for one seed,
+  Each algorithm is a run of one member per seed, written by the one
+  writer of run folders (``RunFolder``) in the layout the command line
+  writes too: ``<out_dir>/<algorithm>/history.csv|json`` for one seed,
   else ``<out_dir>/<algorithm>/seed<k>/history.csv|json`` and
-  ``<out_dir>/<algorithm>/summary.csv``.
+  ``<out_dir>/<algorithm>/summary.csv``; a config of one algorithm writes
+  its files in ``out_dir`` itself (``<out_dir>/history.csv`` or
+  ``<out_dir>/seed<k>/...``), as the command line does.
 
   ``checkpoint_every`` > 0 checkpoints each run every this many rounds in
   ``<out_dir>/checkpoints/<algorithm>/seed<k>`` (with ``vmap_seeds``: one
-  checkpoint of all seeds in ``<out_dir>/checkpoints/<algorithm>``);
-  ``resume`` continues the runs found there (a finished run is read back,
-  not re-run).
+  checkpoint of all seeds in ``<out_dir>/checkpoints/<algorithm>``); with
+  0, a run is checkpointed there only when SIGINT or SIGTERM stops it
+  (``loop.Interrupted``). ``resume`` continues the runs found there (a
+  finished run is read back, not re-run).
 
   ``vmap_seeds`` (default: the config's ``"vmap_seeds"`` entry, else
   False) runs all seeds of an algorithm as one vmapped sweep
@@ -293,60 +243,54 @@ def _run_config(config, out_dir, progress, algorithms, checkpoint_every,
     raise ValueError(f"resume must be a bool, and not given with overwrite "
                      f"(resume continues the run in out_dir), got "
                      f"resume={resume!r}, overwrite={overwrite!r}")
-  outputs = output_names(experiment, names)
-  check_output_dir(out_dir, outputs)
+  folder = RunFolder(out_dir, {name: [f"seed{seed}" for seed in
+                                       experiment.seeds] for name in names})
+  check_output_dir(out_dir, folder.names())
   plan = manifest.Plan()
   if not resume:
-    plan = history_lib.check_fresh(out_dir, overwrite, outputs, keep)
+    plan = history_lib.check_fresh(out_dir, overwrite, folder.names(), keep)
   dataset = load_dataset(experiment)
   with manifest.recording(out_dir, plan, resume=resume):
-    return _written(experiment, names, out_dir, dataset, progress,
+    return _written(experiment, folder, dataset, progress,
                     (checkpoint_every, resume), vmap_seeds)
 
 
-def _written(experiment, names, out_dir, dataset, progress, checkpoints,
+def _written(experiment, folder, dataset, progress, checkpoints,
              vmap_seeds) -> dict:
   """``run_config``'s runs and files, in its claimed folder."""
   checkpoint_every, resume = checkpoints
+  names = list(folder.members)
   # Every algorithm is built (model, rule, training) on the first seed's
   # data before the first file: a refusal there leaves the folder as it
   # was, as on the command line.
   first = prepare_data(experiment, experiment.seeds[0], dataset)
   for name in names:
     build(experiment, name, first)
-  write_run_config(out_dir, experiment, dataset=dataset, algorithms=names,
-                   execution={"out_dir": shown_path(out_dir),
+  write_run_config(folder.out_dir, experiment, dataset=dataset,
+                   algorithms=names,
+                   execution={"out_dir": shown_path(folder.out_dir),
                               "vmap_seeds": vmap_seeds,
                               "checkpoint_every": checkpoint_every,
                               "resume": resume,
                               "allowed_imports": list(
                                   registry.allowed_imports())})
+  folder.plot_partition(first)
   histories = (_vmapped_seeds if vmap_seeds else _seeds_in_turn)(
-      experiment, names, out_dir, dataset, progress,
-      (checkpoint_every, resume), first)
-  summary = summarize(histories, experiment.target_accuracy)
-  jsonio.dump_json({"name": experiment.name, "algorithms": summary},
-                   os.path.join(out_dir, "summary.json"))
-  if len(experiment.seeds) > 1:
-    for name in names:
-      write_summary_csv({name: summary[name]},
-                        os.path.join(out_dir, name, "summary.csv"))
-  title = setting_title(experiment, dataset)
-  if experiment.name:
-    title = f"{experiment.name}: {title}"
-  plotting.plot_mean_curves(histories, os.path.join(out_dir, "curves.png"),
-                            title=title)
-  return summary
+      experiment, folder, dataset, progress, (checkpoint_every, resume),
+      first)
+  return folder.finish(experiment, histories, dataset)["summary"]
 
 
-def _saved(experiment, out_dir, name, seed, history, progress, how="",
-           dataset=None):
-  """Writes one seed's history of algorithm ``name`` (the one layout),
-  noting a subset that stood in for the data (``note_substitution``)."""
-  note_substitution(history, dataset)
-  seeds = experiment.seeds
-  history.save(history_lib.member_folder(os.path.join(out_dir, name),
-                                         f"seed{seed}", len(seeds)))
+def _checkpoint_folder(folder, name: str, seed=None) -> Optional[str]:
+  """Where ``run_config`` keeps algorithm ``name``'s checkpoints (of one
+  seed, or of all its seeds vmapped): always, so that an interrupted run
+  resumes (without ``checkpoint_every`` the folder is written only when
+  a signal stops the run)."""
+  parts = [folder.out_dir, "checkpoints", name]
+  return os.path.join(*parts, *([] if seed is None else [f"seed{seed}"]))
+
+
+def _said(experiment, name, seed, history, progress, how=""):
   if progress:
     prefix = f"{experiment.name} " if experiment.name else ""
     print(f"{prefix}{name} seed {seed}{how}: final acc "
@@ -354,57 +298,43 @@ def _saved(experiment, out_dir, name, seed, history, progress, how="",
   return history
 
 
-def _seeds_in_turn(experiment, names, out_dir, dataset, progress,
-                   checkpoints, first):
+def _seeds_in_turn(experiment, folder, dataset, progress, checkpoints,
+                   first) -> dict:
   """Every seed, then every algorithm, one run at a time (``first``: the
-  first seed's ``prepare_data``)."""
+  first seed's ``prepare_data``). -> algorithm -> member -> History."""
   checkpoint_every, resume = checkpoints
-  histories = {name: [] for name in names}
+  histories = {name: {} for name in folder.members}
   seeds = experiment.seeds
   for seed in seeds:
     prepared = (first if seed == seeds[0]
                 else prepare_data(experiment, seed, dataset))
-    if seed == seeds[0]:
-      plot_partition(prepared, os.path.join(out_dir, "partition.png"))
-    for name in names:
-      checkpoint_dir = None
-      if checkpoint_every or resume:
-        checkpoint_dir = os.path.join(out_dir, "checkpoints", name,
-                                      f"seed{seed}")
+    for name in folder.members:
       # The history files are kept current as the run goes (an
       # interrupted or failed run keeps its rounds); rewritten when done.
-      writer = history_lib.HistoryWriter(
-          history_lib.member_folder(os.path.join(out_dir, name),
-                                    f"seed{seed}", len(seeds)),
-          {"partial": True})
-      result = run_algorithm(experiment, name, seed, prepared, progress,
-                             checkpoint_dir=checkpoint_dir,
-                             checkpoint_every=checkpoint_every,
-                             resume=resume, callbacks=[writer])
-      histories[name].append(_saved(experiment, out_dir, name, seed,
-                                    result.history, progress,
-                                    dataset=dataset))
+      result = run_algorithm(
+          experiment, name, seed, prepared, progress,
+          checkpoint_dir=_checkpoint_folder(folder, name, seed),
+          checkpoint_every=checkpoint_every, resume=resume,
+          callbacks=[folder.history_writer(name, f"seed{seed}")])
+      histories[name][f"seed{seed}"] = _said(
+          experiment, name, seed, result.history, progress)
   return histories
 
 
-def _vmapped_seeds(experiment, names, out_dir, dataset, progress,
-                   checkpoints, first):
+def _vmapped_seeds(experiment, folder, dataset, progress, checkpoints,
+                   first) -> dict:
   """Every algorithm's seeds as one vmapped sweep (``first``: the first
-  seed's ``prepare_data``)."""
+  seed's ``prepare_data``). -> algorithm -> member -> History."""
   checkpoint_every, resume = checkpoints
   prepared = [first] + [prepare_data(experiment, seed, dataset)
                         for seed in experiment.seeds[1:]]
-  plot_partition(prepared[0], os.path.join(out_dir, "partition.png"))
   histories = {}
-  for name in names:
-    checkpoint_dir = (os.path.join(out_dir, "checkpoints", name)
-                      if checkpoint_every or resume else None)
-    members = sweep_algorithm(experiment, name, experiment.seeds, prepared,
-                              progress=progress,
-                              checkpoint_dir=checkpoint_dir,
-                              checkpoint_every=checkpoint_every,
-                              resume=resume)
-    histories[name] = [_saved(experiment, out_dir, name, member.seed,
-                              member.history, progress, " (vmapped)",
-                              dataset) for member in members]
+  for name in folder.members:
+    members = sweep_algorithm(
+        experiment, name, experiment.seeds, prepared, progress=progress,
+        checkpoint_dir=_checkpoint_folder(folder, name),
+        checkpoint_every=checkpoint_every, resume=resume)
+    histories[name] = {f"seed{member.seed}": _said(
+        experiment, name, member.seed, member.history, progress,
+        " (vmapped)") for member in members}
   return histories

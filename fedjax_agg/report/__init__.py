@@ -63,6 +63,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from fedjax_agg import history as history_lib
 from fedjax_agg import jsonio
 from fedjax_agg import manifest
 from fedjax_agg.plotting import axis_label
@@ -103,11 +104,10 @@ def _check_out(name: str, out, metric: str) -> str:
   """``out`` as a str, refused (naming ``name``) where it cannot be the
   folder of a report of ``metric``: it, or a folder on the way, is a
   file, or a folder stands where a file of the report goes
-  (``experiment.check_output_dir``)."""
-  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  (``history.check_output_dir``)."""
   out = _check_path(name, out)
   try:
-    experiment.check_output_dir(out, _output_names(metric))
+    history_lib.check_output_dir(out, _output_names(metric))
     # An earlier report's files are replaced; a user's are never.
     manifest.check_replace(out, _output_names(metric))
   except ValueError as error:
@@ -174,15 +174,16 @@ def report(run_dirs: Sequence[str], out: str, metric: str = "test_accuracy",
 
 
 def _shared_setting(run_dirs) -> str:
-  """The setting (``experiment.setting_title``) the records of every run
+  """The setting (``spec.Experiment.setting``) the records of every run
   folder in ``run_dirs`` name, where they all name the same one; else
   "". A record that does not check is left out (it is only read)."""
-  from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import spec  # pylint: disable=g-import-not-at-top
   settings = set()
   for run_dir in run_dirs:
     record = recorded_config(run_dir)
     try:
-      settings.add(experiment.setting_title(record) if record else "")
+      settings.add(spec.Experiment.from_dict(record).setting()
+                   if record else "")
     except (TypeError, ValueError):
       settings.add("")
   return settings.pop() if len(settings) == 1 else ""

@@ -27,7 +27,7 @@ better (the modes of ``loop.EarlyStopping``)."""
 
 
 # Words of a metric's name (split at "_") that make lower better.
-_COST_WORDS = ("loss", "error", "bytes", "time", "seconds")
+_COST_WORDS = ("loss", "error", "bytes", "time", "seconds", "perplexity")
 
 
 def metric_direction(metric: str) -> str:
@@ -35,8 +35,9 @@ def metric_direction(metric: str) -> str:
 
   Lower is better for a name ending in "loss" (``test_loss``,
   ``xentloss``) or holding one of the words "loss", "error", "bytes",
-  "time", "seconds" between underscores (``cohort_loss_before``,
-  ``uplink_bytes``, ``sim_time_s``); higher for the others
+  "time", "seconds", "perplexity" between underscores
+  (``cohort_loss_before``, ``uplink_bytes``, ``sim_time_s``,
+  ``test_perplexity``); higher for the others
   (``test_accuracy``)."""
   _check_metric(metric)
   name = metric.lower()

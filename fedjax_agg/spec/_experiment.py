@@ -180,6 +180,17 @@ class Experiment:
     return dataclasses.replace(self.train,
                                **self.algorithms[algorithm].train)
 
+  def setting(self) -> str:
+    """One line naming the setting (plot titles, reports): dataset,
+    partition, model and the training constants."""
+    train, partition = self.train, self.partition
+    arguments = "".join(f", {key}={value}" for key, value in
+                        partition.args.items())
+    return (f"{self.dataset.name}, {partition.name}(N="
+            f"{partition.num_clients}{arguments}), {self.model.name}; "
+            f"C={train.participation} E={train.local_epochs} "
+            f"B={train.batch_size} lr={train.learning_rate}")
+
   def cohort_size(self, algorithm: str) -> int:
     """m: the clients drawn per round."""
     return rounds.num_sampled(self.partition.num_clients,

@@ -301,6 +301,15 @@ def saved_variables(path: str, folder) -> None:
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_(][A-Za-z0-9 _.,()+=-]{0,127}")
 
 
+RESERVED_NAMES = frozenset((
+    "config.json", "summary.json", "summary.csv", "curves.png",
+    "partition.png", "accuracy_by_time.png", "history.csv", "history.json",
+    "checkpoint", "checkpoints"))
+"""Names of the run folder's own files and folders (``experiment.RunFolder``,
+checkpoints), lower case (a case-insensitive file system would mix them):
+no algorithm's folder may take one."""
+
+
 def check_algorithm_name(name) -> None:
   """Refuses an algorithm name that is not a safe folder name."""
   if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or (
@@ -310,3 +319,9 @@ def check_algorithm_name(name) -> None:
         "name (results are written to <out>/<name>): use 1-128 letters, "
         "digits, spaces and _ . , ( ) + = -, starting with a letter, digit, "
         "_ or (, not ending with a space or a dot")
+  if name.lower() in RESERVED_NAMES:
+    raise ConfigError(
+        "algorithms", f"algorithms: the name {name!r} is a file or folder "
+        "the run itself writes in <out> (one of "
+        f"{', '.join(sorted(RESERVED_NAMES))}); name the algorithm "
+        "otherwise")

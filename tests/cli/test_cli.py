@@ -260,7 +260,7 @@ def test_tiny_run_writes_config_json(tmp_path, capsys):
   assert json.loads(resolved[0][len("config: "):])["seeds"] == [2]
   summary = json.loads(captured.out.strip().splitlines()[-1])
   assert summary["config"] == str(out / "config.json")
-  for name in ("history.csv", "history.json", "accuracy.png",
+  for name in ("history.csv", "history.json", "curves.png",
                "config.json"):
     assert os.path.getsize(out / name) > 0, name
   _strict((out / "history.json").read_text())
@@ -309,7 +309,7 @@ def test_tiny_sweep_writes_bands_and_a_summary_csv(tmp_path, capsys):
   assert list(frame["seeds"]) == [2, 2]
   assert {"final_test_accuracy_mean", "final_test_accuracy_std"} <= set(
       frame.columns)
-  assert os.path.getsize(out / "accuracy.png") > 0
+  assert os.path.getsize(out / "curves.png") > 0
 
 
 def test_a_config_of_several_algorithms_is_compared(tmp_path, capsys):
@@ -465,7 +465,7 @@ def test_cli_writes_history_and_plot(fashion, tmp_path, capsys):
   assert code == 0
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert summary["final_test_accuracy"] > summary["initial_test_accuracy"]
-  for name in ("history.csv", "history.json", "accuracy.png",
+  for name in ("history.csv", "history.json", "curves.png",
                "partition.png"):
     assert os.path.getsize(out / name) > 0
   with open(out / "history.json") as f:

@@ -55,7 +55,7 @@ def test_a_vmapped_sweep_resumes_to_the_uninterrupted_run(tmp_path,
   assert "resumed from round 1 of 2\n" in capsys.readouterr().err
   resumed = _columns(run)
   assert sorted(resumed) == sorted(want) == [
-      "FedAvg/seed0/history.json", "FedAvg/seed1/history.json"]
+      "seed0/history.json", "seed1/history.json"]
   for name, column in want.items():
     assert len(column) == 3
     np.testing.assert_allclose(resumed[name], column, rtol=1e-6,

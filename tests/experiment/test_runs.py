@@ -100,8 +100,9 @@ def test_run_config_checks_the_output_folder_before_the_data(tmp_path,
     raise AssertionError("the data must not be read")
   # run_config looks the name up in its own submodule.
   monkeypatch.setattr(_runs, "load_dataset", never)
-  (tmp_path / "FedAdp").write_text("")  # the FedAdp run's folder
-  with pytest.raises(ValueError, match="FedAdp is a file"):
+  # One algorithm: its member folder is the run's (the one layout).
+  (tmp_path / "history.csv").mkdir()
+  with pytest.raises(ValueError, match="history.csv is a directory"):
     experiment.run_config(MNIST_5K, str(tmp_path), progress=False)
   with pytest.raises(ValueError, match="algorithms \\['Nope'\\]"):
     experiment.run_config(MNIST_5K, str(tmp_path), algorithms=["Nope"])

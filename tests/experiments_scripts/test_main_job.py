@@ -36,7 +36,7 @@ def test_the_readme_and_guide_state_the_recorded_run():
   assert stated and float(stated[1]) == record["final_test_accuracy"], (
       stated and stated[1], record)
   # The figure the README and getting-started show is the run's own.
-  assert _read(main_job.FIGURE) == _read(main_job.OUT, "accuracy.png")
+  assert _read(main_job.FIGURE) == _read(main_job.OUT, "curves.png")
   assert "img/quickstart_accuracy.png" in _read(
       "docs", "getting-started.md").decode()
 
