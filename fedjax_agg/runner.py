@@ -91,11 +91,20 @@ class Plan:
     return run_context.bind(aggregator, self.context(hparams, objective)), \
         objective
 
+  @property
+  def cohort_size(self) -> int:
+    """m, the clients drawn a round: computed once for the run (every
+    member and round reads this)."""
+    if "_cohort_size" not in self.__dict__:
+      object.__setattr__(self, "_cohort_size", rounds.num_sampled(
+          self.data[0].num_clients, self.options.participation))
+    return self.__dict__["_cohort_size"]
+
   def context(self, hparams: dict, objective=None) -> RunContext:
     """What this run fixes for a member of grid point ``hparams``."""
     training = self.training_of(hparams, objective)
     num_clients = self.data[0].num_clients
-    cohort_size = rounds.num_sampled(num_clients, self.options.participation)
+    cohort_size = self.cohort_size
     privacy = self.options.privacy
     local_update = self.options.local_update
     term = training.objective
@@ -198,8 +207,7 @@ def execute(plan: Plan) -> list[Member]:
   clock.check(options.systems, vmapped=plan.vmapped, privacy=options.privacy,
               local_update=options.local_update,
               stream=options.execution.stream)
-  cohort_size = rounds.num_sampled(plan.data[0].num_clients,
-                                   options.participation)
+  cohort_size = plan.cohort_size
   built = [(clock.server_rule(options.systems, aggregator, cohort_size,
                               plan.data[0]), objective)
            for aggregator, objective in map(plan.parts_of, plan.points)]

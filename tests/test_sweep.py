@@ -218,12 +218,12 @@ def test_run_config_vmap_seeds_writes_the_runs_of_each_seed(tmp_path):
   assert summary["FedProx"]["seeds"] == 2
   # Seed 1 has its own partition (shards are drawn from the seed).
   solo = experiment.run_algorithm(CONFIG, "FedProx", 1)
-  saved = pd.read_csv(tmp_path / "FedProx" / "seed1" / "history.csv")
+  saved = pd.read_csv(tmp_path / "seed1" / "history.csv")
   want = solo.history.to_dataframe()
   for column in ("test_accuracy", "test_loss", "train_loss"):
     np.testing.assert_allclose(saved[column], want[column], rtol=2e-5,
                                atol=2e-6, err_msg=column)
-  assert (tmp_path / "FedProx" / "seed0" / "history.csv").exists()
+  assert (tmp_path / "seed0" / "history.csv").exists()
 
 
 def test_experiment_grid_names_reach_the_aggregator_or_the_objective():

@@ -76,7 +76,11 @@ def build_rule(experiment: spec_lib.Experiment, algorithm: str,
   spec = experiment.algorithms[algorithm]
   train = experiment.train_of(algorithm)
   hparams = dict(hparams or {})
-  cohort = rounds.num_sampled(num_clients, train.participation)
+  # The description's cohort size, computed once (its data has the
+  # partition's clients); other data (a caller's) gets its own.
+  cohort = (experiment.cohort_size(algorithm)
+            if num_clients == experiment.partition.num_clients
+            else rounds.num_sampled(num_clients, train.participation))
   agg_args = dict(spec.aggregator_args)
   factory = aggregators.REGISTRY[spec.aggregator]
   expected = (float(cohort) if experiment.expected_clients(algorithm)

@@ -192,9 +192,13 @@ class Experiment:
             f"B={train.batch_size} lr={train.learning_rate}")
 
   def cohort_size(self, algorithm: str) -> int:
-    """m: the clients drawn per round."""
-    return rounds.num_sampled(self.partition.num_clients,
-                              self.train_of(algorithm).participation)
+    """m: the clients drawn per round (computed once per algorithm: every
+    check and build reads it from here)."""
+    cohorts = self.__dict__.setdefault("_cohorts", {})
+    if algorithm not in cohorts:
+      cohorts[algorithm] = rounds.num_sampled(
+          self.partition.num_clients, self.train_of(algorithm).participation)
+    return cohorts[algorithm]
 
   def expected_clients(self, algorithm: str) -> Optional[float]:
     """The fixed denominator q N = m of a private rule under Poisson
