@@ -140,13 +140,11 @@ class History:
     """The History ``save`` wrote to ``directory`` (from its JSON)."""
     path = os.path.join(directory, f"{name}.json")
     try:
-      with open(path) as f:
-        saved = json.load(f)
-    except (OSError, ValueError) as error:
-      raise ValueError(f"{path}: not a saved history ({error})") from None
-    except RecursionError:
-      raise ValueError(f"{path}: not a saved history (nested too "
-                       "deeply)") from None
+      saved = jsonio.load_json(path)
+    except (OSError, ValueError, RecursionError) as error:
+      why = ("nested too deeply" if isinstance(error, RecursionError)
+             else error)
+      raise ValueError(f"{path}: not a saved history ({why})") from None
     if not isinstance(saved, dict) or not isinstance(saved.get("rows"),
                                                      list):
       raise ValueError(f"{path}: not a saved history (no rows)")

@@ -162,19 +162,26 @@ def _literal(text: str, where: str):
     raise UsageError(f"{where}: the value is nested too deeply") from None
 
 
+def _named(pair: str, flag: str, form: str) -> tuple[str, str]:
+  """"name=value" -> (name, value), "-" in the name read as "_"; names
+  ``flag`` where ``pair`` is not of that ``form``."""
+  if "=" not in pair:
+    raise UsageError(f"{flag}: expects {form}, got {pair!r}")
+  name, value = pair.split("=", 1)
+  name = name.strip().replace("-", "_")
+  if not name.isidentifier():
+    raise UsageError(f"{flag}: {name!r} is not an argument name "
+                     f"(in {pair[:80]!r})")
+  return name, value
+
+
 def parse_kv(pairs: Sequence[str], flag: str) -> dict:
   """["a=1", "b=x", "c=false"] -> {"a": 1, "b": "x", "c": False}: VALUE
   is true/false (any case), a Python literal, or else a string; names the
   flag on bad input (no ``=``, no name, a name given twice)."""
   out = {}
   for pair in pairs or ():
-    if "=" not in pair:
-      raise UsageError(f"{flag}: expects name=value, got {pair!r}")
-    name, value = pair.split("=", 1)
-    name = name.strip().replace("-", "_")
-    if not name.isidentifier():
-      raise UsageError(f"{flag}: {name!r} is not an argument name "
-                       f"(in {pair[:80]!r})")
+    name, value = _named(pair, flag, "name=value")
     if name in out:
       raise UsageError(f"{flag}: {name} is given twice")
     out[name] = _literal(value.strip(), f"{flag} {name}")
@@ -195,12 +202,7 @@ def parse_grid(pairs: Sequence[str]) -> dict[str, list]:
   [0.1, 0.2]} ("lr" is the client learning rate)."""
   grid = {}
   for pair in pairs or ():
-    if "=" not in pair:
-      raise UsageError(f"--sweep: expects name=v1,v2,..., got {pair!r}")
-    name, values = pair.split("=", 1)
-    name = name.strip().replace("-", "_")
-    if not name.isidentifier():
-      raise UsageError(f"--sweep: {name!r} is not an argument name")
+    name, values = _named(pair, "--sweep", "name=v1,v2,...")
     name = "learning_rate" if name == "lr" else name
     if name in grid:
       raise UsageError(f"--sweep: {name} is given twice")
