@@ -5,6 +5,7 @@ uninterrupted run."""
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -26,7 +27,15 @@ class _SignalAt:
     del client
     if row["round"] == self.at:
       for _ in range(self.times):
+        noting = signal.getsignal(self.number)
         os.kill(os.getpid(), self.number)
+        # Two signals sent before Python runs the first one's handler
+        # would arrive as one: wait until it ran (it restores the
+        # handler before it).
+        deadline = time.monotonic() + 10
+        while (signal.getsignal(self.number) is noting
+               and time.monotonic() < deadline):
+          time.sleep(0.001)
 
 
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
