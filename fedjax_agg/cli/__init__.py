@@ -259,8 +259,7 @@ def _run(args, given: set[str], argv: list[str],
     print("config: " + json.dumps(jsonio.jsonable(config.to_dict())),
           file=sys.stderr, flush=True)
   if algorithm is None:
-    echo()
-    return compare_main(args, config)
+    return compare_main(args, config, echo)
   grid = parse_grid(args.sweep)
   # --seeds and --sweep run as one vmapped sweep; a config's several seeds
   # too where it says "vmap_seeds": true (else one after the other, as

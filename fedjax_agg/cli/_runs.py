@@ -150,21 +150,38 @@ def sweep_main(args, config, algorithm: str, prepared: list,
   return _save_members(args, config, algorithm, members, start, folder)
 
 
-def compare_main(args, config) -> int:
+def compare_main(args, config, echo) -> int:
   """A config of several algorithms without ``--algorithm``: every
   algorithm x seed, as ``experiment.run_config`` runs them (its layout:
-  ``<out>/<algorithm>/...``, ``summary.json`` and ``curves.png``)."""
+  ``<out>/<algorithm>/...``, ``summary.json`` and ``curves.png``).
+  ``echo()`` shows the resolved config once the runs have passed their
+  checks (a refusal is one line)."""
   from fedjax_agg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import history  # pylint: disable=g-import-not-at-top
   for dest in ("sweep", "tensorboard", "checkpoint_dir", "distributed"):
     if getattr(args, dest):
       raise UsageError(
           f"{_flag(dest)}: not available when a config's algorithms are "
           "compared (give --algorithm NAME to run one of them)")
+  if args.resume and args.overwrite:
+    raise UsageError("--overwrite: --resume continues the run in --out; "
+                     "drop one of them")
+  if args.keep and not args.overwrite:
+    raise UsageError("--keep: names files an --overwrite leaves in place; "
+                     "give it with --overwrite")
+  # The output folder's refusals name --out (run_config checks it again).
+  names = experiment.output_names(config)
+  try:
+    experiment.check_output_dir(args.out, names)
+    if not args.resume:
+      history.check_fresh(args.out, args.overwrite, names, keep=args.keep)
+  except (TypeError, ValueError) as error:
+    raise UsageError(f"--out: {error}") from None
   try:
     summary = experiment.run_config(
         config, args.out, progress=not args.no_progress,
         checkpoint_every=args.checkpoint_every, resume=args.resume,
-        overwrite=args.overwrite, keep=args.keep)
+        overwrite=args.overwrite, keep=args.keep, on_start=echo)
   except ValueError as error:
     raise UsageError(f"--config {args.config}: {error}") from None
   print(json.dumps({"algorithms": {

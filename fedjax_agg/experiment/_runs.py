@@ -9,7 +9,7 @@ import dataclasses
 import math
 import os
 import warnings
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 
@@ -185,7 +185,8 @@ def run_config(config, out_dir: str, progress: bool = True,
                vmap_seeds: Optional[bool] = None,
                overwrite: bool = False,
                allow_imports: Sequence[str] = (),
-               keep: Sequence[str] = ()) -> dict:
+               keep: Sequence[str] = (),
+               on_start: Optional[Callable[[], None]] = None) -> dict:
   """Runs every algorithm × seed of ``config`` (a JSON config or a
   ``spec.Experiment``); writes results to ``out_dir``; returns the summary
   dict.
@@ -222,14 +223,19 @@ def run_config(config, out_dir: str, progress: bool = True,
   ``allow_imports`` names the modules whose ``module:factory`` names the
   config may use (``fedjax_agg.registry``): a config never imports code by
   itself.
+
+  ``on_start()``, when given, is called once everything checked up front
+  has passed and ``config.json`` is written, before the first round (the
+  command line shows the resolved config then).
   """
   with registry.allowing_imports(allow_imports):
     return _run_config(config, out_dir, progress, algorithms,
-                       checkpoint_every, resume, vmap_seeds, overwrite, keep)
+                       checkpoint_every, resume, vmap_seeds, overwrite, keep,
+                       on_start)
 
 
 def _run_config(config, out_dir, progress, algorithms, checkpoint_every,
-                resume, vmap_seeds, overwrite, keep) -> dict:
+                resume, vmap_seeds, overwrite, keep, on_start) -> dict:
   """``run_config`` inside its ``allow_imports``."""
   experiment = spec_lib.Experiment.from_dict(config)
   if vmap_seeds is None:
@@ -252,11 +258,11 @@ def _run_config(config, out_dir, progress, algorithms, checkpoint_every,
   dataset = load_dataset(experiment)
   with manifest.recording(out_dir, plan, resume=resume):
     return _written(experiment, folder, dataset, progress,
-                    (checkpoint_every, resume), vmap_seeds)
+                    (checkpoint_every, resume), vmap_seeds, on_start)
 
 
 def _written(experiment, folder, dataset, progress, checkpoints,
-             vmap_seeds) -> dict:
+             vmap_seeds, on_start) -> dict:
   """``run_config``'s runs and files, in its claimed folder."""
   checkpoint_every, resume = checkpoints
   names = list(folder.members)
@@ -275,6 +281,8 @@ def _written(experiment, folder, dataset, progress, checkpoints,
                               "allowed_imports": list(
                                   registry.allowed_imports())})
   folder.plot_partition(first)
+  if on_start is not None:
+    on_start()
   histories = (_vmapped_seeds if vmap_seeds else _seeds_in_turn)(
       experiment, folder, dataset, progress, (checkpoint_every, resume),
       first)

@@ -199,6 +199,33 @@ def test_a_run_never_overwrites_an_earlier_run(tmp_path, capsys):
       "execution"]["overwrite"] is True
 
 
+def test_a_compared_configs_refusal_is_one_line_naming_out(tmp_path,
+                                                           capsys):
+  """Several algorithms without --algorithm (run_config's path): a
+  reused --out is refused in one line naming --out, before the resolved
+  config is shown; the config is shown once the runs pass their checks."""
+  config = experiment.override(SEEDS_CONFIG, {
+      "seeds": [0], "train.rounds": 1,
+      "algorithms": {"A": {"aggregator": "fedavg"},
+                     "B": {"aggregator": "fedmedian"}}})
+  path = tmp_path / "two.json"
+  path.write_text(json.dumps(config))
+  out = tmp_path / "run"
+  assert cli.main(["--config", str(path), "--out", str(out),
+                   "--no-progress"]) == 0
+  shown = [line for line in capsys.readouterr().err.splitlines()
+           if line.startswith("config: ")]
+  assert len(shown) == 1
+  before = _files(out)
+  with pytest.raises(SystemExit):
+    cli.main(["--config", str(path), "--out", str(out), "--no-progress"])
+  err = [line for line in capsys.readouterr().err.splitlines()
+         if not line.startswith("note: ")]
+  assert len(err) == 1 and err[0].startswith("error: --out: "), err
+  assert "already holds a run" in err[0]
+  assert _files(out) == before
+
+
 def test_overwrite_and_resume_are_exclusive_and_version_prints(tmp_path,
                                                                capsys):
   line = _error_line(capsys, TINY + ["--out", str(tmp_path / "r"),
