@@ -77,6 +77,7 @@ from fedjax_agg.cli._flags import UsageError
 from fedjax_agg.cli._runs import _checkpoint_dir
 from fedjax_agg.cli._runs import _is_writer
 from fedjax_agg.cli._runs import _Start
+from fedjax_agg.cli._runs import check_replacing
 from fedjax_agg.cli._runs import compare_main
 from fedjax_agg.cli._runs import seeds_main
 from fedjax_agg.cli._runs import single_main
@@ -350,12 +351,7 @@ def _check_execution(args, given: set[str], config, algorithm: str,
       raise UsageError(f"{flag}: {error}") from None
   from fedjax_agg import history  # pylint: disable=g-import-not-at-top
   from fedjax_agg import manifest  # pylint: disable=g-import-not-at-top
-  if args.resume and args.overwrite:
-    raise UsageError("--overwrite: --resume continues the run in --out; "
-                     "drop one of them")
-  if args.keep and not args.overwrite:
-    raise UsageError("--keep: names files an --overwrite leaves in place; "
-                     "give it with --overwrite")
+  check_replacing(args)
   plan = manifest.Plan()
   if not args.resume:
     try:

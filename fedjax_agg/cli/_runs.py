@@ -56,6 +56,16 @@ def _checkpoint_dir(args) -> Optional[str]:
   return args.checkpoint_dir
 
 
+def check_replacing(args) -> None:
+  """--resume, --overwrite and --keep together as they can go."""
+  if args.resume and args.overwrite:
+    raise UsageError("--overwrite: --resume continues the run in --out; "
+                     "drop one of them")
+  if args.keep and not args.overwrite:
+    raise UsageError("--keep: names files an --overwrite leaves in place; "
+                     "give it with --overwrite")
+
+
 def _is_writer(args) -> bool:
   """Whether this process writes the results (process 0 of a job)."""
   if not args.distributed:
@@ -163,12 +173,7 @@ def compare_main(args, config, echo) -> int:
       raise UsageError(
           f"{_flag(dest)}: not available when a config's algorithms are "
           "compared (give --algorithm NAME to run one of them)")
-  if args.resume and args.overwrite:
-    raise UsageError("--overwrite: --resume continues the run in --out; "
-                     "drop one of them")
-  if args.keep and not args.overwrite:
-    raise UsageError("--keep: names files an --overwrite leaves in place; "
-                     "give it with --overwrite")
+  check_replacing(args)
   # The output folder's refusals name --out (run_config checks it again).
   names = experiment.output_names(config)
   try:
