@@ -71,6 +71,15 @@ per-token targets [M, T] with ``types.PAD_TARGET`` where padded.
 
 The procedural ``synthetic(alpha, beta, ...)`` dataset (FedProx's
 Synthetic(alpha, beta)) needs no files; it returns per-client data already.
+
+Instruction tuning. ``load_tokenizer`` reads a Hugging Face
+``tokenizer.json`` (never downloading; ``train_bpe`` trains a small one);
+``read_instructions`` reads Alpaca-style records (JSON or JSON Lines);
+``instruction_federation`` renders them with a prompt template, tokenizes
+them with the loss on the response tokens only (prompt targets are
+``types.PAD_TARGET``) and splits them over clients (IID, by category, or
+Dirichlet over categories) as a sequence ``NaturalFederation``;
+``generated_instructions`` is a small instruction set made offline.
 """
 
 from fedjax_agg.data._readers import read_cifar_batch
@@ -109,6 +118,24 @@ from fedjax_agg.data._text import LEAF_CHARACTERS
 from fedjax_agg.data._text import next_token_sequences
 from fedjax_agg.data._text import normalize_text
 
+from fedjax_agg.data._tokenizer import KNOWN_EOS_TOKENS
+from fedjax_agg.data._tokenizer import load_tokenizer
+from fedjax_agg.data._tokenizer import Tokenizer
+from fedjax_agg.data._tokenizer import train_bpe
+from fedjax_agg.data._instructions import ALPACA_TEMPLATE
+from fedjax_agg.data._instructions import ALPACA_TEMPLATE_NO_INPUT
+from fedjax_agg.data._instructions import check_records
+from fedjax_agg.data._instructions import InstructionRecord
+from fedjax_agg.data._instructions import parse_template
+from fedjax_agg.data._instructions import read_instructions
+from fedjax_agg.data._instructions import render
+from fedjax_agg.data._instructions import Template
+from fedjax_agg.data._instruction_federation import instruction_federation
+from fedjax_agg.data._instruction_federation import INSTRUCTION_SPLITS
+from fedjax_agg.data._instruction_federation import split_records
+from fedjax_agg.data._instruction_tasks import INSTRUCTION_CATEGORIES
+from fedjax_agg.data._instruction_tasks import generated_instructions
+
 __all__ = [
     "ENV_VAR", "NAMES", "REGISTRY", "SOURCES", "Dataset",
     "DatasetNotFoundError", "DatasetSpec", "ForbiddenPickleError",
@@ -120,4 +147,9 @@ __all__ = [
     "load_federation",
     "load_fedjax_sqlite", "load_leaf", "load_tff_h5", "next_token_sequences",
     "normalize_text", "shakespeare",
+    "ALPACA_TEMPLATE", "ALPACA_TEMPLATE_NO_INPUT", "INSTRUCTION_CATEGORIES",
+    "INSTRUCTION_SPLITS", "InstructionRecord", "KNOWN_EOS_TOKENS",
+    "Template", "Tokenizer", "check_records", "generated_instructions",
+    "instruction_federation", "load_tokenizer", "parse_template",
+    "read_instructions", "render", "split_records", "train_bpe",
 ]
