@@ -81,6 +81,7 @@ from fedjax_agg.checkpoint._errors import CheckpointMismatchError
 from fedjax_agg.checkpoint._errors import CorruptCheckpointError
 from fedjax_agg.checkpoint._run import check_arguments
 from fedjax_agg.checkpoint._run import FORMAT_VERSION
+from fedjax_agg.checkpoint._run import held_rounds
 from fedjax_agg.checkpoint._run import ITEMS
 from fedjax_agg.checkpoint._run import MAX_TO_KEEP
 from fedjax_agg.checkpoint._run import open_run
@@ -99,5 +100,6 @@ from fedjax_agg.fingerprint import describe
 __all__ = ["CheckpointError", "CheckpointMismatchError",
     "CorruptCheckpointError", "FORMAT_VERSION", "ITEMS", "MAX_TO_KEEP",
     "RunCheckpointer", "Snapshot", "check_arguments", "config_differences",
-    "data_fingerprint", "describe", "load_variables", "open_run",
+    "data_fingerprint", "describe", "held_rounds", "load_variables",
+    "open_run",
     "save_variables", "saved_variables", "spec_differences", "VARIABLES"]

@@ -463,3 +463,17 @@ def open_run(checkpoint_dir: str, every: int, resume: bool, config: dict,
   _log.info("resume: round %d from %s", snapshot.round,
             checkpointer.directory)
   return checkpointer, snapshot
+
+
+def held_rounds(root: str) -> dict[str, list[int]]:
+  """The run checkpoint folders under ``root`` (``root`` itself, or a
+  member's below it) that hold checkpoints: folder -> its rounds (the
+  numbered step folders). {} where ``root`` is absent or holds none; read
+  from the names only, nothing is opened."""
+  found = {}
+  for folder, names, _ in os.walk(root):
+    rounds = sorted(int(name) for name in names if name.isdigit())
+    if rounds:
+      found[folder] = rounds
+    names[:] = [name for name in names if not name.isdigit()]
+  return found

@@ -359,6 +359,13 @@ def _check_execution(args, given: set[str], config, algorithm: str,
                                  keep=args.keep)
     except (TypeError, ValueError) as error:
       raise UsageError(f"--out: {error}") from None
+    if _checkpoint_dir(args) is not None:
+      try:
+        experiment.refuse_held_checkpoints(_checkpoint_dir(args))
+      except ValueError as error:
+        flag = ("--checkpoint-dir" if args.checkpoint_dir else
+                "--overwrite" if args.overwrite else "--out")
+        raise UsageError(f"{flag}: {error}") from None
   if args.tensorboard is not None:
     try:
       import tensorboardX  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import

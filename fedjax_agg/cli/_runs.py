@@ -180,6 +180,8 @@ def compare_main(args, config, echo) -> int:
     experiment.check_output_dir(args.out, names)
     if not args.resume:
       history.check_fresh(args.out, args.overwrite, names, keep=args.keep)
+      experiment.refuse_held_checkpoints(os.path.join(args.out,
+                                                      "checkpoints"))
   except (TypeError, ValueError) as error:
     raise UsageError(f"--out: {error}") from None
   try:

@@ -69,7 +69,8 @@ list (every public name is re-exported here):
   and ``setting_title``.
 - ``_folder``: the one writer of a run's folder (``RunFolder``: where
   each file goes, the history writers, what sums the run up;
-  ``output_names``, ``saved_algorithm_dir``), used by ``run_config``
+  ``output_names``, ``saved_algorithm_dir``,
+  ``refuse_held_checkpoints``), used by ``run_config``
   and the command line alike.
 - ``_runs``: running (``run_algorithm``, ``sweep_algorithm``,
   ``run_config``, ``warn_short_feddrl``).
@@ -96,6 +97,7 @@ from fedjax_agg.experiment._data import partition_source
 from fedjax_agg.experiment._data import plot_partition
 from fedjax_agg.experiment._data import prepare_data
 from fedjax_agg.experiment._folder import output_names
+from fedjax_agg.experiment._folder import refuse_held_checkpoints
 from fedjax_agg.experiment._folder import RunFolder
 from fedjax_agg.experiment._folder import saved_algorithm_dir
 from fedjax_agg.experiment._data import substitution
@@ -125,7 +127,8 @@ __all__ = ["attack_update", "build", "build_rule", "Built", "check_config",
            "RunFolder", "output_names", "override", "parse_sets",
            "partition_indices",
            "partition_source", "plot_partition", "prepare_data",
-           "run_algorithm", "run_config", "run_record",
+           "refuse_held_checkpoints", "run_algorithm", "run_config",
+           "run_record",
            "saved_algorithm_dir", "script_config",
            "script_parser", "setting_title", "shown_path",
            "substitution", "summarize",

@@ -24,6 +24,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from fedjax_agg import checkpoint
 from fedjax_agg import history as history_lib
 from fedjax_agg import jsonio
 from fedjax_agg import plotting
@@ -172,3 +173,18 @@ def saved_algorithm_dir(out_dir: str, algorithm: str,
   if os.path.isdir(nested) or list(algorithms) != [algorithm]:
     return nested
   return out_dir
+
+
+def refuse_held_checkpoints(root: str) -> None:
+  """Refuses, before anything runs, a fresh run whose checkpoint folder
+  ``root`` holds an earlier run's checkpoints (an interrupted run's):
+  they are resumed or deleted by the user, never by a run (``--overwrite``
+  included: the library deletes only the files it recorded)."""
+  held = checkpoint.held_rounds(root)
+  if held:
+    folder, rounds = sorted(held.items())[0]
+    raise ValueError(
+        f"{folder} holds the checkpoints of an earlier run (rounds "
+        f"{rounds[:5]}{' ...' if len(rounds) > 5 else ''}): resume it "
+        "(--resume, resume=True), or delete that folder to start afresh "
+        "(a run never deletes checkpoints, --overwrite included)")

@@ -28,6 +28,7 @@ from fedjax_agg.experiment._build import build
 from fedjax_agg.experiment._build import build_rule
 from fedjax_agg.experiment._data import load_dataset
 from fedjax_agg.experiment._data import prepare_data
+from fedjax_agg.experiment._folder import refuse_held_checkpoints
 from fedjax_agg.experiment._folder import RunFolder
 from fedjax_agg.experiment._record import check_output_dir
 from fedjax_agg.experiment._record import shown_path
@@ -255,6 +256,7 @@ def _run_config(config, out_dir, progress, algorithms, checkpoint_every,
   plan = manifest.Plan()
   if not resume:
     plan = history_lib.check_fresh(out_dir, overwrite, folder.names(), keep)
+    refuse_held_checkpoints(os.path.join(out_dir, "checkpoints"))
   dataset = load_dataset(experiment)
   with manifest.recording(out_dir, plan, resume=resume):
     return _written(experiment, folder, dataset, progress,

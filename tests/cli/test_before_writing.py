@@ -226,6 +226,31 @@ def test_a_compared_configs_refusal_is_one_line_naming_out(tmp_path,
   assert _files(out) == before
 
 
+def test_an_earlier_runs_checkpoints_are_resumed_or_deleted_by_the_user(
+    tmp_path, capsys):
+  """An interrupted run leaves checkpoints (written whatever
+  --checkpoint-every says): a fresh run over it, --overwrite included,
+  is refused up front naming the folder and both ways on; nothing is
+  deleted. The same from run_config."""
+  out = tmp_path / "run"
+  assert cli.main(TINY + ["--out", str(out)]) == 0
+  (out / "checkpoint" / "7").mkdir(parents=True)  # as a stopped run's
+  capsys.readouterr()
+  before = _files(out)
+  line = _error_line(capsys, TINY + ["--out", str(out), "--overwrite"])
+  assert line.startswith("error: --overwrite: "), line
+  assert "holds the checkpoints of an earlier run (rounds [7])" in line
+  assert "--resume" in line and "delete that folder" in line, line
+  assert _files(out) == before and (out / "checkpoint" / "7").is_dir()
+  folder = tmp_path / "python"
+  experiment.run_config(SEEDS_CONFIG, str(folder), progress=False)
+  (folder / "checkpoints" / "FedAvg" / "seed1" / "3").mkdir(parents=True)
+  with pytest.raises(ValueError, match="holds the checkpoints"):
+    experiment.run_config(SEEDS_CONFIG, str(folder), progress=False,
+                          overwrite=True)
+  assert (folder / "checkpoints" / "FedAvg" / "seed1" / "3").is_dir()
+
+
 def test_overwrite_and_resume_are_exclusive_and_version_prints(tmp_path,
                                                                capsys):
   line = _error_line(capsys, TINY + ["--out", str(tmp_path / "r"),
