@@ -169,8 +169,13 @@ def split_records(records: Sequence[_instructions.InstructionRecord],
     return [np.flatnonzero(labels == c) for c in range(len(names))]
   if num_clients < len(names):
     return _deal_categories(labels, len(names), num_clients, seed)
-  return partitions.classes_per_client(labels, num_clients, seed, k=1,
-                                       num_classes=len(names))
+  try:
+    return partitions.classes_per_client(labels, num_clients, seed, k=1,
+                                         num_classes=len(names))
+  except ValueError as error:  # a category with fewer records than holders
+    raise ValueError(f"split 'category': {num_clients} clients over "
+                     f"{len(names)} categories give some category more "
+                     f"clients than records ({error})") from None
 
 
 class _Encoded:
