@@ -7,10 +7,11 @@ training and every rule run on it unchanged. The steps:
 
 1. Each record is rendered (``render``: Alpaca's template by default) and
    its prompt and response are tokenized separately and concatenated,
-   followed by the tokenizer's EOS token (``append_eos``). Tokenizing the
-   parts apart makes the boundary exact: the response's tokens are the
-   ones after the prompt's, whatever merges the tokenizer would make
-   across it.
+   after the tokenizer's BOS token if it has one (``Tokenizer.bos_id``:
+   Llama's ``<s>``) and followed by its EOS token (``append_eos``).
+   Tokenizing the parts apart makes the boundary exact: the response's
+   tokens are the ones after the prompt's, whatever merges the tokenizer
+   would make across it.
 2. The loss is on the response only: a row's inputs are the tokens, its
    targets the tokens shifted by one (``next_token_sequences``), and a
    target that is a prompt token is ``PAD_TARGET``, the mark the text
@@ -187,10 +188,12 @@ class _Encoded:
     self.tokens, self.scored, self.kept = [], [], []
     self.truncated = self.tokens_lost = 0
     eos = [tokenizer.eos_id] if append_eos else []
+    bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
     for i, record in enumerate(records):
       prompt, response = _instructions.render(record, template,
                                               f"records[{i}]")
-      prompt_ids = tokenizer.encode(prompt)
+      prompt_ids = np.concatenate([np.asarray(bos, np.int32),
+                                   tokenizer.encode(prompt)])
       ids = np.concatenate([prompt_ids, tokenizer.encode(response),
                             np.asarray(eos, np.int32)])
       is_response = np.arange(ids.size) >= prompt_ids.size
@@ -244,8 +247,10 @@ def _test_owners(train_labels, test_labels, train_parts, num_categories,
 
 
 def _template(template):
-  if template is None or isinstance(template, _instructions.Template):
-    return template
+  if template is None:
+    return None
+  if isinstance(template, _instructions.Template):
+    template = template.text  # checked again: its parts may be edited
   return _instructions.parse_template(template)
 
 

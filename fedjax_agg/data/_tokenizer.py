@@ -15,6 +15,13 @@ None, the ``eos_token`` of a ``tokenizer_config.json`` beside the file is
 taken, else the first of ``KNOWN_EOS_TOKENS`` the vocabulary holds, else
 there is none (``Tokenizer.eos_id`` is None).
 
+The beginning-of-sequence token. Some models (Llama) read one first: the
+tokenizer's post-processor says so by prepending it to an encoded text
+(``tokenizer.json``'s ``post_processor``). ``Tokenizer.bos_id`` is that
+token (None when nothing is prepended); ``encode`` itself never adds
+special tokens, and ``instruction_federation`` puts the BOS token before
+each prompt.
+
 ``train_bpe`` trains a small byte-level BPE tokenizer on texts in memory
 (deterministic: the same texts give the same tokenizer), for a model
 trained from scratch or a test that needs a real tokenizer offline.
@@ -80,6 +87,8 @@ class Tokenizer:
       output size of a model predicting its tokens.
     eos_token: the end-of-sequence token, or None.
     eos_id: its id, or None.
+    bos_token: the token its post-processor prepends to a text, or None.
+    bos_id: its id, or None.
     digest: the SHA-256 of its JSON serialisation.
   """
 
@@ -104,6 +113,7 @@ class Tokenizer:
     self.vocab_size = max(vocabulary.values()) + 1
     self.eos_token = eos_token
     self.eos_id = None if eos_token is None else vocabulary[eos_token]
+    self.bos_token, self.bos_id = _prepended(backend)
     self.digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
 
   def encode(self, text: str) -> np.ndarray:
@@ -121,11 +131,22 @@ class Tokenizer:
   def provenance(self) -> dict:
     """What it is, JSON-able: source, vocabulary size, EOS, digest."""
     return {"tokenizer": self.source, "vocab_size": self.vocab_size,
-            "eos_token": self.eos_token, "sha256": self.digest}
+            "eos_token": self.eos_token, "bos_token": self.bos_token,
+            "sha256": self.digest}
 
   def __repr__(self):
     return (f"Tokenizer({self.source}, vocab_size={self.vocab_size}, "
             f"eos_token={self.eos_token!r})")
+
+
+def _prepended(backend) -> tuple[Optional[str], Optional[int]]:
+  """(token, id) the post-processor puts before a text, or (None, None)."""
+  plain = backend.encode("a", add_special_tokens=False).ids
+  full = backend.encode("a", add_special_tokens=True)
+  if (len(full.ids) > len(plain) and full.special_tokens_mask[0]
+      and full.ids[1:1 + len(plain)] == plain):
+    return full.tokens[0], full.ids[0]
+  return None, None
 
 
 def _configured_eos(folder: pathlib.Path) -> Optional[str]:

@@ -12,6 +12,30 @@ TEMPLATE = "Q: {instruction}\n{input}\nA: {output}"
 """A short template, so rows stay short."""
 EOS = "<|endoftext|>"
 
+# A word-level tokenizer.json written by hand: its ids are known without
+# running the tokenizers package.
+WORD_LEVEL = {
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [], "normalizer": None,
+    "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
+    "decoder": None,
+    "model": {"type": "WordLevel", "unk_token": "[UNK]",
+              "vocab": {"[UNK]": 0, "hello": 1, "world": 2, "</s>": 3,
+                        "again": 7}}}
+# The same with Llama's post-processor: "<s>" before every text.
+PREPEND = {"type": "TemplateProcessing",
+           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                      {"Sequence": {"id": "A", "type_id": 0}}],
+           "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}},
+                    {"Sequence": {"id": "B", "type_id": 1}}],
+           "special_tokens": {"<s>": {"id": "<s>", "ids": [4],
+                                      "tokens": ["<s>"]}}}
+WITH_BOS = dict(
+    WORD_LEVEL, post_processor=PREPEND,
+    model=dict(WORD_LEVEL["model"],
+               vocab=dict(WORD_LEVEL["model"]["vocab"], **{"<s>": 4})))
+
 
 @functools.cache
 def records(num_records: int = 120, seed: int = 0) -> tuple:

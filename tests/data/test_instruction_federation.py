@@ -5,6 +5,7 @@ packing, the IID, category and Dirichlet splits (the numpy draw redone
 here), and one round of the engine on the task."""
 
 import collections
+import json
 
 import jax
 import numpy as np
@@ -141,6 +142,20 @@ def test_packing_keeps_every_scored_target_in_order_in_fewer_rows():
   assert [responses(y) for y in plain.train_y] == [1] * len(plain.train_y)
   packed_counts = [responses(y) for y in packed.train_y]
   assert sum(packed_counts) == len(plain.train_y) and max(packed_counts) > 1
+
+
+def test_a_tokenizer_that_prepends_a_bos_gets_it_before_the_prompt(
+    tmp_path):
+  path = tmp_path / "tokenizer.json"
+  path.write_text(json.dumps(_instruction_util.WITH_BOS))
+  tokenizer = data.load_tokenizer(path)
+  record = data.InstructionRecord("hello world", "", "again world")
+  fed = data.instruction_federation(
+      [record], tokenizer, sequence_length=6, num_clients=1,
+      test_fraction=0.0, template="{instruction} {output}")
+  # <s> hello world | again world </s>, with </s> (3) padding the inputs.
+  np.testing.assert_array_equal(fed.train_x, [[4, 1, 2, 7, 2, 3]])
+  np.testing.assert_array_equal(fed.train_y, [[-1, -1, 7, 2, 3, -1]])
 
 
 def test_alpacas_default_template_is_used_without_a_template():

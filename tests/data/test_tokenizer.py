@@ -11,16 +11,9 @@ from fedjax_agg import data
 from fedjax_agg.types import PAD_TARGET
 from tests.data import _instruction_util
 
-# A word-level tokenizer.json written by hand: its ids are known without
-# running the tokenizers package.
-WORD_LEVEL = {
-    "version": "1.0", "truncation": None, "padding": None,
-    "added_tokens": [], "normalizer": None,
-    "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
-    "decoder": None,
-    "model": {"type": "WordLevel", "unk_token": "[UNK]",
-              "vocab": {"[UNK]": 0, "hello": 1, "world": 2, "</s>": 3,
-                        "again": 7}}}
+WORD_LEVEL = _instruction_util.WORD_LEVEL
+PREPEND = _instruction_util.PREPEND
+WITH_BOS = _instruction_util.WITH_BOS
 
 
 def _write(path, value):
@@ -148,3 +141,18 @@ def test_training_refuses_bad_arguments(texts, vocab_size, eos, error):
 def test_wrapping_something_else_is_refused():
   with pytest.raises(TypeError, match="tokenizers.Tokenizer"):
     data.Tokenizer({"model": {}})
+
+
+def test_the_token_a_post_processor_prepends_is_the_bos(tmp_path):
+  tokenizer = data.load_tokenizer(_write(tmp_path / "t.json", WITH_BOS))
+  assert (tokenizer.bos_token, tokenizer.bos_id) == ("<s>", 4)
+  np.testing.assert_array_equal(tokenizer.encode("hello"), [1])  # no BOS
+  plain = data.load_tokenizer(_write(tmp_path / "p.json", WORD_LEVEL))
+  assert (plain.bos_token, plain.bos_id) == (None, None)
+  # A post-processor that appends (T5's "</s>") prepends nothing.
+  append = dict(PREPEND, single=PREPEND["single"][::-1],
+                pair=PREPEND["pair"][::-1])
+  appended = data.load_tokenizer(_write(
+      tmp_path / "a.json", dict(WITH_BOS, post_processor=append)))
+  assert appended.bos_id is None
+  assert _instruction_util.tokenizer().bos_id is None
