@@ -14,10 +14,12 @@ other keys are ignored.
 What is refused, naming the file and the record (its index in a list, its
 line number in JSON Lines): a file that is not UTF-8 JSON or is truncated,
 ``NaN`` or ``Infinity`` anywhere (they are not JSON), a record that is not
-an object, a missing ``instruction`` or ``output``, a field that is not a
-string (``input`` may also be null or absent; ``category`` may be a
-string or an integer, kept as its string), an empty or whitespace-only
-``instruction`` or ``output`` (nothing to learn from).
+an object or that gives a key twice, a missing ``instruction`` or
+``output``, a field that is not a string (``input`` may also be null or
+absent; ``category`` may be a string or an integer, kept as its string),
+an empty or whitespace-only
+``instruction``, ``output`` or ``category`` (nothing to learn from, or
+no category to split by). A UTF-8 byte order mark is dropped.
 
 Templates. ``ALPACA_TEMPLATE`` and ``ALPACA_TEMPLATE_NO_INPUT`` are
 Alpaca's prompts with and without an input, ending in ``### Response:``
@@ -38,15 +40,14 @@ Prompt and response. ``render`` returns the text before ``{output}``
 (the response, which the loss scores).
 """
 
-import json
 import math
 import os
 import pathlib
 import string
 from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
-from fedjax_agg.data._tokenizer import read_json
-from fedjax_agg.data._tokenizer import refuse_json_constant
+from fedjax_agg.data._tokenizer import parse_json
+from fedjax_agg.data._tokenizer import read_text
 
 FIELDS = ("instruction", "input", "output", "category")
 """A record's fields, as ``fields`` maps them to a file's keys."""
@@ -111,6 +112,8 @@ def _text(value, where: str, key: str, optional: bool) -> str:
 
 
 def _category(value, where: str, key: str) -> Optional[str]:
+  if isinstance(value, str) and not value.strip():
+    raise ValueError(f"{where}: {key!r} is empty (leave it out or null)")
   if value is None or isinstance(value, str):
     return value
   if isinstance(value, int) and not isinstance(value, bool):
@@ -175,17 +178,10 @@ def _json_lines(path: pathlib.Path, text: str,
                 fields) -> list[InstructionRecord]:
   records = []
   for number, line in enumerate(text.splitlines(), start=1):
-    if not line.strip():
-      continue
-    where = f"{path} line {number}"
-    try:
-      value = json.loads(line, parse_constant=refuse_json_constant)
-    except json.JSONDecodeError as error:
-      raise ValueError(f"{where} is not valid JSON: {error.msg} at column "
-                       f"{error.colno}") from None
-    except ValueError as error:
-      raise ValueError(f"{where}: {error}") from None
-    records.append(check_record(value, where, fields))
+    if line.strip():
+      where = f"{path} line {number}"
+      value = parse_json(line, where, number, unique_keys=True)
+      records.append(check_record(value, where, fields))
   if not records:
     raise ValueError(f"{path} holds no record")
   return records
@@ -213,18 +209,14 @@ def read_instructions(path: PathLike,
   if not path.is_file():
     raise FileNotFoundError(f"no instruction file {path}")
   _field_names(fields)
-  try:
-    text = path.read_bytes().decode("utf-8")
-  except UnicodeDecodeError as error:
-    raise ValueError(f"instruction file {path} is not UTF-8 text: "
-                     f"{error}") from None
+  text = read_text(path, "instruction file")
   start = text.lstrip()[:1]
   if path.suffix.lower() in _JSON_LINES or start == "{":
     return _json_lines(path, text, fields)
   if start != "[":
     raise ValueError(f"instruction file {path} must hold a JSON list of "
                      "records or JSON Lines (one object per line)")
-  value = read_json(path, "instruction file")
+  value = parse_json(text, f"instruction file {path}", unique_keys=True)
   return check_records(value, str(path), fields)
 
 

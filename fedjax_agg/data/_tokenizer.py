@@ -61,20 +61,48 @@ def refuse_json_constant(name: str):
   raise ValueError(f"{name} is not JSON")
 
 
-def read_json(path: pathlib.Path, what: str):
-  """The JSON value in ``path``; ``ValueError`` naming the file (and the
-  line and column) when it is not UTF-8 JSON, ``NaN``/``Infinity`` too."""
+def _unique_keys(pairs):
+  """``json.loads``'s ``object_pairs_hook``: a key given twice is refused
+  (``json`` would keep the last value)."""
+  out = {}
+  for key, value in pairs:
+    if key in out:
+      raise ValueError(f"key {key!r} is given twice in one object")
+    out[key] = value
+  return out
+
+
+def read_text(path: pathlib.Path, what: str) -> str:
+  """The UTF-8 text of ``path`` (a byte order mark dropped);
+  ``ValueError`` naming ``what`` and the file when it is not UTF-8."""
   try:
-    text = path.read_bytes().decode("utf-8")
+    return path.read_bytes().decode("utf-8-sig")
   except UnicodeDecodeError as error:
     raise ValueError(f"{what} {path} is not UTF-8 text: {error}") from None
+
+
+def parse_json(text: str, where: str, first_line: int = 1,
+               unique_keys: bool = False):
+  """The JSON value of ``text``; ``ValueError`` naming ``where`` and the
+  line (counted from ``first_line``) and column when it is not JSON
+  (``NaN`` and ``Infinity`` included), or, with ``unique_keys``, when an
+  object gives a key twice."""
   try:
-    return json.loads(text, parse_constant=refuse_json_constant)
+    return json.loads(text, parse_constant=refuse_json_constant,
+                      object_pairs_hook=_unique_keys if unique_keys else None)
   except json.JSONDecodeError as error:
-    raise ValueError(f"{what} {path} is not valid JSON: {error.msg} at line "
-                     f"{error.lineno} column {error.colno}") from None
+    raise ValueError(f"{where} is not valid JSON: {error.msg} at line "
+                     f"{first_line + error.lineno - 1} column "
+                     f"{error.colno}") from None
   except ValueError as error:
-    raise ValueError(f"{what} {path}: {error}") from None
+    raise ValueError(f"{where}: {error}") from None
+
+
+def read_json(path: pathlib.Path, what: str, unique_keys: bool = False):
+  """The JSON value in ``path`` (``read_text``, ``parse_json``), errors
+  naming ``what`` and the file."""
+  return parse_json(read_text(path, what), f"{what} {path}",
+                    unique_keys=unique_keys)
 
 
 class Tokenizer:

@@ -76,6 +76,8 @@ def test_fields_map_a_files_own_keys(tmp_path):
      "'output' is empty"),
     ({"instruction": "", "output": "y"}, ValueError,
      "'instruction' is empty"),
+    ({"instruction": "x", "output": "y", "category": " "}, ValueError,
+     "'category' is empty"),
     (["x", "y"], TypeError, "must be an object"),
     ("instruction", TypeError, "must be an object"),
 ])
@@ -99,7 +101,8 @@ def test_a_bad_json_lines_line_is_named_by_its_number(tmp_path):
   path = tmp_path / "bad.jsonl"
   lines = _lines(RECORDS[:2]).splitlines()
   path.write_text("\n".join(lines + ["", "{\"instruction\": \"x\", "]))
-  with pytest.raises(ValueError, match=r"bad.jsonl line 4 is not valid JSON"):
+  with pytest.raises(ValueError,
+                     match=r"bad.jsonl line 4 is not valid JSON: .* line 4 "):
     data.read_instructions(path)
   path.write_text("\n".join(lines + ["{\"instruction\": 1, \"output\": "
                                      "\"y\"}"]))
@@ -118,6 +121,10 @@ def test_a_bad_json_lines_line_is_named_by_its_number(tmp_path):
      "-Infinity is not JSON"),
     ("{\"instruction\": \"a\", \"output\": \"b\", \"score\": NaN}\n",
      "line 1: NaN is not JSON"),
+    ("\n{\"instruction\": \"a\", \"output\": \"b\", \"output\": \"c\"}",
+     "key 'output' is given twice"),
+    ("[{\"instruction\": \"a\", \"output\": \"b\", \"output\": \"c\"}]",
+     "key 'output' is given twice"),
     ("[]", "holds no record"),
     ("\n\n", "must hold a JSON list"),
     ("\"just a string\"", "must hold a JSON list"),
@@ -127,6 +134,12 @@ def test_files_that_are_not_records_are_refused_naming_them(tmp_path, text,
   _instruction_util.assert_refused_naming_file(
       data.read_instructions, tmp_path / "records.json", text.encode(),
       message)
+
+
+def test_a_byte_order_mark_is_dropped(tmp_path):
+  path = tmp_path / "bom.jsonl"
+  path.write_bytes(b"\xef\xbb\xbf" + _lines(RECORDS).encode())
+  assert data.read_instructions(path) == WANT
 
 
 def test_unreadable_and_missing_files_are_refused(tmp_path):
