@@ -22,7 +22,9 @@ training and every rule run on it unchanged. The steps:
    tokens). ``truncation="right"`` keeps a record's first tokens and cuts
    the end of its response; a record whose prompt alone fills the row
    keeps no response token and is dropped. ``truncation="drop"`` drops
-   every record that does not fit. The provenance counts the records cut
+   every record that does not fit. A record whose response has no token
+   (the tokenizer's normaliser removed its text, and no EOS is appended)
+   is dropped too. The provenance counts the records cut
    (``records_truncated``), the response tokens lost
    (``response_tokens_truncated``) and the records dropped
    (``records_dropped``).
@@ -197,6 +199,8 @@ class _Encoded:
       ids = np.concatenate([prompt_ids, tokenizer.encode(response),
                             np.asarray(eos, np.int32)])
       is_response = np.arange(ids.size) >= prompt_ids.size
+      if ids.size == prompt_ids.size:
+        continue  # a response of no token (its text normalised away)
       if ids.size > length + 1:
         if truncation == "drop" or prompt_ids.size >= length + 1:
           continue

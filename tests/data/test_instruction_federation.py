@@ -158,6 +158,21 @@ def test_a_tokenizer_that_prepends_a_bos_gets_it_before_the_prompt(
   np.testing.assert_array_equal(fed.train_y, [[-1, -1, 7, 2, 3, -1]])
 
 
+def test_a_response_the_tokenizer_removes_is_dropped_and_counted(tmp_path):
+  strip_x = {"type": "Replace", "pattern": {"String": "x"}, "content": ""}
+  path = tmp_path / "tokenizer.json"
+  path.write_text(json.dumps(dict(_instruction_util.WORD_LEVEL,
+                                  normalizer=strip_x)))
+  records = [data.InstructionRecord("hello", "", "world"),
+             data.InstructionRecord("hello", "", "xxx")]
+  fed = data.instruction_federation(
+      records, data.load_tokenizer(path), sequence_length=4,
+      num_clients=1, test_fraction=0.0, template="{instruction} {output}",
+      append_eos=False)
+  assert fed.provenance["records_dropped"] == 1
+  np.testing.assert_array_equal(fed.train_y, [[2, -1, -1, -1]])
+
+
 def test_alpacas_default_template_is_used_without_a_template():
   record = _records()[0]
   fed = _build([record], template=None, sequence_length=400)
