@@ -33,7 +33,10 @@ logits [B, T, V]; their ``Model.loss`` is ``types.sequence_cross_entropy``
 ``fedjax_agg.models.sequence``.
 
 LoRA adapters on any of them (a frozen base, trainable low-rank adapters;
-Hu et al., ICLR 2022): ``fedjax_agg.models.lora``. Mixed precision for
+Hu et al., ICLR 2022): ``fedjax_agg.models.lora``. Pre-trained language
+models (GPT-2, Llama, Mistral, Qwen2) from local Hugging Face checkpoint
+folders, and their adapters saved in PEFT's format:
+``fedjax_agg.models.pretrained``. Mixed precision for
 local training (bfloat16 products on float32 master weights):
 ``fedjax_agg.models.mixed``.
 
