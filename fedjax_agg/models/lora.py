@@ -305,6 +305,8 @@ def select_targets(model: Model, targets: Optional[Sequence[str]]
   ``targets``."""
   shapes = jax.eval_shape(model.init, jax.random.key(0))
   dense, kernels = _discover(model, shapes)
+  if targets is None:
+    targets = getattr(model.apply, "lora_targets", None)
   return tuple(target.path for target in _select(targets, dense, kernels))
 
 
@@ -326,8 +328,10 @@ def lora(model: Model, base_variables: Params, *, rank: int,
       "alpha = the first r tried".
     targets: regular expressions matched in full against the Dense layers'
       '/'-joined module paths (``TRANSFORMER_TARGETS`` for
-      ``transformer_lm``; "fc1", "fc\\d+" for the CNNs); None: every Dense
-      layer.
+      ``transformer_lm``; "fc1", "fc\\d+" for the CNNs); None: the
+      model's ``apply.lora_targets`` where it has them (a checkpoint from
+      ``models.pretrained``: its attention and MLP projections), else
+      every Dense layer.
     dropout: the rate of dropout on the adapters' input in training, in
       [0, 1).
     freeze_a: FFA-LoRA: A fixed at its random initialisation (drawn from
@@ -372,6 +376,8 @@ def lora(model: Model, base_variables: Params, *, rank: int,
     raise ValueError("base_variables do not have the tree and shapes of "
                      "model.init's variables")
   dense, kernels = _discover(model, base_variables)
+  if targets is None:  # a loaded checkpoint's own (models.pretrained)
+    targets = getattr(model.apply, "lora_targets", None)
   chosen = _select(targets, dense, kernels)
   for target in chosen:
     if rank > min(target.d_in, target.d_out):
