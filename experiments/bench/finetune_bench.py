@@ -14,7 +14,9 @@ plays, dealt at random), one local epoch of batch 16 (3 steps: 16, 16, 8
 rows), SGD at learning rate 3.0, every client every round, FedIT's mean
 of A and B.
 
-* engine: ``simulation.run`` of that round; the first round (which
+* engine: ``simulation.run`` of that round, on one XLA CPU device per
+  core (``distributed.use_all_cores``, the command line's layout;
+  ``--one-device`` for one); the first round (which
   compiles) is reported apart as ``compile_s``; ``round_s`` and ``cpu_s``
   (the process's user + system CPU seconds) are the medians over the
   next ``--rounds`` rounds (the last round, which evaluates the test
@@ -55,6 +57,7 @@ import numpy as np
 
 from fedjax_agg import aggregators
 from fedjax_agg import data as data_lib
+from fedjax_agg import distributed
 from fedjax_agg import federated
 from fedjax_agg import simulation
 from fedjax_agg import types
@@ -137,6 +140,7 @@ def engine_round(base, x, y, test, rounds: int, **execution) -> dict:
   first = (1, *by_round[1])
   later = [(r, *by_round[r]) for r in range(2, rounds + 2)]
   return {"variant": "engine", "clients": int(x.shape[0]),
+          "devices": len(jax.devices()),
           "compile_s": round(first[1], 3),
           "round_s": round(float(np.median([r[1] for r in later])), 4),
           "cpu_s": round(float(np.median([r[2] for r in later])), 4),
@@ -197,7 +201,12 @@ def main(argv=None) -> int:
                       "(None: the library's default)")
   parser.add_argument("--no-loop", action="store_true",
                       help="the engine only")
+  parser.add_argument("--one-device", action="store_true",
+                      help="one XLA CPU device (default: one per core, "
+                      "distributed.use_all_cores, as the command line)")
   args = parser.parse_args(argv)
+  if not args.one_device:
+    distributed.use_all_cores()
   for k in args.clients:
     base, x, y, fed = workload(k)
     test = (np.asarray(fed.test_x)[:64], np.asarray(fed.test_y)[:64])
