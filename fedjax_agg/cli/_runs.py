@@ -185,10 +185,10 @@ def compare_main(args, config, echo) -> int:
   except (TypeError, ValueError) as error:
     raise UsageError(f"--out: {error}") from None
   try:
-    summary = experiment.run_config(
-        config, args.out, progress=not args.no_progress,
+    summary = experiment.announced_run_config(
+        echo, config, args.out, progress=not args.no_progress,
         checkpoint_every=args.checkpoint_every, resume=args.resume,
-        overwrite=args.overwrite, keep=args.keep, on_start=echo)
+        overwrite=args.overwrite, keep=args.keep)
   except ValueError as error:
     raise UsageError(f"--config {args.config}: {error}") from None
   print(json.dumps({"algorithms": {

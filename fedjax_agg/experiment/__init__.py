@@ -73,7 +73,7 @@ list (every public name is re-exported here):
   ``refuse_held_checkpoints``), used by ``run_config``
   and the command line alike.
 - ``_runs``: running (``run_algorithm``, ``sweep_algorithm``,
-  ``run_config``, ``warn_short_feddrl``).
+  ``run_config``, ``announced_run_config``, ``warn_short_feddrl``).
 - ``_summary``: summing up (``summarize``, ``write_summary_csv``).
 - ``_script``: the command line of the ``experiments/`` scripts
   (``script_parser``, ``config_path``, ``parse_sets``,
@@ -109,6 +109,7 @@ from fedjax_agg.experiment._record import setting_title
 from fedjax_agg.experiment._record import shown_path
 from fedjax_agg.experiment._record import write_run_config
 from fedjax_agg.experiment._runs import FEDDRL_MIN_AGENT_STEPS
+from fedjax_agg.experiment._runs import announced_run_config
 from fedjax_agg.experiment._runs import run_algorithm
 from fedjax_agg.experiment._runs import run_config
 from fedjax_agg.experiment._summary import summarize
@@ -120,7 +121,8 @@ from fedjax_agg.experiment._script import parse_sets
 from fedjax_agg.experiment._script import script_config
 from fedjax_agg.experiment._script import script_parser
 
-__all__ = ["attack_update", "build", "build_rule", "Built", "check_config",
+__all__ = ["announced_run_config", "attack_update", "build", "build_rule",
+           "Built", "check_config",
            "check_output_dir", "config_path", "describe_data",
            "environment", "FEDDRL_MIN_AGENT_STEPS", "load_config",
            "load_dataset", "natural_clients", "note_substitution",

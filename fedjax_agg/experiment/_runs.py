@@ -186,8 +186,7 @@ def run_config(config, out_dir: str, progress: bool = True,
                vmap_seeds: Optional[bool] = None,
                overwrite: bool = False,
                allow_imports: Sequence[str] = (),
-               keep: Sequence[str] = (),
-               on_start: Optional[Callable[[], None]] = None) -> dict:
+               keep: Sequence[str] = ()) -> dict:
   """Runs every algorithm × seed of ``config`` (a JSON config or a
   ``spec.Experiment``); writes results to ``out_dir``; returns the summary
   dict.
@@ -224,14 +223,34 @@ def run_config(config, out_dir: str, progress: bool = True,
   ``allow_imports`` names the modules whose ``module:factory`` names the
   config may use (``fedjax_agg.registry``): a config never imports code by
   itself.
-
-  ``on_start()``, when given, is called once everything checked up front
-  has passed and ``config.json`` is written, before the first round (the
-  command line shows the resolved config then).
   """
+  return announced_run_config(None, config, out_dir, progress=progress,
+                              algorithms=algorithms,
+                              checkpoint_every=checkpoint_every,
+                              resume=resume, vmap_seeds=vmap_seeds,
+                              overwrite=overwrite,
+                              allow_imports=allow_imports, keep=keep)
+
+
+def announced_run_config(on_start: Optional[Callable[[], None]], config,
+                         out_dir: str, **options) -> dict:
+  """``run_config(config, out_dir, **options)`` that calls ``on_start()``
+  once everything checked up front has passed and ``config.json`` is
+  written, before the first round (the command line shows the resolved
+  config then, so that a refusal is one line)."""
+  allow_imports = options.pop("allow_imports", ())
+  keep = options.pop("keep", ())
+  arguments = dict(progress=True, algorithms=None, checkpoint_every=0,
+                   resume=False, vmap_seeds=None, overwrite=False)
+  unknown = sorted(set(options) - set(arguments))
+  if unknown:
+    raise TypeError(f"run_config takes no argument {unknown}")
+  arguments.update(options)
   with registry.allowing_imports(allow_imports):
-    return _run_config(config, out_dir, progress, algorithms,
-                       checkpoint_every, resume, vmap_seeds, overwrite, keep,
+    return _run_config(config, out_dir, arguments["progress"],
+                       arguments["algorithms"],
+                       arguments["checkpoint_every"], arguments["resume"],
+                       arguments["vmap_seeds"], arguments["overwrite"], keep,
                        on_start)
 
 
