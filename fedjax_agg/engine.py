@@ -52,9 +52,18 @@ from fedjax_agg.types import ClientInfo, Model, Params
 from fedjax_agg.types import PRNGKey
 
 __all__ = ["LocalResult", "LocalSums", "OptimizerFactory",
-           "default_clients_per_step", "epoch_order", "full_steps",
-           "make_local_reducer", "make_local_trainer",
+           "ROWS_INDEPENDENT", "default_clients_per_step", "epoch_order",
+           "full_steps", "make_local_reducer", "make_local_trainer",
            "rows_finite", "steps_per_epoch"]
+
+
+ROWS_INDEPENDENT = "rows_independent"
+"""An attribute of a model's ``apply``: True where each row's output
+depends on that row only, in training too (no batch statistics). Local
+training then leaves the rows that only pad out of an epoch's last batch
+(40 examples in batches of 16: a last step of 8 rows, not 16 with 8
+masked): the same loss and step, fewer products, the float sums in
+another order. ``models.lora``'s adapted networks say so."""
 
 
 class LocalResult(NamedTuple):
@@ -116,6 +125,7 @@ def _client_trainer(model: Model, training: LocalTraining):
   """
   batch_size, num_epochs = training.batch_size, training.epochs
   objective = training.objective or objectives_lib.cross_entropy()
+  short_last_batch = bool(getattr(model.apply, ROWS_INDEPENDENT, False))
   if training.matmul_precision == "bfloat16":
     model = mixed.bfloat16_compute(model)  # master weights stay float32
   loss_fn = objectives_lib.local_loss(model, objective)
@@ -132,6 +142,12 @@ def _client_trainer(model: Model, training: LocalTraining):
     width = indices.shape[0]
     epoch_steps = -(-width // batch_size)
     client_steps = steps_per_epoch(num_examples, batch_size)
+    # The rows of an epoch's last step past ``width`` only ever pad; a
+    # model whose rows are independent leaves them out (its last step
+    # takes ``last_rows`` rows).
+    last_rows = width - (epoch_steps - 1) * batch_size
+    if not short_last_batch or last_rows == batch_size:
+      last_rows = None
     optimizer = make_optimizer(learning_rate=args.learning_rate)
     padded = jnp.pad(indices, (0, epoch_steps * batch_size - width))
 
@@ -143,10 +159,10 @@ def _client_trainer(model: Model, training: LocalTraining):
       order = jnp.pad(order, (0, epoch_steps * batch_size - width),
                       constant_values=width)
 
-      def step(carry, step_index):
+      def step(carry, step_index, rows=batch_size):
         params, opt_state, steps_done, loss_sum = carry
         pos = jax.lax.dynamic_slice_in_dim(order, step_index * batch_size,
-                                           batch_size)
+                                           rows)
         mask = (pos < num_examples).astype(jnp.float32)
         idx = padded[jnp.minimum(pos, width - 1)]
         batch = {"x": x_all[idx], "y": y_all[idx], "mask": mask}
@@ -166,25 +182,35 @@ def _client_trainer(model: Model, training: LocalTraining):
                 loss_sum + jnp.where(active, loss, 0.0)), None
 
       carry = (params, opt_state, steps_done, loss_sum)
+      full_steps = epoch_steps - (last_rows is not None)
       if training.unroll is not True and training.unroll == 1:
         # Only the client's own steps run: the loop stops at its last
         # batch (or its step budget) instead of padding every client to
         # the federation's largest; in a vmapped chunk it runs the chunk's
         # longest client, the others' extra steps keep their state.
-        def more(state):
-          step_index, (_, _, done, _) = state
-          return ((step_index < epoch_steps) & (step_index < client_steps)
-                  & (done < args.num_steps))
+        def loop(carry, first, end, rows):
+          def more(state):
+            step_index, (_, _, done, _) = state
+            return ((step_index < end) & (step_index < client_steps)
+                    & (done < args.num_steps))
 
-        def body(state):
-          step_index, inner = state
-          inner, _ = step(inner, step_index)
-          return step_index + 1, inner
+          def body(state):
+            step_index, inner = state
+            inner, _ = step(inner, step_index, rows)
+            return step_index + 1, inner
 
-        _, carry = jax.lax.while_loop(more, body, (jnp.int32(0), carry))
+          return jax.lax.while_loop(more, body, (first, carry))
+
+        step_index, carry = loop(carry, jnp.int32(0), full_steps,
+                                 batch_size)
+        if last_rows is not None:
+          # At most one step, run while a client of the chunk needs it.
+          _, carry = loop(carry, step_index, epoch_steps, last_rows)
       else:
-        carry, _ = jax.lax.scan(step, carry, jnp.arange(epoch_steps),
+        carry, _ = jax.lax.scan(step, carry, jnp.arange(full_steps),
                                 unroll=training.unroll)
+        if last_rows is not None:
+          carry, _ = step(carry, jnp.int32(full_steps), last_rows)
       return carry, None
 
     init = (start, optimizer.init(start),

@@ -147,6 +147,9 @@ class _AdaptedApply:
   spec: LoRASpec
   _base_apply: Callable
   _dropout_key: jax.Array
+  # ``engine.ROWS_INDEPENDENT``: the base runs in inference mode (no batch
+  # statistics), so local training may leave out an epoch's padding rows.
+  rows_independent = True
 
   @property
   def _by_path(self) -> dict:
