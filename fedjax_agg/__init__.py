@@ -15,13 +15,15 @@ the import graph; its one exception is named there):
   rounds planned) and ``fedjax_agg.testing`` (the conformance checks of a
   rule);
 * models and data: ``fedjax_agg.models`` (``fedjax_agg.models.networks``,
-  ``fedjax_agg.models.layers``, ``fedjax_agg.models.lora``),
+  ``fedjax_agg.models.layers``, ``fedjax_agg.models.lora`` and
+  ``fedjax_agg.models._lora_targets``, which layers it adapts),
   ``fedjax_agg.data``, ``fedjax_agg.partitions``,
   ``fedjax_agg.federated``, ``fedjax_agg.validation``,
   ``fedjax_agg.evaluation``;
 * configuration and local training: ``fedjax_agg.config``,
   ``fedjax_agg.objectives``, ``fedjax_agg.privacy``,
-  ``fedjax_agg.distributed``, ``fedjax_agg.engine`` (the local trainer);
+  ``fedjax_agg.distributed``, ``fedjax_agg.chunking`` (a cohort cut into
+  chunks), ``fedjax_agg.engine`` (the local trainer);
 * server rules: ``fedjax_agg.aggregators``;
 * rounds: ``fedjax_agg.rounds``, ``fedjax_agg.compression``;
 * client sides: ``fedjax_agg.clients`` (every client-side algorithm,

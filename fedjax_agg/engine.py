@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_agg import objectives as objectives_lib
+from fedjax_agg.chunking import _Layout
+from fedjax_agg.chunking import _layout
 from fedjax_agg.distributed import by_client as _by_client
 from fedjax_agg.distributed import check_execution
 from fedjax_agg.distributed import default_clients_per_step
@@ -250,57 +252,6 @@ def _chunk_trainer(model, training, *, clients_per_step, chunk_loop, mesh,
     with layers.per_client_training(), training.precision():
       return train_chunk(*args)
   return clients_per_step, traced
-
-
-class _Layout(NamedTuple):
-  """How a cohort of K rows is cut into chunks of ``width`` rows."""
-  num_clients: int  # K
-  width: int  # W, rows per chunk (a multiple of ``devices``)
-  num_chunks: int
-  devices: int  # D, devices of the client axis (1 without a mesh)
-
-  @property
-  def pad(self) -> int:
-    return self.num_chunks * self.width - self.num_clients
-
-  def to_chunks(self, tree):
-    """[K, ...] -> [chunks, W, ...], padded with zeros (client id 0, 0
-    steps, mask 0).
-
-    Device-major: device d trains the contiguous block of rows
-    [d*K'/D, (d+1)*K'/D) (K' = padded K), a slice of width W/D of every
-    chunk, so that the [K', ...] outputs come back split by blocks, with no
-    resharding copy of the client params.
-    """
-    def leaf(a):
-      a = jnp.pad(a, [(0, self.pad)] + [(0, 0)] * (a.ndim - 1))
-      shape = a.shape[1:]
-      return a.reshape((self.devices, self.num_chunks,
-                        self.width // self.devices) + shape).swapaxes(
-                            0, 1).reshape((self.num_chunks, self.width)
-                                          + shape)
-    return jax.tree.map(leaf, tree)
-
-  def from_chunks(self, tree):
-    """[chunks, W, ...] -> [K, ...] (the inverse of ``to_chunks``)."""
-    def leaf(a):
-      shape = a.shape[2:]
-      a = a.reshape((self.num_chunks, self.devices,
-                     self.width // self.devices) + shape).swapaxes(0, 1)
-      return a.reshape((self.num_chunks * self.width,) + shape)[
-          :self.num_clients]
-    return jax.tree.map(leaf, tree)
-
-
-def _layout(num_clients: int, clients_per_step: int, mesh,
-            client_axis: str) -> _Layout:
-  # Balanced chunks (K=10, W=8: two chunks of 5, not 8 + 8 with 6 padding
-  # rows that would cost as much as real clients); with a mesh the width is
-  # rounded up to a multiple of the devices so that it splits evenly.
-  width = -(-num_clients // -(-num_clients // clients_per_step))
-  devices = 1 if mesh is None else mesh.shape[client_axis]
-  width = -(-width // devices) * devices
-  return _Layout(num_clients, width, -(-num_clients // width), devices)
 
 
 def _cohort_rows(layout: _Layout, client_ids, learning_rates, num_steps,
