@@ -9,7 +9,9 @@ same global params and, written for one client and ``jax.vmap``-ed here:
   depends neither on its place in the cohort nor on the other clients);
 * runs ``num_epochs`` epochs of minibatch steps of ``batch_size``; the last
   partial batch of an epoch is masked (the loss is the mean over its real
-  examples), never dropped and never filled with other clients' data;
+  examples), never dropped and never filled with other clients' data (a
+  model whose rows are independent, ``ROWS_INDEPENDENT``, trains the
+  epoch's last step without the rows that only pad);
 * takes at most ``num_steps[k]`` real steps; later steps, and the padded
   steps of clients smaller than the largest one, leave its params and
   optimizer state unchanged. A client therefore ends exactly where training

@@ -52,6 +52,12 @@ Interpretation choices:
 * The base runs in inference mode (``train=False``): BatchNorm layers use
   the base's running statistics and never update them (they are part of
   the frozen base); ``train`` only switches the adapter dropout.
+* Gradients: the adapter product has its own VJP (``_low_rank``, chosen
+  for the layout XLA's CPU compiler reads fastest), so a LoRA model is
+  differentiable in reverse mode only (``jax.grad``, not ``jax.jvp``).
+  Its rows are independent in training (``engine.ROWS_INDEPENDENT``):
+  local training leaves the padding rows out of an epoch's last batch,
+  which also changes the batch bits the dropout masks are drawn from.
 * Precision: the network computes in its adapters' dtype. Adapters in
   bfloat16 (``models.mixed``, ``matmul_precision="bfloat16"``) cast the
   frozen base's floating variables and a frozen A to bfloat16 for the
