@@ -123,10 +123,13 @@ class RunFolder:
     bands, owners = {}, {}
     for label, entries in curves.items():
       pairs = [entry.split("/", 1) for entry in entries]
-      runs = [histories[algorithm][member] for algorithm, member in pairs]
-      label += report.async_tag(runs[0])
-      bands[label] = runs
+      bands[label] = [histories[algorithm][member]
+                      for algorithm, member in pairs]
       owners[label] = {algorithm for algorithm, _ in pairs}
+    # The summary is keyed by the curves' names; only the plots' legends
+    # say which runs were asynchronous.
+    shown = {label + report.async_tag(runs[0]): runs
+             for label, runs in bands.items()}
     summary = summarize(bands, experiment.target_accuracy)
     jsonio.dump_json({"name": experiment.name, "algorithms": summary},
                      os.path.join(self.out_dir, "summary.json"))
@@ -141,12 +144,12 @@ class RunFolder:
     name = next(iter(histories)) if len(histories) == 1 else experiment.name
     if name:
       title = f"{name}: {title}"
-    plotting.plot_mean_curves(bands, os.path.join(self.out_dir,
+    plotting.plot_mean_curves(shown, os.path.join(self.out_dir,
                                                   "curves.png"), title=title)
     timed = any(not np.isnan(run.column("sim_time_s")).all()
                 for runs in bands.values() for run in runs)
     if timed:
-      report.plot_curves(bands, "test_accuracy", "sim_time_s",
+      report.plot_curves(shown, "test_accuracy", "sim_time_s",
                          os.path.join(self.out_dir, "accuracy_by_time.png"),
                          title)
     return {"summary": summary, "paths": paths}
