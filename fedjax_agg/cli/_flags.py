@@ -390,6 +390,11 @@ def describe(what: str) -> list[str]:
       lines.append(_call_line(name, spec_lib.describe_parameters(
           spec_lib.model_parameters(name)),
                               spec_lib.model_takes_options(name)))
+    checkpoint = spec_lib.describe_parameters(
+        spec_lib.model_parameters(models.PRETRAINED))
+    lines.append(f"{_call_line(models.PRETRAINED, checkpoint)}: the network "
+                 "of the Hugging Face checkpoint folder --base (GPT-2, "
+                 "Llama, Mistral, Qwen2)")
   elif what == "datasets":
     for name in data_lib.NAMES:
       spec = data_lib.REGISTRY.factory(name)

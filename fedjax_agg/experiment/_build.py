@@ -25,6 +25,7 @@ from fedjax_agg import objectives
 from fedjax_agg import registry
 from fedjax_agg import rounds
 from fedjax_agg import spec as spec_lib
+from fedjax_agg.experiment import _base
 from fedjax_agg.models import lora
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
@@ -174,6 +175,7 @@ def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
       privacy=experiment.privacy_of(algorithm), init_params=init_params,
       systems=None if systems is None else systems.run_object(),
       config={"experiment": experiment.name, "algorithm": algorithm,
+              **_base.base_files(experiment.model),
               **{f"train.{k}": value
                  for k, value in dataclasses.asdict(train).items()}},
       **sets["options"])
@@ -190,7 +192,11 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
   adapters."""
   spec = experiment.model
   options = {**spec.args, **experiment.algorithms[algorithm].model_args}
-  if spec.name in models.NAMES:
+  variables = None
+  if spec.name == models.PRETRAINED:  # a downloaded checkpoint's network
+    model, variables = _base.pretrained_model(spec.base, options,
+                                              num_classes, input_shape)
+  elif spec.name in models.NAMES:
     model = models.get(spec.name, num_classes=num_classes,
                        input_shape=input_shape, **options)
   else:  # a declared network of the user's (``module:factory``)
@@ -205,8 +211,7 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
       raise spec_lib.ConfigError(
           "model.name", f"model.name: {spec.name!r} returned a "
           f"{type(model).__name__}, not a fedjax_agg.types.Model")
-  variables = None
-  if spec.base is not None:
+  if spec.base is not None and variables is None:
     template = jax.eval_shape(model.init, jax.random.key(0))
     try:
       variables = checkpoint.load_variables(spec.base, template)

@@ -74,9 +74,9 @@ from fedjax_agg.registry import Registry
 from fedjax_agg.types import Model
 from fedjax_agg.types import sequence_cross_entropy
 
-__all__ = ["NAMES", "REGISTRY", "SEQUENCE_MODELS", "check_option",
-           "check_options", "count_params", "default_input_shape", "get",
-           "module"]
+__all__ = ["NAMES", "PRETRAINED", "REGISTRY", "SEQUENCE_MODELS",
+           "check_option", "check_options", "count_params",
+           "default_input_shape", "get", "module"]
 
 _MNIST_SHAPE = (28, 28, 1)
 _CIFAR_SHAPE = (32, 32, 3)
@@ -110,6 +110,11 @@ NAMES = tuple(_BUILDERS)
 """The names of the registered networks."""
 SEQUENCE_MODELS = ("char_lstm", "word_lstm", "transformer_lm")
 """The language models: int32 tokens [T] in, per-position logits out."""
+PRETRAINED = "pretrained"
+"""A description's ``model.name`` for the network of a downloaded
+checkpoint: the Hugging Face folder ``model.base`` (``config.json`` and
+safetensors, ``models.pretrained.load_pretrained``), with ``model.args``
+``dtype`` ("float32" or "bfloat16" storage) and ``remat``."""
 
 
 def _declared(name: str) -> dict[str, tuple[type, bool, Any]]:

@@ -63,7 +63,17 @@ def _registry(registry):
 _DATASETS = lambda: data_lib.ALL_NAMES
 _SOURCES = lambda: data_lib.SOURCES
 _PARTITIONS = lambda: _partition_names()
-_MODELS = lambda: models.REGISTRY.names
+
+
+def _models() -> registry_lib.Names:
+  """The registered networks' names and "pretrained" (a checkpoint's)."""
+  names = registry_lib.Names(models.REGISTRY.names + (models.PRETRAINED,))
+  names.resolve = lambda name: (None if name == models.PRETRAINED
+                                else models.REGISTRY.factory(name))
+  return names
+
+
+_MODELS = _models
 
 
 def _partition_names():
@@ -154,7 +164,9 @@ class ModelSpec:
   # folder written by checkpoint.save_variables), and LoRA adapters.
   base: Optional[str] = _field(None, Flag(
       "--base", "folder of pre-trained variables the network starts from "
-      "(checkpoint.save_variables); with --lora-rank, the frozen base"))
+      "(checkpoint.save_variables), or with --model pretrained a Hugging "
+      "Face checkpoint folder (config.json + safetensors); with "
+      "--lora-rank, the frozen base"))
   adapters: Optional[AdaptersSpec] = _field(None, Flag(
       "--lora-rank", "fine-tune LoRA adapters of this rank on the Dense "
       "layers (with --aggregator fedit, ffa_lora, flora, hetlora or "
@@ -170,11 +182,10 @@ class ModelSpec:
 
   def __post_init__(self):
     v.plain_fields(self)
-    v.name_in("model.name", self.name, models.REGISTRY.names)
+    v.name_in("model.name", self.name, _models())
     v.model_arguments("model.args", self.name,
                       v.mapping("model.args", self.args))
-    if self.base is not None:
-      v.saved_variables("model.base", self.base)
+    v.base_folder("model.base", self.base, self.name)
     if isinstance(self.adapters, Mapping):
       v.keys_in("model.adapters", self.adapters, keys(AdaptersSpec),
                 required=("rank",))

@@ -20,6 +20,7 @@ from fedjax_agg import checks
 from fedjax_agg import models
 from fedjax_agg import partitions
 from fedjax_agg.models import layers
+from fedjax_agg.models import pretrained
 
 MAX_CONFIG_DEPTH = 32
 """Deeper than this, a config is refused (the deepest legitimate entry, an
@@ -251,9 +252,19 @@ def partition_parameters(name: str) -> dict[str, inspect.Parameter]:
           if arg not in _PARTITION_GIVEN}
 
 
+# The arguments of a checkpoint's network (``models.PRETRAINED``): its
+# variables' storage and the blocks' rematerialisation.
+_PRETRAINED_ARGUMENTS = {
+    name: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                            default=default)
+    for name, default in (("dtype", "float32"), ("remat", False))}
+
+
 def model_parameters(name: str) -> dict[str, inspect.Parameter]:
   """The declared arguments ``model.args`` may give network ``name``
   (see also ``model_takes_options``)."""
+  if name == models.PRETRAINED:
+    return dict(_PRETRAINED_ARGUMENTS)
   registry = models.REGISTRY
   return {arg: p for arg, p in registry.parameters(name).items()
           if arg not in _MODEL_GIVEN + tuple(registry.context)}
@@ -269,6 +280,13 @@ def model_arguments(path: str, name: str, arguments: dict) -> None:
   """``arguments`` are network ``name``'s (its conv lowering a known
   one), each of its declared type and range (``models.check_option``),
   a bad one named by its path."""
+  if name == models.PRETRAINED:  # the checkpoint's storage and remat
+    keys_in(path, arguments, _PRETRAINED_ARGUMENTS)
+    if "dtype" in arguments:
+      name_in(f"{path}.dtype", arguments["dtype"], pretrained.DTYPES)
+    if "remat" in arguments:
+      boolean(f"{path}.remat", arguments["remat"])
+    return
   if not model_takes_options(name):
     arguments_of(path, arguments, model_parameters(name))
   if "conv_impl" in arguments:
@@ -279,6 +297,32 @@ def model_arguments(path: str, name: str, arguments: dict) -> None:
     for key, value in options.items():
       built(f"{path}.{key}", models.check_option, name, key, value)
     built(path, models.check_options, name, options)
+
+
+def base_folder(path: str, folder, model: str) -> None:
+  """``model.base`` (at ``path``) of network ``model``: None, or for
+  ``models.PRETRAINED`` a Hugging Face checkpoint folder (config.json and
+  every weight file's header checked, no tensor read), else a folder of
+  ``checkpoint.save_variables``; refused naming the folder and the file
+  at fault."""
+  if model == models.PRETRAINED:
+    if folder is None:
+      raise ConfigError(path, f"{path} must name the checkpoint folder "
+                        f"(config.json + safetensors) of model.name "
+                        f"{models.PRETRAINED!r}, got None")
+    if not isinstance(folder, str) or not pretrained.is_checkpoint(folder):
+      raise ConfigError(path, f"{path} must be a Hugging Face checkpoint "
+                        f"folder holding config.json and model.safetensors "
+                        f"(model.name {models.PRETRAINED!r}), got {folder!r}")
+    built(path, pretrained.check_checkpoint, folder)
+  elif folder is not None:
+    if isinstance(folder, str) and pretrained.is_checkpoint(folder):
+      raise ConfigError(path, f"{path}: {folder!r} is a Hugging Face "
+                        f"checkpoint (config.json), whose network is its own: "
+                        f"set model.name to {models.PRETRAINED!r} (--model "
+                        f"{models.PRETRAINED}) to start from it, not "
+                        f"{model!r}")
+    saved_variables(path, folder)
 
 
 def saved_variables(path: str, folder) -> None:

@@ -35,6 +35,13 @@ and the network computes in float32. ``remat=True`` recomputes each
 block's activations in the backward pass (``nn.remat``) instead of
 keeping them: the same logits and gradients, less memory.
 
+As a run's base (a description's ``model.name`` "pretrained" with
+``model.base`` the folder): ``is_checkpoint`` recognises such a folder,
+``check_checkpoint`` checks config.json and every weight file's header
+without reading a tensor, and ``checkpoint_files`` gives the SHA-256 of
+each file the network is read from (recorded in the run's config and its
+checkpoints' fingerprint).
+
 Every file is checked before use, and an error names the file and the key
 or tensor at fault: config.json (JSON, types, finite numbers, bounded
 sizes), the index (shard names plain file names in the folder), each
@@ -53,6 +60,9 @@ import jax.numpy as jnp
 from fedjax_agg.models.pretrained import _common
 from fedjax_agg.models.pretrained import _config
 from fedjax_agg.models.pretrained import _files
+from fedjax_agg.models.pretrained._folder import check_checkpoint
+from fedjax_agg.models.pretrained._folder import checkpoint_files
+from fedjax_agg.models.pretrained._folder import is_checkpoint
 from fedjax_agg.models.pretrained import _gpt2
 from fedjax_agg.models.pretrained import _llama
 from fedjax_agg.models.pretrained._peft import read_peft_adapters
@@ -60,7 +70,8 @@ from fedjax_agg.models.pretrained._peft import save_peft_adapters
 from fedjax_agg.types import Model, Params, sequence_cross_entropy
 
 __all__ = ["ARCHITECTURES", "DTYPES", "LORA_TARGETS", "ROPE_TYPES",
-           "PretrainedApply", "load_pretrained", "read_peft_adapters",
+           "PretrainedApply", "check_checkpoint", "checkpoint_files",
+           "is_checkpoint", "load_pretrained", "read_peft_adapters",
            "save_peft_adapters"]
 
 ARCHITECTURES = _config.ARCHITECTURES
