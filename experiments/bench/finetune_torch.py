@@ -106,6 +106,21 @@ def from_flax(variables, num_classes: int, width: int, depth: int,
   return model
 
 
+def checked_model(base, x) -> tuple[TransformerLM, float]:
+  """The base in PyTorch and its largest logit gap from the engine's base
+  on four client rows (refused above 1e-4), checked before any timing."""
+  args = base.record["model_args"]
+  model = from_flax(base.variables, 80, args["width"], args["depth"],
+                    args["heads"], 80)
+  logits, _ = base.model.apply(base.variables, x[0, :4], False)
+  with torch.no_grad():
+    ours = model(torch.tensor(x[0, :4], dtype=torch.long)).numpy()
+  gap = float(np.max(np.abs(ours - np.asarray(logits))))
+  if gap > 1e-4:
+    raise AssertionError(f"the PyTorch model differs from the base by {gap}")
+  return model, gap
+
+
 def _cpu() -> float:
   usage = resource.getrusage(resource.RUSAGE_SELF)
   return usage.ru_utime + usage.ru_stime
@@ -117,16 +132,7 @@ def loop_round(base, x, y, rounds: int, threads, *, rank: int, batch: int,
   client (``threads``: torch's thread count; None: its default)."""
   default_threads = torch.get_num_threads()
   torch.set_num_threads(threads or default_threads)
-  args = base.record["model_args"]
-  model = from_flax(base.variables, 80, args["width"], args["depth"],
-                    args["heads"], 80)
-  # The same forward as the engine's base, before any timing.
-  logits, _ = base.model.apply(base.variables, x[0, :4], False)
-  with torch.no_grad():
-    ours = model(torch.tensor(x[0, :4], dtype=torch.long)).numpy()
-  gap = float(np.max(np.abs(ours - np.asarray(logits))))
-  if gap > 1e-4:
-    raise AssertionError(f"the PyTorch model differs from the base by {gap}")
+  model, gap = checked_model(base, x)
   config = peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0,
                            target_modules=TARGETS, bias="none")
   model = peft.get_peft_model(model, config)

@@ -167,14 +167,7 @@ def _prepare(workload: str, clients: int, folder: str) -> list:
   import torch  # pylint: disable=g-import-not-at-top
   base, x, y, _ = finetune_bench.workload(clients)
   args = base.record["model_args"]
-  model = finetune_torch.from_flax(base.variables, 80, args["width"],
-                                   args["depth"], args["heads"], 80)
-  logits, _ = base.model.apply(base.variables, x[0, :4], False)
-  with torch.no_grad():
-    ours = model(torch.tensor(x[0, :4], dtype=torch.long)).numpy()
-  gap = float(np.max(np.abs(ours - np.asarray(logits))))
-  if gap > 1e-4:
-    raise AssertionError(f"the PyTorch model differs from the base by {gap}")
+  model, _ = finetune_torch.checked_model(base, x)
   torch.save(model.state_dict(), os.path.join(folder, "base.pt"))
   np.save(os.path.join(folder, "x.npy"), x)
   np.save(os.path.join(folder, "y.npy"), y)
