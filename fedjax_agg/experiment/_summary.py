@@ -42,6 +42,11 @@ def summarize(histories: dict[str, list], target: Optional[float],
              f"best_{metric}_mean": float(np.mean(bests)),
              f"best_{metric}_std": float(np.std(bests)),
              f"final_{metric}": [float(v) for v in finals]}
+    if metric != "test_perplexity" and "test_perplexity" in runs[0].rows[-1]:
+      # A language model's perplexity beside the metric (lower is better).
+      perplexities = [h.column("test_perplexity")[-1] for h in runs]
+      entry["final_test_perplexity_mean"] = float(np.mean(perplexities))
+      entry["final_test_perplexity_std"] = float(np.std(perplexities))
     if "client_loss_mean" in runs[0].rows[-1]:
       entry["final_client_loss_mean"] = float(np.mean(
           [h.column("client_loss_mean")[-1] for h in runs]))

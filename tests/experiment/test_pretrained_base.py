@@ -101,6 +101,10 @@ def test_python_and_the_command_line_build_the_same_run(base, tmp_path):
   assert [r["test_loss"] for r in rows[0]] == [r["test_loss"]
                                                for r in rows[1]]
   assert np.isfinite(summary["Full"]["final_test_accuracy"])
+  # A language model's summary also gives its final perplexity.
+  np.testing.assert_allclose(summary["Full"]["final_test_perplexity_mean"],
+                             np.exp(rows[0][-1]["test_loss"]), rtol=1e-6)
+  assert summary["Full"]["final_test_perplexity_std"] == 0.0
 
 
 def test_a_resume_on_another_base_is_refused(base, tmp_path, capsys):
