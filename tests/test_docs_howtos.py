@@ -160,3 +160,10 @@ def test_federated_fine_tuning_with_lora(tmp_path, monkeypatch):
   (tmp_path / "experiments").symlink_to(ROOT / "experiments")
   run_page("lora-fine-tuning.md", tmp_path, monkeypatch)
   assert (tmp_path / "results" / "lora" / "report" / "report.md").is_file()
+
+
+def test_fine_tuning_a_downloaded_checkpoint(tmp_path, monkeypatch):
+  run_page("downloaded-checkpoint.md", tmp_path, monkeypatch)
+  history = (tmp_path / "results" / "gpt2" / "FedIT" / "history.json")
+  assert "model.base_files" in history.read_text()
+  assert (tmp_path / "adapters" / "adapter_model.safetensors").is_file()
