@@ -260,6 +260,7 @@ def _run_config(config, out_dir, progress, algorithms, checkpoint_every,
   experiment = spec_lib.Experiment.from_dict(config)
   if vmap_seeds is None:
     vmap_seeds = experiment.vmap_seeds
+  spec_lib.check_vmapped_systems(experiment, vmap_seeds)
   names = algorithms or list(experiment.algorithms)
   unknown = [name for name in names if name not in experiment.algorithms]
   if unknown:

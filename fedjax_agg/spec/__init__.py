@@ -44,6 +44,7 @@ rest of the description: a client side and its rule, adapters, privacy,
 the secure sum, an attack).
 """
 
+from fedjax_agg.spec._experiment import check_vmapped_systems
 from fedjax_agg.spec._experiment import Experiment
 from fedjax_agg.spec._experiment import flags
 from fedjax_agg.spec._experiment import PRIVATE_AGGREGATORS
@@ -87,7 +88,8 @@ from fedjax_agg.spec._values import takes_any_keyword
 
 __all__ = ["ADAPTER_ONLY_RULES", "ADAPTER_RULES", "AdaptersSpec",
            "ADVERSARY_MODES", "AlgorithmSpec", "AttackSpec",
-           "check_algorithm_name", "check_train", "CLIENT_OPTIONS",
+           "check_algorithm_name", "check_train", "check_vmapped_systems",
+           "CLIENT_OPTIONS",
            "ConfigError", "ConfigTypeError", "DataSpec", "defaults",
            "describe_parameters", "EarlyStoppingSpec", "Experiment", "Flag",
            "flags", "keys", "MAX_CONFIG_DEPTH", "ModelSpec",

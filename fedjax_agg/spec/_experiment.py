@@ -350,6 +350,18 @@ def _section_dict(spec) -> dict:
   return out
 
 
+def check_vmapped_systems(experiment: Experiment, vmap_seeds: bool) -> None:
+  """Seeds vmapped as one sweep step with one shared cohort mask, which a
+  simulated clock or codec per member cannot use: refused by name."""
+  if vmap_seeds and experiment.systems is not None and len(
+      experiment.seeds) > 1:
+    raise v.ConfigError(
+        "vmap_seeds", "vmap_seeds: the seeds of one vmapped sweep step with "
+        "one shared cohort mask, which the \"systems\" clock or codec of "
+        "each seed cannot use; set vmap_seeds to false (the seeds run one "
+        "after the other) or drop \"systems\"")
+
+
 def _check(experiment: Experiment) -> None:
   """The checks that need more than one section."""
   if not isinstance(experiment.name, (str, type(None))):
@@ -359,6 +371,7 @@ def _check(experiment: Experiment) -> None:
   if experiment.target_accuracy is not None:
     v.number("target_accuracy", experiment.target_accuracy, 0, 1)
   v.boolean("vmap_seeds", experiment.vmap_seeds)
+  check_vmapped_systems(experiment, experiment.vmap_seeds)
   dataset, partition = experiment.dataset, experiment.partition
   natural = partition.name == partitions.NATURAL
   if natural != (dataset.name in data_lib.FEDERATIONS):
