@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence
 import jax
 
 from fedjax_agg import aggregators
+from fedjax_agg import clock
 from fedjax_agg import history as history_lib
 from fedjax_agg import objectives
 from fedjax_agg import loop
@@ -293,7 +294,12 @@ def _written(experiment, folder, dataset, progress, checkpoints,
   # was, as on the command line.
   first = prepare_data(experiment, experiment.seeds[0], dataset)
   for name in names:
-    build(experiment, name, first)
+    options = build(experiment, name, first).options
+    # What the run refuses of its systems, before the first file too.
+    clock.check(options.systems, privacy=options.privacy,
+                vmapped=vmap_seeds and len(experiment.seeds) > 1,
+                local_update=options.local_update,
+                stream=options.execution.stream)
   write_run_config(folder.out_dir, experiment, dataset=dataset,
                    algorithms=names,
                    execution={"out_dir": shown_path(folder.out_dir),

@@ -219,3 +219,31 @@ def test_the_flags_name_the_base(base, tmp_path, capsys):
   assert "--base: model.base must name the checkpoint folder" in (
       capsys.readouterr().err)
   assert not (tmp_path / "none").exists()
+
+
+def test_secure_sums_private_rules_sweeps_and_report_take_it(base, tmp_path):
+  secure = _config(base)
+  secure.update(seeds=[0, 1], systems={"secagg_bits": 20, "secagg_clip": 1.0})
+  secure["algorithms"] = {"FFA-LoRA": {"aggregator": "ffa_lora",
+                                       "adapters": {"rank": 2}}}
+  experiment.run_config(secure, str(tmp_path / "secure"), progress=False)
+  private = _config(base)
+  private.update(seeds=[0, 1], vmap_seeds=True)
+  private["algorithms"] = {"DP": {
+      "aggregator": "dp_fedavg", "adapters": {"rank": 2},
+      "aggregator_args": {"noise_multiplier": 0.5, "clip_norm": 1.0}}}
+  experiment.run_config(private, str(tmp_path / "private"), progress=False)
+  for folder in ("secure", "private"):  # one algorithm: no folder of its own
+    for seed in (0, 1):
+      rows = json.loads((tmp_path / folder / f"seed{seed}" /
+                         "history.json").read_text())["rows"]
+      assert np.all(np.isfinite([r["test_perplexity"] for r in rows]))
+  rows = json.loads((tmp_path / "private" / "seed0" /
+                     "history.json").read_text())["rows"]
+  assert rows[-1]["epsilon"] > 0
+  assert cli.main(["report", str(tmp_path / "secure"),
+                   str(tmp_path / "private"), "--metric", "test_perplexity",
+                   "--out", str(tmp_path / "report")]) == 0
+  report = (tmp_path / "report" / "report.md").read_text()
+  assert "| secure | 2 |" in report and "| private | 2 |" in report
+  assert "test perplexity" in report

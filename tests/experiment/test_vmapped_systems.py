@@ -1,7 +1,8 @@
-"""Seeds vmapped as one sweep cannot each have a simulated clock or codec:
+"""What a run refuses of its systems is refused before any file is written:
+seeds vmapped as one sweep cannot each have a simulated clock or codec:
 refused by name when the description is made (``vmap_seeds`` in the
 config) or when ``run_config`` is asked to vmap them, before any file is
-written."""
+written; nor can a private rule run on the secure sum."""
 
 import pytest
 
@@ -30,4 +31,15 @@ def test_run_config_asked_to_vmap_them_writes_nothing(tmp_path):
   with pytest.raises(spec.ConfigError, match="vmap_seeds"):
     experiment.run_config(_CONFIG, str(out), progress=False,
                           vmap_seeds=True)
+  assert not out.exists()
+
+
+def test_secure_aggregation_with_privacy_writes_nothing(tmp_path):
+  config = {**_CONFIG, "seeds": [0], "systems": {"secagg_bits": 20},
+            "algorithms": {"DP": {"aggregator": "dp_fedavg", "aggregator_args":
+                                  {"noise_multiplier": 0.5,
+                                   "clip_norm": 1.0}}}}
+  out = tmp_path / "run"
+  with pytest.raises(ValueError, match="secagg_bits=20 with privacy"):
+    experiment.run_config(config, str(out), progress=False)
   assert not out.exists()
