@@ -74,8 +74,10 @@ def _image_fit(folder, k, parameters, server_round):
   """One client's local epoch of the image workload."""
   if "image" not in _CACHE:
     model, torch = _image_model()
-    x = np.load(os.path.join(folder, "x.npy"), mmap_mode="r")
-    y = np.load(os.path.join(folder, "y.npy"), mmap_mode="r")
+    x = np.load(os.path.join(folder, "x.npy"), mmap_mode="r",
+                allow_pickle=False)
+    y = np.load(os.path.join(folder, "y.npy"), mmap_mode="r",
+                allow_pickle=False)
     _CACHE["image"] = model, torch, x, y
   model, torch, x, y = _CACHE["image"]
   with torch.no_grad():
@@ -107,14 +109,19 @@ def _finetune_fit(folder, k, parameters, server_round):
       args = json.load(f)
     model = finetune_torch.TransformerLM(80, args["width"], args["depth"],
                                          args["heads"], 80)
-    model.load_state_dict(torch.load(os.path.join(folder, "base.pt")))
+    with np.load(os.path.join(folder, "base.npz"),
+                 allow_pickle=False) as weights:
+      model.load_state_dict({name: torch.from_numpy(weights[name])
+                             for name in weights.files})
     model = peft.get_peft_model(model, peft.LoraConfig(
         r=8, lora_alpha=8, lora_dropout=0.0,
         target_modules=finetune_torch.TARGETS, bias="none"))
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = dict(model.named_parameters())
-    x = torch.from_numpy(np.load(os.path.join(folder, "x.npy"))).long()
-    y = torch.from_numpy(np.load(os.path.join(folder, "y.npy"))).long()
+    x = torch.from_numpy(np.load(os.path.join(folder, "x.npy"),
+                                 allow_pickle=False)).long()
+    y = torch.from_numpy(np.load(os.path.join(folder, "y.npy"),
+                                 allow_pickle=False)).long()
     _CACHE["finetune"] = model, torch, [params[n] for n in names], x, y
   model, torch, adapters, x, y = _CACHE["finetune"]
   with torch.no_grad():
@@ -168,7 +175,9 @@ def _prepare(workload: str, clients: int, folder: str) -> list:
   base, x, y, _ = finetune_bench.workload(clients)
   args = base.record["model_args"]
   model, _ = finetune_torch.checked_model(base, x)
-  torch.save(model.state_dict(), os.path.join(folder, "base.pt"))
+  np.savez(os.path.join(folder, "base.npz"),
+           **{name: value.numpy() for name, value in
+              model.state_dict().items()})
   np.save(os.path.join(folder, "x.npy"), x)
   np.save(os.path.join(folder, "y.npy"), y)
   with open(os.path.join(folder, "args.json"), "w") as f:
