@@ -7,7 +7,9 @@ the import graph; its one exception is named there):
 
 * contracts and shared math: ``fedjax_agg.types``, ``fedjax_agg.checks``,
   ``fedjax_agg.tree_math``, ``fedjax_agg.update_stats``,
-  ``fedjax_agg.registry``, ``fedjax_agg.manifest`` (what a run wrote),
+  ``fedjax_agg.registry``, ``fedjax_agg.declared`` (a setting's default,
+  flags and check, declared once), ``fedjax_agg.manifest`` (what a run
+  wrote),
   ``fedjax_agg.jsonio``, ``fedjax_agg.locks``, ``fedjax_agg.fingerprint``,
   ``fedjax_agg.run_context``, ``fedjax_agg.sampling``,
   ``fedjax_agg.stragglers``, ``fedjax_agg.secagg``,

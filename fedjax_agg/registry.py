@@ -41,7 +41,7 @@ from typing import (Any, Callable, Iterable, Iterator, Mapping, NamedTuple,
                     Optional, Sequence)
 
 __all__ = ["Capabilities", "KINDS", "Names", "Registry", "allow_imports",
-           "allowed_imports", "allowing_imports", "declare"]
+           "allowed_imports", "allowing_imports", "declare", "names_of"]
 
 _IMPORT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -104,6 +104,7 @@ class Capabilities(NamedTuple):
 _DECLARED = "__fedjax_agg_kinds__"
 _LOCK = threading.Lock()
 _ALLOWED: set[str] = set()  # modules the user allowed for the process
+_BY_KIND: dict[str, "Registry"] = {}  # kind -> its first registry
 _SCOPED: list[str] = []  # modules allowed inside ``allowing_imports``
 
 
@@ -206,6 +207,20 @@ class Names(tuple):
         isinstance(name, str) and bool(_IMPORT_NAME.match(name)))
 
 
+def names_of(kind: str) -> Names:
+  """The names of the library's registry of ``kind`` (the first made of
+  that kind, e.g. ``compression.CODECS`` for "codec"): for a setting
+  whose choices a lower layer declares (``config.Systems.codec``).
+
+  Raises:
+    ValueError: no registry of that kind has been made.
+  """
+  if kind not in _BY_KIND:
+    raise ValueError(f"no registry of kind {kind!r}; made: "
+                     f"{sorted(_BY_KIND)}")
+  return _BY_KIND[kind].names
+
+
 class Registry(Mapping[str, Callable[..., Any]]):
   """A mapping name -> factory with checked building; built-in entries are
   fixed, a user's are added with ``register``.
@@ -240,6 +255,7 @@ class Registry(Mapping[str, Callable[..., Any]]):
     self._builtin = frozenset(entries)
     self.context = tuple(context)
     self._check = check
+    _BY_KIND.setdefault(kind, self)
 
   def register(self, name: str, factory: Callable[..., Any], *,
                replace: bool = False,

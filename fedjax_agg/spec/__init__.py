@@ -27,16 +27,18 @@ checks them:
   FedNova's momentum, ``run_context``, ``privacy_of``), for
   ``fedjax_agg.experiment.build`` and the record;
 * the command line's config flags are derived from the fields' ``Flag``
-  metadata (``flags``): the flag, its help, its choices and the config key
-  it sets come from the field, so a flag and a JSON key cannot disagree.
+  metadata (``flags``, declared with ``fedjax_agg.declared``; the
+  "systems" section's on ``config.Systems`` itself): the flag, its help,
+  its choices and the config key it sets come from the field, so a flag
+  and a JSON key cannot disagree.
 
 The command line starts from a preset where a config must name something
 (dataset, partition, model, rule) and, for a quick first run, with 10 % of
 the clients per round at learning rate 0.05 (``Flag.preset``); a config
 file states what it runs.
 
-Modules: ``_values`` (the errors and the checks of values), ``_fields``
-(a field's default, flag, check and target), ``_adapters`` (LoRA adapters
+Modules: ``_values`` (the errors and the checks of values),
+``_adapters`` (LoRA adapters
 of the model section), ``_train`` (the "train" section and the run
 objects it builds), ``_sections`` (the other sections), ``_experiment``
 (``Experiment``), ``_rule_checks`` (its checks that the rules fit the
@@ -64,7 +66,7 @@ from fedjax_agg.spec._sections import CLIENT_OPTIONS
 from fedjax_agg.spec._sections import DataSpec
 from fedjax_agg.spec._sections import defaults
 from fedjax_agg.spec._sections import EarlyStoppingSpec
-from fedjax_agg.spec._fields import Flag
+from fedjax_agg.declared import Flag
 from fedjax_agg.spec._sections import keys
 from fedjax_agg.spec._sections import ModelSpec
 from fedjax_agg.spec._sections import OWN_OBJECTIVE_CLIENTS

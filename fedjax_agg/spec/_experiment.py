@@ -18,7 +18,7 @@ from fedjax_agg import rounds
 from fedjax_agg import types
 from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._adapters import AdaptersSpec
-from fedjax_agg.spec._fields import spec_field as _field
+from fedjax_agg.declared import spec_field as _field
 from fedjax_agg.spec._rule_checks import _check_algorithm
 from fedjax_agg.spec._rule_checks import _check_attack
 from fedjax_agg.spec._rule_checks import _check_privacy_target
@@ -28,7 +28,7 @@ from fedjax_agg.spec._sections import AttackSpec
 from fedjax_agg.spec._values import check_algorithm_name
 from fedjax_agg.spec._sections import DataSpec
 from fedjax_agg.spec._sections import EarlyStoppingSpec
-from fedjax_agg.spec._fields import Flag
+from fedjax_agg.declared import Flag
 from fedjax_agg.spec._sections import keys
 from fedjax_agg.spec._sections import ModelSpec
 from fedjax_agg.spec._sections import PartitionSpec

@@ -19,7 +19,6 @@ from fedjax_agg import aggregators
 from fedjax_agg import attacks
 from fedjax_agg import clients
 from fedjax_agg import clock
-from fedjax_agg import compression
 from fedjax_agg import config as config_lib
 from fedjax_agg import data as data_lib
 from fedjax_agg import loop
@@ -28,11 +27,10 @@ from fedjax_agg import objectives
 from fedjax_agg import partitions
 from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import registry as registry_lib
-from fedjax_agg import systems as systems_lib
 from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._adapters import AdaptersSpec
-from fedjax_agg.spec._fields import Flag
-from fedjax_agg.spec._fields import spec_field as _field
+from fedjax_agg.declared import Flag
+from fedjax_agg.declared import spec_field as _field
 from fedjax_agg.spec._train import check_train
 
 ADVERSARY_MODES = ("per_round", "fixed")
@@ -303,80 +301,12 @@ class PrivacySpec:
       v.built(f"privacy.{key}", config_lib.Privacy, 1.0, **{key: value})
     v.built("privacy.accountant", config_lib.Privacy, 1.0, **block)
 
-def _systems_default(name: str):
-  """``config.Systems``' default for ``name`` (stated there once)."""
-  field = {f.name: f for f in dataclasses.fields(config_lib.Systems)}[name]
-  return (field.default_factory() if field.default_factory
-          is not dataclasses.MISSING else field.default)
-
-
-def _systems_choices(attribute: str, extra: tuple = ()):
-  return lambda: getattr(systems_lib, attribute).names + extra
-
-
-def _codecs():
-  return compression.CODECS.names
-
-
 @dataclasses.dataclass(frozen=True)
-class SystemsSpec:
+class SystemsSpec(config_lib.Systems):
   """"systems": the clients' simulated clock and uplink codec in every
-  algorithm's runs (``config.Systems``, whose defaults these are)."""
-  profiles: str = _field(_systems_default("profiles"), Flag(
-      "--profiles", "client speeds and bandwidths: constant, lognormal or "
-      "trace (with --profile-arg path=FILE.csv); records sim_time_s",
-      choices=_systems_choices("PROFILES", ("trace",))))
-  profile_args: dict = _field(_systems_default("profile_args"), Flag(
-      "--profile-arg", "argument of the profiles (repeatable), e.g. "
-      "speed_sigma=1.5", kind="pairs"))
-  availability: str = _field(_systems_default("availability"), Flag(
-      "--availability", "when clients are online (default always)",
-      choices=_systems_choices("AVAILABILITY")))
-  availability_args: dict = _field(_systems_default("availability_args"),
-                                   Flag("--availability-arg", "argument of "
-                                        "the availability (repeatable), e.g. "
-                                        "mean_online_s=3600", kind="pairs"))
-  over_selection: float = _field(_systems_default("over_selection"), Flag(
-      "--over-selection", "select m(1 + x) clients, aggregate the first m "
-      "to finish", type=float))
-  deadline_s: Optional[float] = _field(_systems_default("deadline_s"), Flag(
-      "--deadline", "drop clients that finish later than this many "
-      "simulated seconds after the round starts", type=float))
-  codec: Optional[str] = _field(_systems_default("codec"), Flag(
-      "--codec", "compress the clients' updates (see --list codecs); "
-      "records uplink_bytes", choices=_codecs))
-  codec_args: dict = _field(_systems_default("codec_args"), Flag(
-      "--codec-arg", "argument of the codec (repeatable), e.g. bits=2",
-      kind="pairs"))
-  error_feedback: bool = _field(_systems_default("error_feedback"), Flag(
-      "--error-feedback", "keep each client's compression residual for its "
-      "next update", kind="switch"))
-  seed: int = _field(_systems_default("seed"))
-  concurrency: Optional[int] = _field(_systems_default("concurrency"), Flag(
-      "--concurrency", "C: asynchronous buffered aggregation (FedBuff) with "
-      "C clients training at once, a server step per buffer of m updates",
-      type=int))
-  staleness: str = _field(_systems_default("staleness"), Flag(
-      "--staleness", "with --concurrency: weight of an update s versions "
-      "old (default polynomial: (1 + s)^-0.5)",
-      choices=_systems_choices("STALENESS")))
-  staleness_args: dict = _field(_systems_default("staleness_args"), Flag(
-      "--staleness-arg", "argument of the staleness weight (repeatable), "
-      "e.g. a=1.0", kind="pairs"))
-  max_staleness: Optional[int] = _field(_systems_default("max_staleness"),
-                                        Flag("--max-staleness", "with "
-                                             "--concurrency: discard updates "
-                                             "older than this many versions "
-                                             "(default 10 ceil(C / m))",
-                                             type=int))
-  secagg_bits: Optional[int] = _field(_systems_default("secagg_bits"), Flag(
-      "--secagg-bits", "simulated secure aggregation: fixed-point sums "
-      "modulo 2^b (1..32) of the clients' clipped updates", type=int))
-  secagg_clip: float = _field(_systems_default("secagg_clip"), Flag(
-      "--secagg-clip", "with --secagg-bits: clipping range of an update "
-      "coordinate (default 1.0)", type=float))
-
-
+  algorithm's runs: ``config.Systems`` itself, whose fields declare their
+  defaults and flags once; as a section, each refusal names its key and
+  the run object is checked and built once (``run_object``)."""
 
   def __post_init__(self):
     v.plain_fields(self)

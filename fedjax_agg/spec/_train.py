@@ -17,8 +17,8 @@ from typing import Any, Optional, Union
 from fedjax_agg import config as config_lib
 from fedjax_agg import stragglers
 from fedjax_agg.spec import _values as v
-from fedjax_agg.spec._fields import Flag
-from fedjax_agg.spec._fields import spec_field as _field
+from fedjax_agg.declared import Flag
+from fedjax_agg.declared import spec_field as _field
 
 _UNITS = lambda: stragglers.UNITS
 _PRECISIONS = lambda: config_lib.MATMUL_PRECISIONS

@@ -1,5 +1,10 @@
-"""A spec field: its default, its command-line flags (``Flag``), its
-value check and the run object's field it sets."""
+"""A run setting declared once: its default, its command-line flags
+(``Flag``), its value check and the run object's field it sets.
+
+The description's sections (``fedjax_agg.spec``) and the run objects that
+are themselves a section (``config.Systems``) declare their fields with
+``spec_field``; the command line, the config keys and ``--help`` are read
+from those declarations (``spec.flags``)."""
 
 import dataclasses
 from typing import Any, Callable, NamedTuple, Optional

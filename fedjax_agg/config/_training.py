@@ -1,0 +1,174 @@
+"""What each client does: ``LocalTraining`` and its optimizer
+factories (``client_optimizer``). Part of ``fedjax_agg.config``.
+"""
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any, Callable, Optional, Union
+
+import jax
+import optax
+
+from fedjax_agg import checks
+from fedjax_agg import tree_math
+from fedjax_agg.types import LocalObjective, PRNGKey
+
+
+OptimizerFactory = Callable[..., optax.GradientTransformation]
+"""``f(learning_rate) -> optax.GradientTransformation``, e.g. ``optax.sgd``."""
+OPTIMIZERS = ("sgd", "adam")
+"""The client optimizer names ``client_optimizer`` takes."""
+
+
+def client_optimizer(name: str = "sgd", momentum: float = 0.0,
+                     weight_decay: float = 0.0) -> OptimizerFactory:
+  """A client optimizer factory ``f(learning_rate)`` for ``LocalTraining``.
+
+  Args:
+    name: "sgd" (with ``momentum``, 0 = plain SGD) or "adam".
+    momentum: SGD momentum in [0, 1).
+    weight_decay: L2 weight decay added to the gradient (coupled, as
+      PyTorch's SGD ``weight_decay``), of the parameters only: BatchNorm
+      statistics (the ``batch_stats`` collection) never decay.
+  """
+  checks.check_choice("name", name, OPTIMIZERS)
+  checks.check_range("momentum", momentum, 0, 1, high_open=True)
+  checks.check_range("weight_decay", weight_decay, 0)
+  if name == "adam" and momentum:
+    raise ValueError("momentum is for name='sgd' (Adam has its own betas)")
+
+  def decays(params):
+    return tree_math.select_leaves(
+        params, lambda path: not tree_math.is_statistic(path))
+
+  def make(learning_rate):
+    base = (optax.adam(learning_rate) if name == "adam" else
+            optax.sgd(learning_rate, momentum=momentum or None))
+    if not weight_decay:
+      return base
+    return optax.chain(optax.add_decayed_weights(weight_decay, mask=decays),
+                       base)
+  # What rules that normalise by the local solver read (``sgd_momentum``).
+  make.sgd_momentum = momentum if name == "sgd" else None
+  return make
+
+
+def sgd_momentum(optimizer: OptimizerFactory) -> Optional[float]:
+  """The SGD momentum of a ``LocalTraining.optimizer`` (0 for plain SGD),
+  None when it is not SGD or cannot be told (FedNova refuses such runs).
+
+  Known: ``client_optimizer``'s factories, ``optax.sgd`` and
+  ``functools.partial(optax.sgd, momentum=...)``.
+  """
+  if hasattr(optimizer, "sgd_momentum"):
+    return optimizer.sgd_momentum
+  if optimizer is optax.sgd:
+    return 0.0
+  if (isinstance(optimizer, functools.partial) and optimizer.func is optax.sgd
+      and not optimizer.args
+      and set(optimizer.keywords) <= {"momentum", "nesterov"}
+      and not optimizer.keywords.get("nesterov", False)):
+    return float(optimizer.keywords.get("momentum") or 0.0)
+  return None
+LocalStepsFn = Callable[[PRNGKey, jax.Array], jax.Array]
+"""``(key, full_steps [K]) -> num_steps [K]``: per-round step budgets."""
+# "auto": per-client losses only where the aggregator reads them.
+ComputeLosses = Union[bool, str]
+"""``LocalTraining.compute_losses``: True, False or "auto"."""
+MATMUL_PRECISIONS = ("highest", "default", "bfloat16")
+"""What ``LocalTraining.matmul_precision`` takes: "highest" (full float32
+on every backend), "default" (the backend's: full float32 on a CPU, TF32
+on an NVIDIA GPU, one bfloat16 pass on a TPU, unless JAX's
+``jax_default_matmul_precision`` says otherwise) or "bfloat16" (bfloat16
+operands, float32 master weights: ``models.mixed``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+  """What every client of a round does.
+
+  Attributes:
+    epochs: E, local epochs (the static maximum; ``steps_fn`` can stop a
+      client earlier).
+    batch_size: B, minibatch size; the last partial batch of an epoch is
+      masked, never dropped.
+    learning_rate: client learning rate (a number, or a traced scalar
+      inside a sweep).
+    optimizer: optax optimizer factory taking ``learning_rate``
+      (``optax.sgd``, ``functools.partial(optax.sgd, momentum=0.9)``, ...);
+      its state is fresh every round.
+    objective: local objective (``fedjax_agg.objectives``); the model's
+      task loss alone when None.
+    compute_losses: compute each participant's ``loss_before`` /
+      ``loss_after`` (two extra forward passes over its data, about 40 %
+      of a small CNN's round on CPU): "auto" (the default: only when the
+      aggregator reads them, ``Aggregator.uses_losses``), True or False.
+      The run's setting also holds for a client side's own trainer (a run
+      without losses reads zeros; their passes are compiled away).
+      Without them the history has no ``cohort_loss_*`` columns; its
+      ``train_loss`` (the mean minibatch loss of local training) is always
+      there.
+    unroll: unroll factor of the loop over local steps (``True``: fully).
+      At 1 (the default) the loop is a ``while_loop`` that runs only the
+      client's own steps (the longest client's in a vmapped chunk); above 1
+      it is a ``scan`` over the steps of the largest client of the
+      federation, each client's extra steps masked.
+    eval_batch_size: batch size of the per-client loss passes.
+    steps_fn: optional per-round step budgets (``fedjax_agg.stragglers``).
+    matmul_precision: precision of local training's matrix products and
+      convolutions, one of ``MATMUL_PRECISIONS``. "highest" (the default)
+      gives a GPU or TPU the CPU's answers to float32 rounding; "default"
+      lets an NVIDIA GPU use TF32 (10-bit mantissas, about 1e-3 relative
+      per product) and a TPU bfloat16. The CPU computes the same either
+      way. "bfloat16": products in bfloat16 on float32 master weights
+      (``models.mixed``). The aggregation math is always at full
+      precision (``tree_math.FULL``).
+  """
+  epochs: int = 1
+  batch_size: int = 16
+  learning_rate: Any = 0.01
+  optimizer: OptimizerFactory = optax.sgd
+  objective: Optional[LocalObjective] = None
+  compute_losses: ComputeLosses = "auto"
+  unroll: Union[int, bool] = 1
+  eval_batch_size: int = 256
+  steps_fn: Optional[LocalStepsFn] = None
+  matmul_precision: str = "highest"
+
+  def __post_init__(self):
+    checks.check_int("epochs", self.epochs, 1)
+    if self.matmul_precision not in MATMUL_PRECISIONS:
+      raise ValueError(f"matmul_precision must be one of "
+                       f"{MATMUL_PRECISIONS}, got {self.matmul_precision!r}")
+    checks.check_int("batch_size", self.batch_size, 1)
+    checks.check_int("eval_batch_size", self.eval_batch_size, 1)
+    checks.check_range("learning_rate", self.learning_rate, 0,
+                       low_open=True)
+    if not callable(self.optimizer):
+      raise TypeError(f"optimizer must be an optax optimizer factory, got "
+                      f"{self.optimizer!r}")
+    if self.objective is not None and not isinstance(self.objective,
+                                                     LocalObjective):
+      raise TypeError(f"objective must be a LocalObjective or None, got "
+                      f"{type(self.objective).__name__}")
+    if self.compute_losses not in (True, False, "auto"):
+      raise ValueError(f"compute_losses must be True, False or 'auto', got "
+                       f"{self.compute_losses!r}")
+    if not isinstance(self.unroll, bool):
+      checks.check_int("unroll", self.unroll, 1)
+    if self.steps_fn is not None and not callable(self.steps_fn):
+      raise TypeError(f"steps_fn must be callable, got {self.steps_fn!r}")
+
+  def precision(self):
+    """The context in which local training is traced: its products at
+    ``matmul_precision`` ("default": JAX's own setting)."""
+    if self.matmul_precision != "highest":  # bfloat16: the operands'
+      return contextlib.nullcontext()
+    return jax.default_matmul_precision(self.matmul_precision)
+
+  def losses_for(self, uses_losses: bool) -> bool:
+    """Whether a round computes per-client losses for such an aggregator."""
+    if self.compute_losses == "auto":
+      return bool(uses_losses)
+    return bool(self.compute_losses)
