@@ -7,6 +7,8 @@ from typing import Optional
 
 
 from fedjax_agg import checks
+from fedjax_agg.declared import Flag
+from fedjax_agg.declared import spec_field as _field
 
 
 SAMPLINGS = ("without_replacement", "poisson")
@@ -46,11 +48,21 @@ class Privacy:
       (``dp_fedavg(expected_clients=q * N)``), as McMahan et al. 2018 do.
     target_epsilon: stop before epsilon would exceed it (None: never).
   """
-  noise_multiplier: Optional[float] = None
-  delta: float = 1e-5
-  accountant: str = "rdp"
-  sampling: str = "without_replacement"
-  target_epsilon: Optional[float] = None
+  # Each field's command-line flag is declared with it (the description's
+  # "privacy" section, ``spec.PrivacySpec``, is this class).
+  noise_multiplier: Optional[float] = _field(None)
+  delta: float = _field(1e-5, Flag(
+      "--dp-delta", "with --aggregator dp_fedavg: delta of the epsilon "
+      "recorded after every round (default 1e-5)", type=float))
+  accountant: str = _field("rdp", Flag(
+      "--dp-accountant", "with dp_fedavg: privacy accountant (default rdp)",
+      choices=ACCOUNTANTS))
+  sampling: str = _field("without_replacement", Flag(
+      "--dp-sampling", "with dp_fedavg: fixed-size cohorts (default) or "
+      "Poisson cohorts, accounted as drawn", choices=SAMPLINGS))
+  target_epsilon: Optional[float] = _field(None, Flag(
+      "--target-epsilon", "with dp_fedavg: end the run before epsilon "
+      "passes this", type=float))
 
   def __post_init__(self):
     if self.noise_multiplier is not None:

@@ -293,8 +293,16 @@ class Experiment:
         self.algorithms[algorithm].aggregator).private:
       return None
     block = {} if self.privacy is None else dataclasses.asdict(self.privacy)
-    return config_lib.Privacy(
-        self.rule_arguments(algorithm)[0]["noise_multiplier"], **block)
+    noise = self.rule_arguments(algorithm)[0]["noise_multiplier"]
+    stated = block.pop("noise_multiplier", None)
+    if stated is not None and stated != noise:
+      raise v.ConfigError(
+          "privacy.noise_multiplier", f"privacy.noise_multiplier: "
+          f"{stated!r} is not the noise multiplier algorithms.{algorithm}'s "
+          f"rule adds ({noise!r}); the noise is the rule's argument "
+          "(aggregator_args.noise_multiplier, --dp-noise-multiplier): set "
+          "it there, or leave privacy.noise_multiplier out")
+    return config_lib.Privacy(noise, **block)
 
 
 # Sections a description may leave out (None).
@@ -400,6 +408,7 @@ def _check(experiment: Experiment) -> None:
     _check_algorithm(experiment, name)
   for name in experiment.algorithms:
     _check_rules(experiment, name)
+    experiment.privacy_of(name)  # a stated noise multiplier: the rule's
   _check_privacy_target(experiment)
 
 

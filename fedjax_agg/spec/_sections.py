@@ -276,30 +276,23 @@ class AttackSpec:
     v.built("attack.args", attacks.build, self.name, **self.args)
 
 @dataclasses.dataclass(frozen=True)
-class PrivacySpec:
-  """"privacy": the accounting of the private rules' runs (the noise
-  multiplier is the rule's own, ``config.Privacy``)."""
-  delta: float = _field(1e-5, Flag(
-      "--dp-delta", "with --aggregator dp_fedavg: delta of the epsilon "
-      "recorded after every round (default 1e-5)", type=float))
-  accountant: str = _field("rdp", Flag(
-      "--dp-accountant", "with dp_fedavg: privacy accountant (default rdp)",
-      choices=_ACCOUNTANTS))
-  sampling: str = _field("without_replacement", Flag(
-      "--dp-sampling", "with dp_fedavg: fixed-size cohorts (default) or "
-      "Poisson cohorts, accounted as drawn", choices=_SAMPLINGS))
-  target_epsilon: Optional[float] = _field(None, Flag(
-      "--target-epsilon", "with dp_fedavg: end the run before epsilon "
-      "passes this", type=float))
-
-
+class PrivacySpec(config_lib.Privacy):
+  """"privacy": the accounting of the private rules' runs: ``config.Privacy``
+  itself, whose fields declare their defaults and flags once, each refusal
+  naming its key. Its noise multiplier (None by default) is the rule's
+  (aggregator_args.noise_multiplier, --dp-noise-multiplier): one given
+  here must equal it (``Experiment.privacy_of``)."""
 
   def __post_init__(self):
     v.plain_fields(self)
     block = dataclasses.asdict(self)
     for key, value in block.items():
-      v.built(f"privacy.{key}", config_lib.Privacy, 1.0, **{key: value})
-    v.built("privacy.accountant", config_lib.Privacy, 1.0, **block)
+      if key != "noise_multiplier":
+        v.built(f"privacy.{key}", config_lib.Privacy, 1.0, **{key: value})
+    v.built("privacy.noise_multiplier", config_lib.Privacy,
+            block["noise_multiplier"])
+    v.built("privacy.accountant", config_lib.Privacy, **block)
+
 
 @dataclasses.dataclass(frozen=True)
 class SystemsSpec(config_lib.Systems):
