@@ -65,14 +65,15 @@ from fedjax_agg.models.pretrained._folder import checkpoint_files
 from fedjax_agg.models.pretrained._folder import is_checkpoint
 from fedjax_agg.models.pretrained import _gpt2
 from fedjax_agg.models.pretrained import _llama
+from fedjax_agg.models.pretrained import _save
 from fedjax_agg.models.pretrained._peft import read_peft_adapters
 from fedjax_agg.models.pretrained._peft import save_peft_adapters
 from fedjax_agg.types import Model, Params, sequence_cross_entropy
 
 __all__ = ["ARCHITECTURES", "DTYPES", "LORA_TARGETS", "ROPE_TYPES",
            "PretrainedApply", "check_checkpoint", "checkpoint_files",
-           "is_checkpoint", "load_pretrained", "read_peft_adapters",
-           "save_peft_adapters"]
+           "init_pretrained", "is_checkpoint", "load_pretrained",
+           "read_peft_adapters", "save_peft_adapters", "save_pretrained"]
 
 ARCHITECTURES = _config.ARCHITECTURES
 """The config.json ``architectures`` that load."""
@@ -150,13 +151,9 @@ def load_pretrained(path, dtype=jnp.float32, *, remat: bool = False
     TypeError: ``path`` or ``remat`` of the wrong type.
   """
   folder = _files.check_folder(path)
-  dtype = _check_dtype(dtype)
-  if not isinstance(remat, bool):
-    raise TypeError(f"remat must be a bool, got {remat!r}")
-  config = _config.read_config(folder)
-  network, family = _network(config, remat)
-  example = jnp.zeros((1, 1), jnp.int32)
-  shapes = jax.eval_shape(network.init, jax.random.key(0), example)["params"]
+  model = _model(_config.read_config(folder), dtype, remat)
+  network, family = _network(model.apply.config, remat)
+  shapes = jax.eval_shape(model.init, jax.random.key(0))["params"]
   chosen = {}
 
   def expect(names):
@@ -164,7 +161,18 @@ def load_pretrained(path, dtype=jnp.float32, *, remat: bool = False
     return {name: shape for name, (_, shape, _) in chosen.items()}
 
   arrays = _files.load_tensors(folder, expect, family.IGNORED)
-  params = _common.to_params(arrays, chosen, dtype)
+  params = _common.to_params(arrays, chosen, _check_dtype(dtype))
+  return model, {"params": params}
+
+
+def _model(config, dtype, remat: bool) -> Model:
+  """The ``Model`` of a checked configuration (its init draws fresh
+  variables in ``dtype``)."""
+  dtype = _check_dtype(dtype)
+  if not isinstance(remat, bool):
+    raise TypeError(f"remat must be a bool, got {remat!r}")
+  network, _ = _network(config, remat)
+  example = jnp.zeros((1, 1), jnp.int32)
   apply = PretrainedApply(network, config,
                           LORA_TARGETS[config.architecture])
 
@@ -173,4 +181,55 @@ def load_pretrained(path, dtype=jnp.float32, *, remat: bool = False
     return {"params": jax.tree.map(lambda x: x.astype(dtype),
                                    fresh["params"])}
 
-  return Model(init, apply, sequence_cross_entropy), {"params": params}
+  return Model(init, apply, sequence_cross_entropy)
+
+
+def init_pretrained(config: dict, key, dtype=jnp.float32, *,
+                    remat: bool = False) -> tuple[Model, Params]:
+  """A fresh network of a Hugging Face ``config`` (config.json's values)
+  with random variables drawn with ``key``: to pre-train a checkpoint
+  here (then ``save_pretrained``), or for tests.
+
+  Raises:
+    ValueError: naming the key of ``config`` at fault, as
+      ``load_pretrained`` does for a config.json.
+  """
+  model = _model(_config.parse_config(config, "config"), dtype, remat)
+  return model, model.init(key)
+
+
+def save_pretrained(folder, model: Model, variables: Params) -> str:
+  """Writes ``model`` (from ``load_pretrained`` or ``init_pretrained``)
+  and its ``variables`` as a Hugging Face checkpoint folder: config.json
+  (the keys ``load_pretrained`` reads) and model.safetensors (float32,
+  Hugging Face's tensor names and layout), which ``load_pretrained`` and
+  transformers' ``from_pretrained`` read back.
+
+  Adapters are merged first (``models.lora.merge``) to export a
+  fine-tuned model as a plain checkpoint.
+
+  Args:
+    folder: where to write (created if missing). The files are written
+      atomically and recorded in the folder's manifest; a file of those
+      names that the library did not write is refused, never replaced.
+    model: a model of this package.
+    variables: its ``{"params": ...}``.
+
+  Returns:
+    ``folder``.
+
+  Raises:
+    TypeError: a model not of this package.
+    ValueError: non-finite params (nothing written), a file in the way.
+  """
+  if not isinstance(getattr(model, "apply", None), PretrainedApply):
+    raise TypeError("model must come from load_pretrained or "
+                    "init_pretrained (a lora model: merge it first with "
+                    f"models.lora.merge), got {type(model).__name__}")
+  config = model.apply.config
+  _, family = _network(config, False)
+  params = variables["params"]
+  shapes = jax.eval_shape(lambda p: p, params)
+  expected = family.expected_tensors(shapes, {"transformer.wte.weight"})
+  tensors = _save.tensors_of(params, expected)
+  return _save.write(folder, _save.config_values(config), tensors)

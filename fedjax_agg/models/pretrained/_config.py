@@ -131,7 +131,15 @@ def read_config(folder: str):
   """The checked configuration of the checkpoint in ``folder``:
   ``GPT2Config`` or ``LlamaConfig``."""
   path = os.path.join(folder, "config.json")
-  values = read_json(path, "config.json")
+  return parse_config(read_json(path, "config.json"), path)
+
+
+def parse_config(values: dict, path: str = "config.json"):
+  """The checked configuration of config.json's ``values`` (read from
+  ``path``, named in errors)."""
+  if not isinstance(values, dict):
+    raise ValueError(f"{path}: must be a JSON object, got "
+                     f"{type(values).__name__}")
   reader = _Reader(path, values)
   architectures = values.get("architectures")
   if not (isinstance(architectures, list) and len(architectures) == 1
