@@ -10,18 +10,16 @@ Conv1D layers store their weight [in, out]: PEFT marks them
 ``fan_in_fan_out`` (A and B keep the same shapes).
 """
 
-import json
 import os
 from typing import Optional
 
 import numpy as np
 import safetensors.numpy
 
-from fedjax_agg import jsonio
-from fedjax_agg import manifest
 from fedjax_agg.models import lora
 from fedjax_agg.models.pretrained import _common
 from fedjax_agg.models.pretrained import _files
+from fedjax_agg.models.pretrained import _save
 from fedjax_agg.types import Model, Params
 
 CONFIG = "adapter_config.json"
@@ -124,16 +122,7 @@ def save_peft_adapters(folder, base_model: Model, lora_model: Model,
                     f"{base_model_name_or_path!r}")
   fields, tensors = peft_state(base_model, lora_model, adapters)
   fields["base_model_name_or_path"] = base_model_name_or_path
-  if os.path.lexists(folder) and not os.path.isdir(folder):
-    raise ValueError(f"{folder}: exists and is not a folder")
-  manifest.check_replace(folder, [CONFIG, WEIGHTS])
-  with manifest.recording(folder, resume=True):
-    jsonio.write_file(os.path.join(folder, WEIGHTS), lambda temporary: (
-        safetensors.numpy.save_file(tensors, temporary,
-                                    metadata={"format": "pt"})))
-    jsonio.write_text(os.path.join(folder, CONFIG),
-                      json.dumps(fields, indent=2, sort_keys=True) + "\n")
-  return folder
+  return _save.write(folder, fields, tensors, (CONFIG, WEIGHTS))
 
 
 def read_peft_adapters(folder, lora_model: Model) -> Params:

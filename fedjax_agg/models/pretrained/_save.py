@@ -69,18 +69,22 @@ def tensors_of(params, expected) -> dict[str, np.ndarray]:
   return tensors
 
 
-def write(folder, values: dict, tensors: dict) -> str:
-  """Writes config.json and model.safetensors into ``folder`` (created if
-  missing) atomically, recorded in its manifest; a file of those names
-  the library did not write is refused, never replaced."""
+def write(folder, values: dict, tensors: dict, names=(CONFIG, WEIGHTS)
+          ) -> str:
+  """Writes ``values`` as JSON and ``tensors`` as safetensors into
+  ``folder`` (created if missing) under ``names`` (config.json and
+  model.safetensors; PEFT's adapter files), atomically, recorded in its
+  manifest; a file of those names the library did not write is refused,
+  never replaced."""
   folder = os.fspath(folder)
+  config, weights = names
   if os.path.lexists(folder) and not os.path.isdir(folder):
     raise ValueError(f"{folder}: exists and is not a folder")
-  manifest.check_replace(folder, [CONFIG, WEIGHTS])
+  manifest.check_replace(folder, [config, weights])
   with manifest.recording(folder, resume=True):
-    jsonio.write_file(os.path.join(folder, WEIGHTS), lambda temporary: (
+    jsonio.write_file(os.path.join(folder, weights), lambda temporary: (
         safetensors.numpy.save_file(tensors, temporary,
                                     metadata={"format": "pt"})))
-    jsonio.write_text(os.path.join(folder, CONFIG),
+    jsonio.write_text(os.path.join(folder, config),
                       json.dumps(values, indent=2, sort_keys=True) + "\n")
   return folder
