@@ -77,7 +77,7 @@ def _cpu() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
-def _stamp() -> dict:
+def stamp() -> dict:
   return {"date": datetime.date.today().isoformat(),
           "machine": f"{platform.machine()}, {os.cpu_count()} cores",
           "load": [round(x, 2) for x in os.getloadavg()]}
@@ -116,11 +116,14 @@ class _Timer(types.Callback):
     self._last = now
 
 
-def engine_round(base, x, y, test, rounds: int, **execution) -> dict:
-  """The engine's FedIT round for K = len(x) clients."""
+def engine_round(base, x, y, test, rounds: int,
+                 targets=tuple(lora.TRANSFORMER_TARGETS),
+                 **execution) -> dict:
+  """The engine's FedIT round for K = len(x) clients (``targets`` None:
+  a loaded checkpoint's own default targets)."""
   key = jax.random.key(0)
   model = lora.lora(base.model, base.variables, rank=RANK, key=key,
-                    targets=list(lora.TRANSFORMER_TARGETS))
+                    targets=None if targets is None else list(targets))
   data = federated.from_partition(
       x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]),
       list(np.arange(x.shape[0] * ROWS).reshape(x.shape[0], ROWS)))
@@ -211,12 +214,12 @@ def main(argv=None) -> int:
     base, x, y, fed = workload(k)
     test = (np.asarray(fed.test_x)[:64], np.asarray(fed.test_y)[:64])
     if args.profile:
-      print(json.dumps({**profile(base, x, y), **_stamp()}), flush=True)
+      print(json.dumps({**profile(base, x, y), **stamp()}), flush=True)
       continue
     for width in args.clients_per_step:
       execution = {} if width is None else {"clients_per_step": width}
       print(json.dumps({**engine_round(base, x, y, test, args.rounds,
-                                       **execution), **_stamp()}),
+                                       **execution), **stamp()}),
             flush=True)
     if not args.no_loop:
       try:
@@ -227,7 +230,7 @@ def main(argv=None) -> int:
       for threads in (1, None):
         print(json.dumps({**finetune_torch.loop_round(
             base, x, y, args.rounds, threads, rank=RANK, batch=BATCH,
-            learning_rate=LEARNING_RATE), **_stamp()}), flush=True)
+            learning_rate=LEARNING_RATE), **stamp()}), flush=True)
   return 0
 
 

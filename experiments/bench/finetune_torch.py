@@ -135,7 +135,19 @@ def loop_round(base, x, y, rounds: int, threads, *, rank: int, batch: int,
   model, gap = checked_model(base, x)
   config = peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0,
                            target_modules=TARGETS, bias="none")
-  model = peft.get_peft_model(model, config)
+  result = timed_rounds(peft.get_peft_model(model, config), x, y, rounds,
+                        batch=batch, learning_rate=learning_rate)
+  torch.set_num_threads(default_threads)
+  return {**result, "threads": threads or default_threads,
+          "logit_gap": gap}
+
+
+def timed_rounds(model, x, y, rounds: int, *, batch: int,
+                 learning_rate: float) -> dict:
+  """FedIT rounds of a PEFT ``model`` over the clients' rows (x, y
+  [K, rows, T]) one client after another: each from the global adapters,
+  SGD over its batches, then the mean of A and B; the first round apart,
+  then the median wall and CPU seconds of the next ``rounds``."""
   names = [n for n, p in model.named_parameters() if p.requires_grad]
   params = dict(model.named_parameters())
   global_adapters = {n: params[n].detach().clone() for n in names}
@@ -156,6 +168,7 @@ def loop_round(base, x, y, rounds: int, threads, *, rank: int, batch: int,
         xb, yb = xs[k, first:first + batch], ys[k, first:first + batch]
         optimizer.zero_grad()
         out = model(xb)
+        out = getattr(out, "logits", out)  # transformers' output object
         loss = loss_fn(out.reshape(-1, out.shape[-1]), yb.reshape(-1))
         loss.backward()
         optimizer.step()
@@ -164,13 +177,11 @@ def loop_round(base, x, y, rounds: int, threads, *, rank: int, batch: int,
           total[n] += params[n]
     global_adapters = {n: v / xs.shape[0] for n, v in total.items()}
     times.append((time.perf_counter() - start, _cpu() - cpu))
-  torch.set_num_threads(default_threads)
   later = times[1:]
   return {"variant": "loop", "clients": int(xs.shape[0]),
-          "threads": threads or default_threads,
           "first_round_s": round(times[0][0], 3),
           "round_s": round(float(np.median([w for w, _ in later])), 4),
           "cpu_s": round(float(np.median([c for _, c in later])), 4),
-          "rounds": len(later), "logit_gap": gap,
-          "torch": torch.__version__, "peft": peft.__version__,
+          "rounds": len(later), "torch": torch.__version__,
+          "peft": peft.__version__,
           "os_threads_env": os.environ.get("OMP_NUM_THREADS")}
