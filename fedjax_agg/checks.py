@@ -25,6 +25,7 @@ ignores real rows whose id is out of range (``tree_math.scatter_clients``).
 """
 
 from collections.abc import Hashable
+import difflib
 import math
 from typing import Any, Optional, Sequence
 
@@ -32,7 +33,8 @@ import jax
 import numpy as np
 
 __all__ = ["check_bool", "check_choice", "check_cohort", "check_int",
-    "check_range", "check_stacked", "describe_range", "is_traced"]
+    "check_number", "check_range", "check_stacked", "describe_range",
+    "is_traced"]
 
 
 def is_traced(value) -> bool:
@@ -136,10 +138,40 @@ def check_bool(name: str, value) -> None:
     raise TypeError(f"{name} must be a bool, got {value!r} ({_kind(value)})")
 
 
+def check_number(name: str, value, low=None, high=None, *,
+                 low_open: bool = False, high_open: bool = False) -> None:
+  """``check_range`` of one number: a Python or numpy scalar (or a 0-d
+  array, or a tracer), never a bool, a string, None or a list.
+
+  Raises:
+    TypeError: ``value`` is not one number.
+    ValueError: it is outside the range, NaN or infinite.
+  """
+  if is_traced(value):
+    return
+  if (isinstance(value, (bool, np.bool_))
+      or not isinstance(value, (int, float, np.number, np.ndarray,
+                                jax.Array))
+      or np.ndim(value) != 0):
+    expected = describe_range(low, high, low_open=low_open,
+                              high_open=high_open)
+    raise TypeError(f"{name} must be a number {expected}, got {value!r} "
+                    f"({_kind(value)})")
+  check_range(name, value, low, high, low_open=low_open,
+              high_open=high_open)
+
+
 def check_choice(name: str, value, choices: Sequence[Any]) -> None:
-  """Raises ValueError unless ``value`` is one of ``choices``."""
+  """Raises ValueError unless ``value`` is one of ``choices`` (naming the
+  nearest choices to a misspelt name)."""
   if not isinstance(value, Hashable) or value not in choices:
-    raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    names = [str(choice) for choice in choices]
+    near = (difflib.get_close_matches(value.lower(), names, n=2, cutoff=0.6)
+            if isinstance(value, str) else [])
+    hint = (f" (did you mean {' or '.join(map(repr, near))}?)" if near
+            else "")
+    raise ValueError(f"{name} must be one of {tuple(choices)}, got "
+                     f"{value!r}{hint}")
 
 
 def check_stacked(client_params, global_params,

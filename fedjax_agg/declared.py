@@ -1,10 +1,14 @@
 """A run setting declared once: its default, its command-line flags
-(``Flag``), its value check and the run object's field it sets.
+(``Flag``), its value check and its config key.
 
-The description's sections (``fedjax_agg.spec``) and the run objects that
-are themselves a section (``config.Systems``) declare their fields with
-``spec_field``; the command line, the config keys and ``--help`` are read
-from those declarations (``spec.flags``)."""
+The run objects (``config.LocalTraining``, ``Execution``, ``Evaluation``,
+``Systems``, ``Privacy``, ``options.RunOptions``, ...) declare the fields
+a description sets with ``spec_field``; the description's sections
+(``fedjax_agg.spec``) are those objects, or for "train" a flat section
+made of their declared fields, so the config keys, the command line,
+``--help`` and ``config.json`` are read from the one declaration
+(``spec.flags``), and the object checks each value where it is made
+(``check_fields``)."""
 
 import dataclasses
 from typing import Any, Callable, NamedTuple, Optional
@@ -38,16 +42,62 @@ class Flag(NamedTuple):
 
 def spec_field(default: Any = dataclasses.MISSING, *flag_list: Flag,
                check: Optional[Callable[[str, Any], None]] = None,
+               key: Optional[str] = None,
+               config_default: Any = dataclasses.MISSING,
                sets: Optional[str] = None):
-  """A spec field with its default and its command-line flags.
+  """A field with its default, its command-line flags and its check.
 
-  ``check(path, value)``: the field's value check (raises naming
-  ``path``). ``sets``: the run object's field it sets, as
-  "object.field" (e.g. "training.epochs"; ``TrainSpec.run_objects``).
+  Args:
+    default: the field's default (a dict or list: copied per object).
+    *flag_list: the command-line flags that set it.
+    check: ``check(name, value)``: the value's check, raising
+      ``TypeError``/``ValueError`` naming ``name`` (as
+      ``fedjax_agg.checks`` does). The object runs it when it is made
+      (``check_fields``) and a description's section with its key path.
+    key: the field's config key where it differs from the field's name
+      (the flat "train" keys: ``LocalTraining.epochs`` is
+      ``train.local_epochs``).
+    config_default: the key's default in a config where the object's
+      field has none (``RunOptions.num_rounds``: required in Python, 10
+      in a config).
+    sets: deprecated, ignored (a "train" key is now a field of the
+      object it configures).
   """
-  metadata = {"flags": tuple(flag_list), "check": check, "sets": sets}
+  del sets
+  metadata = {"flags": tuple(flag_list), "check": check, "key": key,
+              "config_default": config_default}
   if isinstance(default, (dict, list)):
     value = default
     return dataclasses.field(default_factory=lambda: type(value)(value),
                              metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
+
+
+def is_declared(field: dataclasses.Field) -> bool:
+  """Whether ``field`` was declared with ``spec_field``."""
+  return "flags" in field.metadata
+
+
+def config_key(field: dataclasses.Field) -> str:
+  """The config key of a declared field: its ``key``, else its name."""
+  return field.metadata.get("key") or field.name
+
+
+def config_default(field: dataclasses.Field) -> Any:
+  """The default of a declared field's config key (MISSING: none)."""
+  given = field.metadata.get("config_default", dataclasses.MISSING)
+  if given is not dataclasses.MISSING:
+    return given
+  if field.default_factory is not dataclasses.MISSING:
+    return field.default_factory()
+  return field.default
+
+
+def check_fields(obj) -> None:
+  """Runs the declared check of every field of the dataclass ``obj`` on
+  its value, naming the field (its object's own checks of two fields
+  together come after)."""
+  for field in dataclasses.fields(obj):
+    check = field.metadata.get("check")
+    if check is not None:
+      check(field.name, getattr(obj, field.name))

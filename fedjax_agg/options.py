@@ -24,11 +24,27 @@ import dataclasses
 import difflib
 from typing import Any, Mapping, Optional
 
+from fedjax_agg import checks
 from fedjax_agg.config import (Checkpointing, Evaluation, Execution,
                                LocalTraining, NonFinite, Privacy, Systems)
+from fedjax_agg.declared import check_fields
+from fedjax_agg.declared import Flag
+from fedjax_agg.declared import spec_field
 from fedjax_agg.types import Params
 
 __all__ = ["RunOptions"]
+
+
+class _NotAnInt(TypeError, ValueError):
+  """A ``num_rounds`` that is not an int: a ``TypeError``, and the
+  ``ValueError`` that ``RunOptions`` has always raised for it."""
+
+
+def _check_rounds(name: str, value) -> None:
+  try:
+    checks.check_int(name, value, 0)
+  except TypeError as error:
+    raise _NotAnInt(str(error)) from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -59,8 +75,15 @@ class RunOptions:
     config: extra key/values recorded in the history's config (and in the
       checkpoint fingerprint).
   """
-  num_rounds: int
-  participation: float = 1.0
+  # Keys of "train" (``rounds``, ``participation``), checked here once.
+  num_rounds: int = spec_field(
+      dataclasses.MISSING, Flag("--rounds", "R: rounds", type=int,
+                                preset=10),
+      check=_check_rounds, key="rounds", config_default=10)
+  participation: float = spec_field(1.0, Flag(
+      "--participation", "C: fraction of clients per round", type=float,
+      preset=0.1), check=lambda name, value: checks.check_number(
+          name, value, 0, 1, low_open=True))
   training: LocalTraining = LocalTraining()
   execution: Execution = Execution()
   evaluation: Evaluation = Evaluation()
@@ -73,17 +96,7 @@ class RunOptions:
   config: Optional[dict] = None
 
   def __post_init__(self):
-    rounds = self.num_rounds
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-      raise ValueError(f"num_rounds must be an int >= 0, got {rounds!r}")
-    participation = self.participation
-    if isinstance(participation, bool) or not isinstance(
-        participation, (int, float)):
-      raise TypeError(f"participation must be a number in (0, 1], got "
-                      f"{participation!r}")
-    if not 0 < participation <= 1:
-      raise ValueError(
-          f"participation must be in (0, 1], got {participation!r}")
+    check_fields(self)
     for name, kind, optional in _TYPED:
       value = getattr(self, name)
       if not (isinstance(value, kind) or (optional and value is None)):

@@ -112,14 +112,8 @@ def as_local_update(inner, name: str = "local_update") -> LocalUpdate:
 
 
 def num_sampled(num_clients: int, participation: float) -> int:
-  """m = max(floor(C * N), 1) clients per round."""
-  if (isinstance(participation, bool)
-      or not isinstance(participation, (int, float))):
-    raise TypeError(f"participation must be a number in (0, 1], got "
-                    f"{participation!r}")
-  if not 0 < participation <= 1:
-    raise ValueError(
-        f"participation must be in (0, 1], got {participation!r}")
+  """m = max(floor(C * N), 1) clients per round, for a participation C
+  as ``RunOptions`` (and a description's "train") checks it."""
   return max(int(participation * num_clients), 1)
 
 

@@ -16,26 +16,67 @@ the engine (``engine.make_local_trainer``'s ``num_steps``), so a straggler
 ends exactly where training it alone for that many steps would.
 """
 
-from typing import Callable
+import dataclasses
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_agg import checks
+from fedjax_agg.declared import check_fields
+from fedjax_agg.declared import Flag
+from fedjax_agg.declared import spec_field
 from fedjax_agg.types import PRNGKey
 
-__all__ = ["UNITS", "num_stragglers", "straggler_mask", "straggler_steps",
-    "stragglers"]
+__all__ = ["Stragglers", "UNITS", "num_stragglers", "straggler_mask",
+    "straggler_steps", "stragglers"]
 
 UNITS = ("epochs", "steps")
 """The units in which a straggler's work is drawn: whole "epochs" or
 minibatch "steps"."""
 
 
+def _check_fraction(name: str, fraction) -> None:
+  checks.check_number(name, fraction, 0, 1)
+
+
+def _check_unit(name: str, unit) -> None:
+  checks.check_choice(name, unit, UNITS)
+
+
 def _check(fraction, num_epochs, unit):
-  checks.check_range("fraction", fraction, 0, 1)
+  _check_fraction("fraction", fraction)
   checks.check_int("num_epochs", num_epochs, 1)
-  checks.check_choice("unit", unit, UNITS)
+  _check_unit("unit", unit)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stragglers:
+  """The run's stragglers, as a description's "train" section sets them
+  (its keys ``stragglers`` and ``straggler_unit``).
+
+  Attributes:
+    fraction: the share of each cohort that straggles, in [0, 1].
+    unit: what a straggler's share of its work is drawn in (``UNITS``).
+  """
+  fraction: float = spec_field(0.0, Flag(
+      "--stragglers", "fraction of each cohort that straggles", type=float,
+      preset=0.0), check=_check_fraction, key="stragglers")
+  unit: str = spec_field("epochs", Flag(
+      "--straggler-unit", "what a straggler's share of its work is drawn "
+      "in: whole epochs x ~ U{1..E} (FedProx's setting) or steps",
+      choices=UNITS), check=_check_unit, key="straggler_unit")
+
+  def __post_init__(self):
+    check_fields(self)
+
+  def steps_fn(self, num_epochs: int) -> Optional[
+      Callable[[PRNGKey, jax.Array], jax.Array]]:
+    """``LocalTraining.steps_fn`` of a run of ``num_epochs`` epochs (None
+    without stragglers)."""
+    if not self.fraction:
+      return None
+    return stragglers(self.fraction, num_epochs, self.unit)
 
 
 def num_stragglers(num_clients: int, fraction: float) -> int:

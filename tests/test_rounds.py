@@ -23,6 +23,7 @@ from fedjax_agg import simulation
 from fedjax_agg import tree_math
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
+from fedjax_agg.options import RunOptions
 from fedjax_agg.types import LocalUpdate
 from tests import agg_testutil as tu
 from tests._util import _poisoned_data
@@ -281,8 +282,10 @@ def test_round_is_fedavg_of_local_training_and_does_not_retrace():
 
 
 def test_bad_participation_is_named():
-  with pytest.raises(ValueError, match="participation"):
-    rounds_lib.num_sampled(10, 0.0)
+  # Checked once, where the run's options are made (``num_sampled`` takes
+  # it as checked).
+  with pytest.raises(ValueError, match=r"participation must be in \(0, 1\]"):
+    RunOptions(num_rounds=1, participation=0.0)
 
 
 def test_rules_that_read_losses_refuse_compute_losses_false():

@@ -220,28 +220,35 @@ _OTHER_TRAIN_VALUES = {
     "weight_decay": 0.1, "personalized": True, "finetune_steps": 3}
 
 
-def test_every_train_field_sets_a_field_of_a_run_object():
-  """``sets`` names an existing field of ``RunOptions``, ``LocalTraining``,
-  ``Execution`` or ``Evaluation``, with the same default where it has
-  one (a run described in Python and one in a config start alike)."""
-  classes = {"options": RunOptions, "training": LocalTraining,
-             "execution": Execution, "evaluation": Evaluation}
-  assert set(classes) == set(spec.RUN_OBJECTS)
-  # The spec's own defaults where the object has none or a different one.
-  own_default = {"rounds"}
+def test_every_train_key_is_a_declared_field_of_a_run_object():
+  """Each "train" key is a field declared on one of ``TRAIN_OBJECTS`` with
+  the same default (a run described in Python and one in a config start
+  alike), its flags and its check: the key is declared once."""
+  assert {RunOptions, LocalTraining, Execution, Evaluation} <= set(
+      spec.TRAIN_OBJECTS)
   for f in dataclasses.fields(spec.TrainSpec):
-    sets = f.metadata["sets"]
-    if sets is None:
-      continue
-    target, name = sets.split(".")
-    fields = {g.name: g for g in dataclasses.fields(classes[target])}
-    assert name in fields, f"train.{f.name} sets unknown {sets}"
-    if f.name not in own_default:
+    cls, name = f.metadata["object"], f.metadata["field"]
+    fields = {g.name: g for g in dataclasses.fields(cls)}
+    assert name in fields, f"train.{f.name} sets unknown {name}"
+    assert fields[name].metadata["flags"] == f.metadata["flags"]
+    assert fields[name].metadata["check"] is f.metadata["check"]
+    if f.name != "rounds":  # RunOptions.num_rounds has no default
       assert fields[name].default == f.default, f.name
+  assert spec.TrainSpec().rounds == 10
+
+
+def _run_objects(train):
+  """The keyword arguments each run object is made with from ``train``."""
+  training = train.training()
+  return {"options": train.arguments(RunOptions),
+          "training": {f.name: getattr(training, f.name)
+                       for f in dataclasses.fields(training)},
+          "execution": train.arguments(Execution),
+          "evaluation": train.arguments(Evaluation)}
 
 
 def _described(objects):
-  """``run_objects``' output with its functions replaced by what they
+  """``_run_objects``' output with its functions replaced by what they
   compute: the optimizer's first two updates of a small tree, the
   stragglers' steps for a few keys."""
   out = {target: dict(kwargs) for target, kwargs in objects.items()}
@@ -254,7 +261,7 @@ def _described(objects):
     updates, state = optimizer.update(grads, state, params)
     steps.append(tuple(np.asarray(updates["w"]).tolist()))
   training["optimizer"] = tuple(steps)
-  if "steps_fn" in training:
+  if training["steps_fn"] is not None:
     keys = jax.random.split(jax.random.key(0), 8)
     training["steps_fn"] = tuple(
         np.asarray(training["steps_fn"](key, np.full((16,), 12))).tolist()
@@ -263,18 +270,30 @@ def _described(objects):
 
 
 def test_no_train_key_is_ignored_by_the_run_objects():
-  """Changing any "train" key changes what ``run_objects`` builds: a key
+  """Changing any "train" key changes the run objects it makes: a key
   that reached no run object would be accepted and silently ignored."""
   assert set(_OTHER_TRAIN_VALUES) == set(spec.keys(spec.TrainSpec))
   for key, value in _OTHER_TRAIN_VALUES.items():
     # The straggler unit is read with stragglers only.
     start = {"stragglers": 0.5} if key == "straggler_unit" else {}
-    base = spec.TrainSpec(**start).run_objects()
-    changed = spec.TrainSpec(**start, **{key: value}).run_objects()
+    base = _run_objects(spec.TrainSpec(**start))
+    changed = _run_objects(spec.TrainSpec(**start, **{key: value}))
     assert _described(changed) != _described(base), key
   # And the description compares equal where nothing changed.
-  assert (_described(spec.TrainSpec(stragglers=0.5).run_objects())
-          == _described(spec.TrainSpec(stragglers=0.5).run_objects()))
+  assert (_described(_run_objects(spec.TrainSpec(stragglers=0.5)))
+          == _described(_run_objects(spec.TrainSpec(stragglers=0.5))))
+
+
+def test_run_objects_is_deprecated_and_builds_the_same():
+  train = spec.TrainSpec(stragglers=0.5, momentum=0.9)
+  with pytest.warns(DeprecationWarning, match="run_objects"):
+    objects = train.run_objects()
+  assert set(objects) == set(spec.RUN_OBJECTS)
+  described, expected = _described(objects), _described(_run_objects(train))
+  for part in ("options", "execution", "evaluation"):
+    assert described[part] == expected[part]
+  for key, value in described["training"].items():
+    assert value == expected["training"][key], key
 
 
 # Every section with its required arguments, built with one field set.
@@ -374,7 +393,7 @@ def test_a_spec_of_numpy_scalars_runs_as_its_python_values():
                                   personalized=np.bool_(False))
   assert from_numpy == _python_experiment(rounds=2, learning_rate=0.25,
                                           personalized=False)
-  objects = from_numpy.train.run_objects()
+  objects = _run_objects(from_numpy.train)
   assert type(objects["options"]["num_rounds"]) is int
   assert type(objects["training"]["learning_rate"]) is float
   assert type(objects["evaluation"]["personalized"]) is bool

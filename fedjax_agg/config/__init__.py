@@ -5,7 +5,8 @@ driver (``simulation.run``, ``sweep.run_sweep``) down to the round
 (``rounds.make_round_fn``) and the engine (``engine.make_local_trainer``):
 
 * ``LocalTraining``: what each client does (epochs, batch size, optimizer,
-  learning rate, local objective, per-client losses, step budgets);
+  learning rate, local objective, per-client losses, step budgets), its
+  optimizer as a description names it (``ClientOptimizer``);
 * ``Execution``: how the rounds are computed (chunk width, devices, chunk
   loop, streaming, cohort sampler, progress bar); it never changes a
   result beyond float rounding;
@@ -21,8 +22,13 @@ learning rate may be a traced value (sweeps build ``LocalTraining`` inside
 
 One module per object: ``_training`` (``LocalTraining``, the client
 optimizers), ``_execution``, ``_evaluation``, ``_run`` (``Checkpointing``,
-``NonFinite``), ``_privacy`` and ``_systems`` (whose fields declare their
-command-line flags: ``Systems`` is the description's "systems" section).
+``NonFinite``), ``_privacy`` and ``_systems``. The fields a description
+sets are declared on these objects with their default, flag and check
+(``declared.spec_field``): ``Systems`` and ``Privacy`` are the
+description's "systems" and "privacy" sections, and "train" is made of
+the declared fields of ``LocalTraining``, ``ClientOptimizer``,
+``Evaluation`` and ``Execution`` (with ``RunOptions``' and
+``stragglers.Stragglers``').
 """
 
 from fedjax_agg.config._evaluation import Evaluation
@@ -37,6 +43,7 @@ from fedjax_agg.config._run import NONFINITE_CLIENTS
 from fedjax_agg.config._run import NONFINITE_MODEL
 from fedjax_agg.config._systems import Systems
 from fedjax_agg.config._training import client_optimizer
+from fedjax_agg.config._training import ClientOptimizer
 from fedjax_agg.config._training import ComputeLosses
 from fedjax_agg.config._training import LocalStepsFn
 from fedjax_agg.config._training import LocalTraining
@@ -46,7 +53,8 @@ from fedjax_agg.config._training import OPTIMIZERS
 from fedjax_agg.config._training import sgd_momentum
 from fedjax_agg.evaluation import EvalSet
 
-__all__ = ["ACCOUNTANTS", "CHUNK_LOOPS", "Checkpointing", "ComputeLosses",
+__all__ = ["ACCOUNTANTS", "CHUNK_LOOPS", "Checkpointing", "ClientOptimizer",
+           "ComputeLosses",
            "EvalSet", "Evaluation", "Execution", "LocalStepsFn",
            "LocalTraining", "MATMUL_PRECISIONS", "NONFINITE_CLIENTS",
            "NONFINITE_MODEL", "NonFinite", "OptimizerFactory", "OPTIMIZERS",

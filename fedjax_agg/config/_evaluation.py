@@ -7,7 +7,23 @@ from typing import Union
 
 
 from fedjax_agg import checks
+from fedjax_agg.declared import check_fields
+from fedjax_agg.declared import Flag
+from fedjax_agg.declared import spec_field
 from fedjax_agg.evaluation import check_eval_sets as _check_eval_sets
+
+
+def _at_least(low: int):
+  return lambda name, value: checks.check_int(name, value, low)
+
+
+def _clients(name: str, value) -> None:
+  if value == "auto" or isinstance(value, bool):
+    return
+  if isinstance(value, str):
+    raise TypeError(f"{name} must be true, false, \"auto\" or an int >= 1, "
+                    f"got {value!r}")
+  checks.check_int(name, value, 1)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -37,20 +53,32 @@ class Evaluation:
     extra: ``EvalSet``s scored at every test evaluation, each in a column
       of its own name (e.g. a backdoor's ``attack_success``).
   """
-  every: int = 1
-  clients: Union[bool, int, str] = "auto"
+  # The fields declared with ``spec_field`` are keys of "train", named
+  # there by ``key``.
+  every: int = spec_field(1, Flag(
+      "--eval-every", "evaluate the global model every this many rounds",
+      type=int, preset=1), check=_at_least(1), key="eval_every")
+  clients: Union[bool, int, str] = spec_field("auto", Flag(
+      "--no-client-eval", "skip the global model's loss on every client's "
+      "data (by default computed before the first and after the last "
+      "round: train.eval_clients \"auto\"; true or an int n in a --config "
+      "file for every or every n-th evaluation)", kind="negate"),
+      check=_clients, key="eval_clients")
   batch_size: int = 2048
-  personalized: bool = False
-  finetune_steps: int = 0
+  personalized: bool = spec_field(False, Flag(
+      "--personalized", "at the client evaluations, also the accuracy of "
+      "each client's personal model on its held-out split (needs --client "
+      "fedbn or ditto and --holdout-fraction)", kind="switch"),
+      check=checks.check_bool)
+  finetune_steps: int = spec_field(0, Flag(
+      "--finetune-steps", "at the client evaluations, also the accuracy of "
+      "the global model fine-tuned for this many local steps on each "
+      "client (needs --holdout-fraction)", type=int), check=_at_least(0))
   extra: tuple = ()
 
   def __post_init__(self):
-    checks.check_int("every", self.every, 1)
-    if self.clients != "auto" and not isinstance(self.clients, bool):
-      checks.check_int("clients", self.clients, 1)
+    check_fields(self)
     checks.check_int("batch_size", self.batch_size, 1)
-    checks.check_bool("personalized", self.personalized)
-    checks.check_int("finetune_steps", self.finetune_steps, 0)
     _check_eval_sets(self.extra)
 
   @property

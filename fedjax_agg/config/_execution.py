@@ -6,12 +6,31 @@ import dataclasses
 from typing import Any, Optional
 
 
+import jax
+
 from fedjax_agg import checks
+from fedjax_agg.declared import check_fields
+from fedjax_agg.declared import Flag
+from fedjax_agg.declared import spec_field
 
 
 CHUNK_LOOPS = ("map", "unroll")
 """``Execution.chunk_loop``'s names: a ``lax.scan`` over chunks or an
 unrolled loop."""
+
+
+def _optional_at_least_1(name: str, value) -> None:
+  if value is not None:
+    checks.check_int(name, value, 1)
+
+
+def _devices(name: str, value) -> None:
+  """None, a count >= 1, or (from Python only) devices or a mesh."""
+  if isinstance(value, jax.sharding.Mesh) or (
+      isinstance(value, (list, tuple)) and value
+      and all(isinstance(device, jax.Device) for device in value)):
+    return
+  _optional_at_least_1(name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,16 +50,21 @@ class Execution:
     sampler: cohort sampler (``fedjax_agg.sampling``).
     progress: show a progress bar.
   """
-  clients_per_step: Optional[int] = None
-  devices: Any = None
+  # The fields declared with ``spec_field`` are keys of "train".
+  clients_per_step: Optional[int] = spec_field(None, Flag(
+      "--clients-per-step", "clients trained side by side (vmap width)",
+      type=int), check=_optional_at_least_1)
+  devices: Any = spec_field(None, Flag(
+      "--devices", "shard each round's clients over this many devices "
+      "(default: all devices of the job; 1: unsharded)", type=int),
+      check=_devices)
   chunk_loop: str = "map"
   stream: Optional[bool] = None
   sampler: str = "auto"
   progress: bool = True
 
   def __post_init__(self):
-    if self.clients_per_step is not None:
-      checks.check_int("clients_per_step", self.clients_per_step, 1)
+    check_fields(self)
     if self.chunk_loop not in CHUNK_LOOPS:
       raise ValueError(f"chunk_loop must be one of {CHUNK_LOOPS}, got "
                        f"{self.chunk_loop!r}")

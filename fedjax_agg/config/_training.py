@@ -1,5 +1,10 @@
 """What each client does: ``LocalTraining`` and its optimizer
-factories (``client_optimizer``). Part of ``fedjax_agg.config``.
+factories (``client_optimizer``, described by ``ClientOptimizer``). Part of
+``fedjax_agg.config``.
+
+The fields a description's "train" section sets are declared here with
+their default, flag and check (``declared.spec_field``): the section is
+made of them (``spec.TrainSpec``).
 """
 
 import contextlib
@@ -8,10 +13,14 @@ import functools
 from typing import Any, Callable, Optional, Union
 
 import jax
+import numpy as np
 import optax
 
 from fedjax_agg import checks
 from fedjax_agg import tree_math
+from fedjax_agg.declared import check_fields
+from fedjax_agg.declared import Flag
+from fedjax_agg.declared import spec_field
 from fedjax_agg.types import LocalObjective, PRNGKey
 
 
@@ -21,22 +30,61 @@ OPTIMIZERS = ("sgd", "adam")
 """The client optimizer names ``client_optimizer`` takes."""
 
 
-def client_optimizer(name: str = "sgd", momentum: float = 0.0,
-                     weight_decay: float = 0.0) -> OptimizerFactory:
-  """A client optimizer factory ``f(learning_rate)`` for ``LocalTraining``.
+def _at_least(low: int):
+  return lambda name, value: checks.check_int(name, value, low)
 
-  Args:
+
+def _choice(names):
+  return lambda name, value: checks.check_choice(name, value, names)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientOptimizer:
+  """The client optimizer as a description's "train" section names it
+  (its keys ``optimizer``, ``momentum`` and ``weight_decay``);
+  ``factory()`` is ``client_optimizer``'s factory for
+  ``LocalTraining.optimizer``.
+
+  Attributes:
     name: "sgd" (with ``momentum``, 0 = plain SGD) or "adam".
     momentum: SGD momentum in [0, 1).
     weight_decay: L2 weight decay added to the gradient (coupled, as
       PyTorch's SGD ``weight_decay``), of the parameters only: BatchNorm
       statistics (the ``batch_stats`` collection) never decay.
   """
-  checks.check_choice("name", name, OPTIMIZERS)
-  checks.check_range("momentum", momentum, 0, 1, high_open=True)
-  checks.check_range("weight_decay", weight_decay, 0)
-  if name == "adam" and momentum:
-    raise ValueError("momentum is for name='sgd' (Adam has its own betas)")
+  name: str = spec_field("sgd", Flag(
+      "--optimizer", "client optimizer", choices=OPTIMIZERS, preset="sgd"),
+      check=_choice(OPTIMIZERS), key="optimizer")
+  momentum: float = spec_field(0.0, Flag(
+      "--momentum", "client SGD momentum", type=float, preset=0.0),
+      check=lambda name, value: checks.check_number(name, value, 0, 1,
+                                                    high_open=True))
+  weight_decay: float = spec_field(0.0, Flag(
+      "--weight-decay", "client L2 weight decay (parameters only, not "
+      "BatchNorm statistics)", type=float, preset=0.0),
+      check=lambda name, value: checks.check_number(name, value, 0))
+
+  def __post_init__(self):
+    check_fields(self)
+    if self.name == "adam" and self.momentum:
+      raise ValueError(f"momentum is for optimizer 'sgd' (Adam has its own "
+                       f"betas), got momentum={self.momentum!r} with "
+                       "optimizer 'adam'")
+
+  def factory(self) -> "OptimizerFactory":
+    """``client_optimizer(name, momentum, weight_decay)``."""
+    return client_optimizer(self.name, self.momentum, self.weight_decay)
+
+
+def client_optimizer(name: str = "sgd", momentum: float = 0.0,
+                     weight_decay: float = 0.0) -> OptimizerFactory:
+  """A client optimizer factory ``f(learning_rate)`` for ``LocalTraining``.
+
+  Args: ``name`` ("sgd" or "adam"), ``momentum`` (SGD's, in [0, 1)) and
+  ``weight_decay`` (coupled L2, of the parameters only), as
+  ``ClientOptimizer``'s attributes say.
+  """
+  ClientOptimizer(name, momentum, weight_decay)  # each value checked there
 
   def decays(params):
     return tree_math.select_leaves(
@@ -51,6 +99,10 @@ def client_optimizer(name: str = "sgd", momentum: float = 0.0,
                        base)
   # What rules that normalise by the local solver read (``sgd_momentum``).
   make.sgd_momentum = momentum if name == "sgd" else None
+  # A checkpoint's fingerprint names the factory by module and qualname
+  # (``fingerprint.describe``): the module it was written from before
+  # ``config`` became a package, so that those checkpoints still resume.
+  make.__module__ = "fedjax_agg.config"
   return make
 
 
@@ -82,6 +134,12 @@ on every backend), "default" (the backend's: full float32 on a CPU, TF32
 on an NVIDIA GPU, one bfloat16 pass on a TPU, unless JAX's
 ``jax_default_matmul_precision`` says otherwise) or "bfloat16" (bfloat16
 operands, float32 master weights: ``models.mixed``)."""
+
+
+def _true_false_or_auto(name: str, value) -> None:
+  if not (isinstance(value, (bool, np.bool_)) or value == "auto"):
+    raise TypeError(f"{name} must be true, false or \"auto\", got "
+                    f"{value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,26 +183,34 @@ class LocalTraining:
       (``models.mixed``). The aggregation math is always at full
       precision (``tree_math.FULL``).
   """
-  epochs: int = 1
-  batch_size: int = 16
-  learning_rate: Any = 0.01
+  # A field declared with ``spec_field`` is a key of "train" (``key``
+  # where its name there differs): declared here once.
+  epochs: int = spec_field(1, Flag("--epochs", "E: local epochs", type=int,
+                                   preset=1),
+                           check=_at_least(1), key="local_epochs")
+  batch_size: int = spec_field(16, Flag(
+      "--batch-size", "B: local batch size", type=int, preset=16),
+      check=_at_least(1))
+  learning_rate: Any = spec_field(0.01, Flag(
+      "--lr", "client learning rate", type=float, preset=0.05),
+      check=lambda name, value: checks.check_number(name, value, 0,
+                                                    low_open=True))
   optimizer: OptimizerFactory = optax.sgd
   objective: Optional[LocalObjective] = None
-  compute_losses: ComputeLosses = "auto"
+  compute_losses: ComputeLosses = spec_field("auto",
+                                             check=_true_false_or_auto)
   unroll: Union[int, bool] = 1
   eval_batch_size: int = 256
   steps_fn: Optional[LocalStepsFn] = None
-  matmul_precision: str = "highest"
+  matmul_precision: str = spec_field("highest", Flag(
+      "--matmul-precision", "precision of local training's matrix products: "
+      "highest (full float32 on every backend) or default (the backend's: "
+      "TF32 on an NVIDIA GPU, bfloat16 on a TPU)",
+      choices=MATMUL_PRECISIONS), check=_choice(MATMUL_PRECISIONS))
 
   def __post_init__(self):
-    checks.check_int("epochs", self.epochs, 1)
-    if self.matmul_precision not in MATMUL_PRECISIONS:
-      raise ValueError(f"matmul_precision must be one of "
-                       f"{MATMUL_PRECISIONS}, got {self.matmul_precision!r}")
-    checks.check_int("batch_size", self.batch_size, 1)
+    check_fields(self)
     checks.check_int("eval_batch_size", self.eval_batch_size, 1)
-    checks.check_range("learning_rate", self.learning_rate, 0,
-                       low_open=True)
     if not callable(self.optimizer):
       raise TypeError(f"optimizer must be an optax optimizer factory, got "
                       f"{self.optimizer!r}")
@@ -152,9 +218,6 @@ class LocalTraining:
                                                      LocalObjective):
       raise TypeError(f"objective must be a LocalObjective or None, got "
                       f"{type(self.objective).__name__}")
-    if self.compute_losses not in (True, False, "auto"):
-      raise ValueError(f"compute_losses must be True, False or 'auto', got "
-                       f"{self.compute_losses!r}")
     if not isinstance(self.unroll, bool):
       checks.check_int("unroll", self.unroll, 1)
     if self.steps_fn is not None and not callable(self.steps_fn):

@@ -159,17 +159,15 @@ def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
                               input_shape)
   rule, objective = build_rule(experiment, algorithm, data.num_clients,
                                aggregator=aggregator)
-  # What "train" sets on each run object (``TrainSpec.run_objects``).
-  sets = train.run_objects(objective)
-  if devices != "config":
-    sets["execution"]["devices"] = devices
-  execution = Execution(progress=progress, **sets["execution"])
-  training = LocalTraining(**sets["training"])
+  # Each run object made from its "train" keys (``TrainSpec.make``).
+  execution = train.make(Execution, progress=progress, **(
+      {} if devices == "config" else {"devices": devices}))
+  training = train.training(objective)
   systems = experiment.systems
-  options = RunOptions(
-      training=training, execution=execution,
-      evaluation=Evaluation(extra=attack_eval_sets(experiment, test),
-                            **sets["evaluation"]),
+  options = train.make(
+      RunOptions, training=training, execution=execution,
+      evaluation=train.make(Evaluation,
+                            extra=attack_eval_sets(experiment, test)),
       local_update=local_update(experiment, algorithm, model, training,
                                 execution, data.num_clients),
       privacy=experiment.privacy_of(algorithm), init_params=init_params,
@@ -177,8 +175,7 @@ def build(experiment: spec_lib.Experiment, algorithm: str, prepared, *,
       config={"experiment": experiment.name, "algorithm": algorithm,
               **_base.base_files(experiment.model),
               **{f"train.{k}": value
-                 for k, value in dataclasses.asdict(train).items()}},
-      **sets["options"])
+                 for k, value in dataclasses.asdict(train).items()}})
   return Built(model, data, test, rule, options)
 
 

@@ -5,8 +5,9 @@ One frozen dataclass per section of a config (``DataSpec`` for "dataset",
 ``AlgorithmSpec`` for each entry of "algorithms", ``AttackSpec``,
 ``PrivacySpec``, ``SystemsSpec``, ``EarlyStoppingSpec``) and
 ``Experiment`` for the whole. Each field is one concept with ONE name and
-ONE default, and this package is the only place that states them and
-checks them:
+ONE default, declared once: "systems" and "privacy" are the run objects
+``config.Systems`` and ``config.Privacy``, and "train" is made of the
+fields that the run objects it configures declare (``TRAIN_OBJECTS``):
 
 * each section checks its own values when it is built (its
   ``__post_init__``), and ``Experiment`` checks once what needs two
@@ -27,8 +28,8 @@ checks them:
   FedNova's momentum, ``run_context``, ``privacy_of``), for
   ``fedjax_agg.experiment.build`` and the record;
 * the command line's config flags are derived from the fields' ``Flag``
-  metadata (``flags``, declared with ``fedjax_agg.declared``; the
-  "systems" section's on ``config.Systems`` itself): the flag, its help,
+  metadata (``flags``, declared with ``fedjax_agg.declared``, on the run
+  objects for "train", "systems" and "privacy"): the flag, its help,
   its choices and the config key it sets come from the field, so a flag
   and a JSON key cannot disagree.
 
@@ -38,9 +39,9 @@ the clients per round at learning rate 0.05 (``Flag.preset``); a config
 file states what it runs.
 
 Modules: ``_values`` (the errors and the checks of values),
-``_adapters`` (LoRA adapters
-of the model section), ``_train`` (the "train" section and the run
-objects it builds), ``_sections`` (the other sections), ``_experiment``
+``_adapters`` (LoRA adapters of the model section), ``_train`` (the
+"train" section, made of the run objects' declared fields, and what it
+makes of them), ``_sections`` (the other sections), ``_experiment``
 (``Experiment``), ``_rule_checks`` (its checks that the rules fit the
 rest of the description: a client side and its rule, adapters, privacy,
 the secure sum, an attack).
@@ -77,6 +78,7 @@ from fedjax_agg.spec._sections import SCRIPT_KEYS
 from fedjax_agg.spec._sections import SUBSET_SOURCES
 from fedjax_agg.spec._sections import SystemsSpec
 from fedjax_agg.spec._train import TRAIN_CHECKS
+from fedjax_agg.spec._train import TRAIN_OBJECTS
 from fedjax_agg.spec._train import TrainSpec
 from fedjax_agg.spec._train import RUN_OBJECTS
 from fedjax_agg.spec._values import ConfigError
@@ -101,4 +103,4 @@ __all__ = ["ADAPTER_ONLY_RULES", "ADAPTER_RULES", "AdaptersSpec",
            "RULE_OPTIONS", "RUN_OBJECTS",
            "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "SECTIONS",
            "SUBSET_SOURCES", "SystemsSpec", "takes_any_keyword",
-           "TRAIN_CHECKS", "TrainSpec"]
+           "TRAIN_CHECKS", "TRAIN_OBJECTS", "TrainSpec"]

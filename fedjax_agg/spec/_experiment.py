@@ -176,9 +176,18 @@ class Experiment:
     return AdaptersSpec(**merged, path=path)
 
   def train_of(self, algorithm: str) -> TrainSpec:
-    """``algorithm``'s training: "train" with its overrides."""
-    return dataclasses.replace(self.train,
-                               **self.algorithms[algorithm].train)
+    """``algorithm``'s training: "train" with its overrides (a refusal of
+    an overridden key named at the override)."""
+    overrides = self.algorithms[algorithm].train
+    try:
+      return dataclasses.replace(self.train, **overrides)
+    except v.ConfigError as error:
+      key = error.path.removeprefix("train.")
+      if key not in overrides:
+        raise
+      path = f"algorithms.{algorithm}.train.{key}"
+      raise type(error)(path, str(error).replace(error.path, path, 1)
+                        ) from None
 
   def setting(self) -> str:
     """One line naming the setting (plot titles, reports): dataset,
@@ -224,7 +233,7 @@ class Experiment:
       objective = v.built(f"algorithms.{algorithm}.objective_args",
                           objectives.get, spec.objective,
                           **spec.objective_args)
-    optimizer = train.run_objects()["training"]["optimizer"]
+    optimizer = train.make(config_lib.ClientOptimizer).factory()
     return types.RunContext(
         num_clients=self.partition.num_clients,
         cohort_size=self.cohort_size(algorithm),

@@ -91,12 +91,7 @@ def _check_algorithm(experiment: "Experiment", name: str) -> None:
   v.model_arguments(f"{path}.model_args", experiment.model.name,
                     {**experiment.model.args, **spec.model_args})
   _check_adapters(experiment, name)
-  train = experiment.train_of(name)
-  if train.optimizer == "adam" and train.momentum:
-    key = _train_key(experiment, name, "momentum")
-    raise v.ConfigError(key, f"{key}: momentum is for optimizer 'sgd' (Adam "
-                        f"has its own betas), got momentum={train.momentum!r}"
-                        " with optimizer 'adam'")
+  train = experiment.train_of(name)  # its keys together: TrainSpec's
   if _client_caps(spec).pairs_with:
     rule, shared = _client_caps(spec).pairs_with
     if spec.aggregator != rule:
