@@ -44,7 +44,7 @@ import finetune  # noqa: E402  pylint: disable=g-import-not-at-top
 METHODS = ("full", "fedit-8")
 
 
-def _resident_bytes() -> int:
+def resident_bytes() -> int:
   """This process's resident memory now (Linux ``/proc/self/statm``)."""
   with open("/proc/self/statm") as f:
     return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -59,13 +59,21 @@ def measure(base_dir: str, method: str, width: int, batch_size: int,
   model, _, init = finetune.methods(base, [rank], jax.random.key(0))[method]
   params = init if init is not None else model.init(jax.random.key(0))
   data = finetune.federations(fed, 0)["natural"]
+  return {"method": method, "clients": width,
+          **timed_call(model, params, data, width, batch_size)}
+
+
+def timed_call(model, params, data, width: int, batch_size: int) -> dict:
+  """Compiles and runs one call of local training (one step a client) for
+  ``width`` clients side by side; -> the memory before it and at the
+  peak (``ru_maxrss``), XLA's temporaries and outputs, the seconds."""
   start = time.perf_counter()
   compiled, args = finetune.cohort_call(model, params, data, width,
                                         batch_size,
                                         np.ones((width,), np.int32))
   compile_s = time.perf_counter() - start
   analysis = compiled.memory_analysis()
-  before = _resident_bytes()
+  before = resident_bytes()
   start = time.perf_counter()
   out = jax.block_until_ready(compiled(*args))
   call_s = time.perf_counter() - start
@@ -73,8 +81,8 @@ def measure(base_dir: str, method: str, width: int, batch_size: int,
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   finite = all(bool(np.isfinite(np.asarray(leaf)).all())
                for leaf in jax.tree.leaves(out.client_params))
-  return {"method": method, "clients": width, "resident_before": before,
-          "peak": peak, "call_bytes": max(peak - before, 0),
+  return {"resident_before": before, "peak": peak,
+          "call_bytes": max(peak - before, 0),
           "xla_temp_bytes": int(analysis.temp_size_in_bytes),
           "xla_output_bytes": int(analysis.output_size_in_bytes),
           "compile_s": round(compile_s, 2), "call_s": round(call_s, 2),
