@@ -58,9 +58,12 @@ NOT_RERUN = {"two_stage": "needs FedDRL's offline pre-training stage"}
 
 
 def records(root: str = HERE) -> list[str]:
-  """Every committed run record under ``root``, sorted."""
-  return sorted(glob.glob(os.path.join(root, "*", "results", "**",
-                                       "config.json"), recursive=True))
+  """Every committed run record under ``root``, sorted (a Hugging Face
+  checkpoint's config.json, beside its model.safetensors, is none)."""
+  found = glob.glob(os.path.join(root, "*", "results", "**", "config.json"),
+                    recursive=True)
+  return sorted(path for path in found if not os.path.exists(
+      os.path.join(os.path.dirname(path), "model.safetensors")))
 
 
 def _provenance(record: dict) -> dict:

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.peak:
     print(json.dumps({"product_gflops": product_rates(),
-                      **finetune_bench._stamp()}))  # pylint: disable=protected-access
+                      **finetune_bench.stamp()}))  # pylint: disable=protected-access
     return 0
   compiled, call_args = compiled_call(args.clients, args.clients_per_step)
   jax.block_until_ready(compiled(*call_args))
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
       "top": [{"op": name, "ms": round(t / 1e3, 2), "shape": ops[name][0],
                "source": re.sub(r".*while/body/", "", ops[name][2])}
               for name, t in top],
-      **finetune_bench._stamp()}))  # pylint: disable=protected-access
+      **finetune_bench.stamp()}))  # pylint: disable=protected-access
   return 0
 
 
