@@ -78,6 +78,7 @@ from fedjax_agg.spec._sections import SCRIPT_KEYS
 from fedjax_agg.spec._sections import SUBSET_SOURCES
 from fedjax_agg.spec._sections import SystemsSpec
 from fedjax_agg.spec._train import TRAIN_CHECKS
+from fedjax_agg.spec._train import train_section
 from fedjax_agg.spec._train import TRAIN_OBJECTS
 from fedjax_agg.spec._train import TrainSpec
 from fedjax_agg.spec._train import RUN_OBJECTS
@@ -103,4 +104,4 @@ __all__ = ["ADAPTER_ONLY_RULES", "ADAPTER_RULES", "AdaptersSpec",
            "RULE_OPTIONS", "RUN_OBJECTS",
            "SCRIPT_ALGORITHM_KEYS", "SCRIPT_KEYS", "SECTIONS",
            "SUBSET_SOURCES", "SystemsSpec", "takes_any_keyword",
-           "TRAIN_CHECKS", "TRAIN_OBJECTS", "TrainSpec"]
+           "TRAIN_CHECKS", "TRAIN_OBJECTS", "TrainSpec", "train_section"]

@@ -46,26 +46,42 @@ class _TrainSection:
     v.plain_fields(self)
     for f in dataclasses.fields(self):
       _checked(f)(f"train.{f.name}", getattr(self, f.name))
-    # What an object refuses of two keys together (Adam with a momentum):
-    # named by the last of its keys given away from its default.
-    for cls in TRAIN_OBJECTS:
-      if cls is not RunOptions:
-        given = [f.name for f in dataclasses.fields(self)
-                 if f.metadata["object"] is cls
-                 and getattr(self, f.name) != f.default]
-        v.built(f"train.{given[-1]}" if given else "train", self.make, cls)
+    for cls in self.objects:
+      if not issubclass(cls, RunOptions):
+        self._check_together(cls)
+
+  def _check_together(self, cls) -> None:
+    """What ``cls`` refuses of two keys together (Adam with a momentum),
+    named by the first key, in the section's order, that the object
+    refuses with the keys given before it."""
+    try:
+      self.make(cls)
+      return
+    except (TypeError, ValueError):
+      pass
+    given = {}
+    for f in dataclasses.fields(self):
+      if f.metadata["object"] is cls and getattr(self, f.name) != f.default:
+        given[f.metadata["field"]] = getattr(self, f.name)
+        v.built(f"train.{f.name}", cls, **given)
+    v.built("train", self.make, cls)
+
+  def _object(self, cls):
+    """The section's object that is ``cls`` or a subclass of it."""
+    return next(obj for obj in self.objects if issubclass(obj, cls))
 
   def arguments(self, cls) -> dict[str, Any]:
-    """``cls``'s fields as these keys set them (one of
-    ``TRAIN_OBJECTS``)."""
+    """``cls``'s fields as these keys set them (one of the section's
+    ``objects``, or a class one of them subclasses)."""
+    cls = self._object(cls)
     return {f.metadata["field"]: getattr(self, f.name)
             for f in dataclasses.fields(self)
             if f.metadata["object"] is cls}
 
   def make(self, cls, **given):
-    """``cls`` (one of ``TRAIN_OBJECTS``) with these keys' values and
-    ``given`` (the fields no key sets, or a value in place of a key's)."""
-    return cls(**{**self.arguments(cls), **given})
+    """``cls`` (one of ``objects``) with these keys' values and ``given``
+    (the fields no key sets, or a value in place of a key's)."""
+    return self._object(cls)(**{**self.arguments(cls), **given})
 
   def training(self, objective=None) -> config_lib.LocalTraining:
     """The clients' ``config.LocalTraining``, with its optimizer and
@@ -91,27 +107,29 @@ class _TrainSection:
             "evaluation": self.arguments(config_lib.Evaluation)}
 
 
-def _section_fields() -> list[tuple[str, Any, dataclasses.Field]]:
-  """(key, type, field) of every declared field of ``TRAIN_OBJECTS``: its
-  default (the config's), flags and check, and the object and field it
-  sets."""
-  out = []
-  for cls in TRAIN_OBJECTS:
+def train_section(objects=TRAIN_OBJECTS, name: str = "TrainSpec"):
+  """The flat "train" section of ``objects``: a frozen dataclass with a
+  field per declared field of each (``declared.spec_field``), named by
+  its config key, holding its default (the config's), flags and check,
+  and the object and field it sets. Run objects that subclass one of
+  ``TRAIN_OBJECTS`` stand in for it."""
+  fields = []
+  for cls in objects:
     for f in dataclasses.fields(cls):
       if declared.is_declared(f):
         metadata = {**f.metadata, "object": cls, "field": f.name}
-        out.append((declared.config_key(f), f.type, dataclasses.field(
+        fields.append((declared.config_key(f), f.type, dataclasses.field(
             default=declared.config_default(f), metadata=metadata)))
-  return out
+  return dataclasses.make_dataclass(
+      name, fields, bases=(_TrainSection,), frozen=True, namespace={
+          "__module__": __name__, "objects": tuple(objects),
+          "__doc__": """"train": what every round does (an algorithm may
+          override any key): one key per declared field of its
+          ``objects``, e.g. ``TrainSpec(rounds=20, participation=0.1,
+          learning_rate=0.05)``."""})
 
 
-TrainSpec = dataclasses.make_dataclass(
-    "TrainSpec", _section_fields(), bases=(_TrainSection,), frozen=True,
-    namespace={"__module__": __name__, "__doc__": (
-        """"train": what every round does (an algorithm may override any
-        key): one key per declared field of ``TRAIN_OBJECTS``, e.g.
-        ``TrainSpec(rounds=20, participation=0.1, learning_rate=0.05)``.
-        """)})
+TrainSpec = train_section()
 
 
 TRAIN_CHECKS = {f.name: _checked(f) for f in dataclasses.fields(TrainSpec)}
