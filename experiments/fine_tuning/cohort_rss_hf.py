@@ -17,10 +17,12 @@ gate/up/down projections), as FedIT trains it. Each client holds
 
 For each variant (``fedit``: the base as loaded; ``fedit-remat``: each
 block rematerialised in the backward pass, ``load_pretrained(...,
-remat=True)``) and each cohort size W, a fresh process builds the
-model, compiles the engine's local trainer for W clients side by side
-(``cohort_rss.timed_call``) and runs the call; it reports its resident
-memory before the call and its peak after (``ru_maxrss``). The line
+remat=True)``; ``fedit-remat-sched``: the same with XLA's CPU scheduler
+ordering for memory, ``MEMORY_SCHEDULER``) and each cohort size W, a
+fresh process builds the model, compiles the engine's local trainer for
+W clients side by side (``cohort_rss.timed_call``) and runs the call; it
+reports its resident memory before the call and its peak after
+(``ru_maxrss``). The line
 through (W, call memory), the budget (``--budget-gib``, default
 ``MemTotal``) and the memory held before the call give the largest
 cohort (``cohort_rss.fit``); ``--confirm F`` runs each variant once more
@@ -61,8 +63,14 @@ CONFIGS = {
              "num_key_value_heads": 1, "max_position_embeddings": 32},
 }
 """The checkpoints measured, as config.json's values."""
-VARIANTS = {"fedit": False, "fedit-remat": True}
-"""Variant -> whether each block is rematerialised."""
+MEMORY_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+"""XLA's CPU flag that orders the program for memory instead of
+concurrency (without it the recomputations of rematerialised blocks run
+early and their activations are held as if they were stored)."""
+VARIANTS = {"fedit": (False, ""), "fedit-remat": (True, ""),
+            "fedit-remat-sched": (True, MEMORY_SCHEDULER)}
+"""Variant -> (whether each block is rematerialised, the XLA flags its
+process adds)."""
 
 
 def cohort_data(vocab_size: int, width: int, batch_size: int,
@@ -82,13 +90,14 @@ def measure(config_name: str, variant: str, width: int, batch_size: int,
   side by side in this process; -> its record (bytes and seconds)."""
   config = CONFIGS[config_name]
   model, variables = pretrained.init_pretrained(
-      config, jax.random.key(0), remat=VARIANTS[variant])
+      config, jax.random.key(0), remat=VARIANTS[variant][0])
   adapted = lora.lora(model, variables, rank=rank, key=jax.random.key(1))
   params = adapted.init(jax.random.key(2))
   data = cohort_data(config["vocab_size"], width, batch_size, seq_len)
   return {"method": variant, "clients": width,
           "base_params": models.count_params(variables),
           "trainable": lora.num_trainable(adapted),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
           **cohort_rss.timed_call(adapted, params, data, width,
                                   batch_size)}
 
@@ -99,8 +108,10 @@ def run_child(args, variant: str, width: int):
              f"{variant}:{width}", "--config", args.config, "--batch-size",
              str(args.batch_size), "--seq-len", str(args.seq_len),
              "--rank", str(args.rank)]
+  flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""),
+                               VARIANTS[variant][1]) if f)
   done = subprocess.run(command, capture_output=True, text=True,
-                        check=False)
+                        check=False, env={**os.environ, "XLA_FLAGS": flags})
   if done.returncode != 0:
     return done.returncode, None
   return 0, json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,7 +1,8 @@
 """``experiments/fine_tuning/cohort_rss_hf.py`` at toy size: one call of
 a LoRA cohort on a fresh Llama-architecture checkpoint is measured in
 this process (plain and rematerialised), the whole script fits a line
-per variant from child processes, and a bad option is refused by name."""
+per variant from child processes (with the variant's XLA flags), and a
+bad option is refused by name."""
 
 import json
 
@@ -23,10 +24,13 @@ def test_one_call_is_measured(variant):
 
 
 def test_the_script_fits_each_variant(tmp_path):
-  summary = script.main(["--tiny", "--variants", "fedit", "--out",
-                         str(tmp_path)])
+  summary = script.main(["--tiny", "--variants", "fedit-remat-sched",
+                         "--out", str(tmp_path)])
   assert [r["clients"] for r in summary["runs"]] == [1, 2]
-  assert set(summary["fits"]) == {"fedit"}
+  assert set(summary["fits"]) == {"fedit-remat-sched"}
+  # The child ran with XLA's memory-ordering scheduler.
+  assert all(script.MEMORY_SCHEDULER in r["xla_flags"]
+             for r in summary["runs"])
   written = json.loads((tmp_path / "cohort_rss_hf.json").read_text())
   assert written["settings"]["model"] == script.CONFIGS["tiny"]
   assert written["settings"]["seq_len"] == 8
