@@ -10,11 +10,13 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from fedjax_agg import checks
 from fedjax_agg import cli
 from fedjax_agg import config
+from fedjax_agg import fingerprint
 from fedjax_agg import spec
 from fedjax_agg.declared import Flag
 from fedjax_agg.declared import spec_field
@@ -122,15 +124,6 @@ def test_a_bad_value_is_refused_naming_its_key(field, bad):
   assert getattr(made, field.metadata["field"]) == bad
 
 
-@pytest.mark.parametrize("typo, meant", [("learning_rat", "learning_rate"),
-                                         ("local_epoch", "local_epochs"),
-                                         ("eval_evry", "eval_every")])
-def test_a_misspelt_train_key_names_the_key_meant(typo, meant):
-  with pytest.raises(spec.ConfigError, match=f"did you mean '{meant}'") as e:
-    spec.Experiment.from_dict({**_CONFIG, "train": {typo: 1}})
-  assert e.value.path == f"train.{typo}"
-
-
 def test_a_misspelt_choice_names_the_choice_meant():
   with pytest.raises(spec.ConfigError, match="did you mean 'adam'") as e:
     spec.TrainSpec(optimizer="adm")
@@ -188,3 +181,39 @@ def test_participation_is_checked_by_one_declaration():
     spec.TrainSpec(participation=1.5)
   with pytest.raises(ValueError):
     field.metadata["check"]("participation", 0.0)
+
+
+@pytest.mark.parametrize("section, typo, meant", [
+    ("train", "learning_rat", "learning_rate"),
+    ("train", "local_epoch", "local_epochs"),
+    ("train", "eval_evry", "eval_every"),
+    ("systems", "codek", "codec"), ("systems", "deadline", "deadline_s"),
+    ("privacy", "delt", "delta"), ("privacy", "acountant", "accountant")])
+def test_a_misspelt_key_names_the_key_meant(section, typo, meant):
+  with pytest.raises(spec.ConfigError, match=f"did you mean '{meant}'") as e:
+    spec.Experiment.from_dict({**_CONFIG, section: {typo: 1}})
+  assert e.value.path == f"{section}.{typo}"
+
+
+def test_the_client_optimizer_keeps_its_checkpointed_name():
+  """A checkpoint's fingerprint names the optimizer factory by module and
+  qualname: those written before ``config`` was split still resume."""
+  described = fingerprint.describe(config.client_optimizer("sgd", 0.9))
+  assert described["function"] == (
+      "fedjax_agg.config.client_optimizer.<locals>.make")
+  assert described["momentum"] == 0.9
+  assert described == fingerprint.describe(
+      spec.TrainSpec(momentum=0.9).training().optimizer)
+
+
+@pytest.mark.parametrize("value, error", [
+    (True, TypeError), ("0.5", TypeError), ([0.5], TypeError),
+    (None, TypeError), (np.array([0.5]), TypeError), (math.nan, ValueError),
+    (math.inf, ValueError), (0.0, ValueError), (np.float32(0.5), None),
+    (np.array(0.5), None), (1, None)])
+def test_check_number_takes_one_number(value, error):
+  if error is None:
+    checks.check_number("x", value, 0, 1, low_open=True)
+  else:
+    with pytest.raises(error, match="x must be"):
+      checks.check_number("x", value, 0, 1, low_open=True)
