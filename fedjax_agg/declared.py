@@ -12,6 +12,7 @@ made of their declared fields, so the config keys, the command line,
 
 import dataclasses
 from typing import Any, Callable, NamedTuple, Optional
+import warnings
 
 
 class Flag(NamedTuple):
@@ -60,10 +61,13 @@ def spec_field(default: Any = dataclasses.MISSING, *flag_list: Flag,
     config_default: the key's default in a config where the object's
       field has none (``RunOptions.num_rounds``: required in Python, 10
       in a config).
-    sets: deprecated, ignored (a "train" key is now a field of the
-      object it configures).
+    sets: deprecated and ignored: a "train" key is a field declared on
+      the object it configures.
   """
-  del sets
+  if sets is not None:
+    warnings.warn("spec_field(sets=...) is deprecated and ignored: declare "
+                  "a train key on the object it configures", DeprecationWarning,
+                  2)
   metadata = {"flags": tuple(flag_list), "check": check, "key": key,
               "config_default": config_default}
   if isinstance(default, (dict, list)):

@@ -217,3 +217,8 @@ def test_check_number_takes_one_number(value, error):
   else:
     with pytest.raises(error, match="x must be"):
       checks.check_number("x", value, 0, 1, low_open=True)
+
+
+def test_sets_is_deprecated():
+  with pytest.warns(DeprecationWarning, match="sets"):
+    spec_field(1, sets="training.epochs")
