@@ -33,7 +33,12 @@ adapters in PEFT's format (``adapter_config.json`` and
 Precision: the variables are stored in ``dtype`` (float32 or bfloat16)
 and the network computes in float32. ``remat=True`` recomputes each
 block's activations in the backward pass (``nn.remat``) instead of
-keeping them: the same logits and gradients, less memory.
+keeping them: the same logits and gradients, less memory. On CPU the
+saving needs XLA's memory-ordering scheduler, set before JAX starts
+(``XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false``):
+the default scheduler runs the recomputations early and holds their
+activations, so a 100M-parameter Llama's cohort measured the same with
+and without ``remat`` (experiments/fine_tuning/RESULTS.md).
 
 As a run's base (a description's ``model.name`` "pretrained" with
 ``model.base`` the folder): ``is_checkpoint`` recognises such a folder,
