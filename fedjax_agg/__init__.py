@@ -3,7 +3,7 @@
 Modules by layer: each imports only from its own layer and the layers
 above it in this list, and no two modules import each other, function-
 local imports included (``tests/test_layers.py`` checks this list against
-the import graph; its one exception is named there):
+the import graph, with no exception):
 
 * contracts and shared math: ``fedjax_agg.types``, ``fedjax_agg.checks``,
   ``fedjax_agg.tree_math``, ``fedjax_agg.update_stats``,

@@ -137,6 +137,11 @@ def built(systems: Systems) -> Built:
   return kept
 
 
+# config sits below this layer and cannot import it; its deprecated
+# ``Systems.build_codec`` / ``build_staleness`` reach ``built`` through this.
+Systems._runtime_builder = staticmethod(built)  # pylint: disable=protected-access
+
+
 def _check_choice(name, value, names) -> None:
   if not isinstance(value, str) or value not in names:
     raise ValueError(f"{name} must be one of {list(names)}, got {value!r}")

@@ -16,12 +16,6 @@ from fedjax_agg.declared import Flag
 from fedjax_agg.declared import spec_field as _field
 
 
-def _clock():
-  """The systems layer, for ``Systems``' deprecated builders only."""
-  from fedjax_agg import clock  # pylint: disable=g-import-not-at-top
-  return clock
-
-
 def _check_arguments(name: str, value) -> None:
   if not isinstance(value, dict) or not all(
       isinstance(k, str) for k in value):
@@ -223,14 +217,27 @@ class Systems:
       return self.max_staleness + 1
     return 10 * -(-self.concurrency // cohort_size) + 1
 
+  # The runtime objects are built by ``clock.built``, in the systems layer
+  # above config, which config must not import. ``clock`` hands its
+  # builder down to this class when it is imported, so that the two
+  # deprecated shims below keep working without an upward import.
+  _runtime_builder = None
+
+  def _runtime(self):
+    if Systems._runtime_builder is None:
+      raise RuntimeError("Systems.build_codec()/build_staleness() are "
+                         "deprecated and need fedjax_agg.clock: import it "
+                         "and call clock.built(systems)")
+    return Systems._runtime_builder(self)  # pylint: disable=not-callable
+
   def build_staleness(self):
     """Deprecated: ``clock.built(systems).staleness``."""
     warnings.warn("Systems.build_staleness() is deprecated: use "
                   "clock.built(systems).staleness", DeprecationWarning, 2)
-    return _clock().built(self).staleness
+    return self._runtime().staleness
 
   def build_codec(self):
     """Deprecated: ``clock.built(systems).codec``."""
     warnings.warn("Systems.build_codec() is deprecated: use "
                   "clock.built(systems).codec", DeprecationWarning, 2)
-    return _clock().built(self).codec
+    return self._runtime().codec

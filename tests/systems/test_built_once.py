@@ -2,6 +2,9 @@
 ``config.Systems`` and its codec (``clock.built``) and the run uses that
 object, whatever the entry point; no config dataclass builds a codec."""
 
+import subprocess
+import sys
+
 import pytest
 
 from fedjax_agg import cli
@@ -64,3 +67,19 @@ def test_a_description_builds_nothing_and_built_keeps_its_objects(
   assert raised.value.field == "codec_args"
   with pytest.warns(DeprecationWarning, match="clock.built"):
     assert described.build_codec() is first.codec
+
+
+def test_deprecated_builders_without_the_systems_layer_name_it():
+  # config must not import clock (a higher layer); with clock never
+  # imported, the deprecated shims say what to import instead of failing
+  # with an AttributeError or importing upwards.
+  script = ("import warnings, fedjax_agg.config as c, sys\n"
+            "assert 'fedjax_agg.clock' not in sys.modules\n"
+            "warnings.simplefilter('ignore')\n"
+            "try:\n"
+            "  c.Systems(codec='uniform').build_codec()\n"
+            "except RuntimeError as e:\n"
+            "  print(e)\n")
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                       text=True, check=True).stdout
+  assert "fedjax_agg.clock" in out and "clock.built(systems)" in out
