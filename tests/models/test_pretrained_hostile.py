@@ -233,3 +233,36 @@ def test_bad_options_and_sequences_beyond_the_checkpoint():
   model, variables = pretrained.load_pretrained(util.folder("mistral"))
   with pytest.raises(ValueError, match="sliding_window"):
     model.apply(variables, np.zeros((1, 33), np.int32))
+
+
+def test_base_hashes_are_read_once_and_again_when_a_file_changes(
+    tmp_path, monkeypatch):
+  # A run asks for the base's hashes once per algorithm and seed; the bytes
+  # are read once while the files stay as they were, and read again as soon
+  # as one is rewritten (a resume on other weights must see them).
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from fedjax_agg.models.pretrained import _folder  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / "gpt2"
+  shutil.copytree(util.FIXTURES / "gpt2", folder)
+  old = 1_600_000_000
+  for name in ("config.json", "model.safetensors"):
+    os.utime(folder / name, (old, old))
+  reads = []
+  real = hashlib.file_digest
+  monkeypatch.setattr(hashlib, "file_digest",
+                      lambda f, name: reads.append(f.name) or real(f, name))
+  first = pretrained.checkpoint_files(folder)
+  assert pretrained.checkpoint_files(folder) == first and len(reads) == 2
+  weights = (folder / "model.safetensors").read_bytes()
+  for name in ("config.json", "model.safetensors"):
+    assert first[name] == hashlib.sha256(
+        (folder / name).read_bytes()).hexdigest()
+  # Same size, other bytes, written now: read again, not kept.
+  (folder / "model.safetensors").write_bytes(
+      weights[:-1] + bytes([weights[-1] ^ 1]))
+  second = pretrained.checkpoint_files(folder)
+  assert second["model.safetensors"] != first["model.safetensors"]
+  assert pretrained.checkpoint_files(folder) == second
+  assert len(reads) == 4 and len(_folder._DIGESTS) >= 2

@@ -11,11 +11,22 @@ and the run's config names the exact files.
 
 import hashlib
 import os
+import time
 
 from fedjax_agg.models.pretrained import _config
 from fedjax_agg.models.pretrained import _files
 
 CONFIG = "config.json"
+
+# SHA-256 of files already read, keyed by what ``os.stat`` says of them. A
+# run asks for its base's hashes when each algorithm and each seed is
+# built; a downloaded base is gigabytes, so it is read once a process, and
+# again only if the file was replaced or rewritten (another inode, size or
+# modification time). A file modified in the last seconds is not kept:
+# timestamps are coarse, and a rewrite within the same tick would keep
+# its key.
+_DIGESTS: dict[tuple, str] = {}
+_SETTLED_NS = 2 * 10**9
 
 
 def is_checkpoint(path) -> bool:
@@ -49,8 +60,19 @@ def checkpoint_files(path) -> dict[str, str]:
   if os.path.isfile(os.path.join(folder, _files.INDEX)):
     names.append(_files.INDEX)
   names += sorted(_files.shard_map(folder))
-  hashes = {}
-  for name in names:
-    with open(os.path.join(folder, name), "rb") as f:
-      hashes[name] = hashlib.file_digest(f, "sha256").hexdigest()
-  return hashes
+  return {name: _digest(os.path.join(folder, name)) for name in names}
+
+
+def _digest(path: str) -> str:
+  with open(path, "rb") as f:
+    # The stat of the open file, so the key and the bytes hashed are the
+    # same file even if the name is replaced meanwhile.
+    stat = os.fstat(f.fileno())
+    key = (os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size,
+           stat.st_mtime_ns)
+    if key in _DIGESTS:
+      return _DIGESTS[key]
+    digest = hashlib.file_digest(f, "sha256").hexdigest()
+  if time.time_ns() - stat.st_mtime_ns > _SETTLED_NS:
+    _DIGESTS[key] = digest
+  return digest
