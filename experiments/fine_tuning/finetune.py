@@ -57,10 +57,9 @@ from fedjax_agg.models import lora
 import pretrain
 # pylint: enable=wrong-import-position
 
-RULES = {"fedit": (aggregators.fedit, {}),
-         "ffa_lora": (aggregators.ffa_lora, {"freeze_a": True}),
-         "flora": (aggregators.flora, {"merged": True})}
-"""LoRA method -> (its rule's factory, the adapters it needs)."""
+RULES = ("fedit", "ffa_lora", "flora")
+"""The LoRA methods compared: registered rules, whose registry lines
+declare the adapters each needs (``capabilities(name).model_options``)."""
 
 
 def federations(fed, seed: int) -> dict:
@@ -79,11 +78,12 @@ def methods(base, ranks, key) -> dict:
   """name -> (model, rule, initial params or None)."""
   out = {"full": (base.model, aggregators.fedavg(), base.variables)}
   for rank in ranks:
-    for name, (factory, options) in RULES.items():
+    for name in RULES:
+      options = aggregators.REGISTRY.capabilities(name).model_options
       model = lora.lora(base.model, base.variables, rank=rank,
                         targets=lora.TRANSFORMER_TARGETS, key=key,
                         **options)
-      out[f"{name}-{rank}"] = (model, factory(), None)
+      out[f"{name}-{rank}"] = (model, aggregators.get(name), None)
   return out
 
 
