@@ -83,3 +83,27 @@ def test_deprecated_builders_without_the_systems_layer_name_it():
   out = subprocess.run([sys.executable, "-c", script], capture_output=True,
                        text=True, check=True).stdout
   assert "fedjax_agg.clock" in out and "clock.built(systems)" in out
+
+
+def test_a_two_round_run_builds_its_population_once(monkeypatch, tmp_path,
+                                                    capsys):
+  # The clients' speed profiles and availability process are the run's
+  # objects, built once for the federation's N (the description's check
+  # only tries the arguments on a population of one).
+  from fedjax_agg import systems as systems_lib  # pylint: disable=g-import-not-at-top
+  built = []
+  for kind, registry in (("profiles", systems_lib.PROFILES),
+                         ("availability", systems_lib.AVAILABILITY)):
+    def build(name, *args, _kind=kind, _build=registry.build, **kwargs):
+      built.append((_kind, name, kwargs.get("num_clients")))
+      return _build(name, *args, **kwargs)
+    monkeypatch.setattr(registry, "build", build)
+  cli.main([flag if flag != "1" else "2" for flag in TINY] + [
+      "--out", str(tmp_path / "run"), "--availability", "markov",
+      "--availability-arg", "mean_online_s=60", "--availability-arg",
+      "mean_offline_s=30",
+      "--codec", "qsgd", "--codec-arg", "bits=4"])
+  capsys.readouterr()
+  runs = [entry for entry in built if entry[2] != 1]
+  assert sorted(runs) == [("availability", "markov", 4),
+                          ("profiles", "constant", 4)], built
