@@ -129,6 +129,10 @@ def select_configs(candidate_accuracy: jax.Array, target: jax.Array,
     [K] int32: the first configuration reaching ``target``, else the most
     accurate (first of equals); ``previous`` for clients not searching.
   """
+  # A NaN target (no last round yet) compares False everywhere, so every
+  # searching client falls back to its most accurate candidate. argmax takes
+  # the first maximal index, i.e. the first in grid order, as the sequential
+  # loop of Algorithm 1 would stop at.
   reached = candidate_accuracy >= target
   first_reached = jnp.argmax(reached, axis=1)
   best = jnp.argmax(candidate_accuracy, axis=1)
@@ -157,12 +161,16 @@ def search_mask(previous: jax.Array, accuracy: jax.Array,
     [K] bool: no configuration yet, or at or below the threshold, or
     t mod s == 0.
   """
+  # threshold_mode is a Python string fixed when ADCT is built, so this
+  # branch is resolved at trace time and adds nothing to the jitted round.
   if threshold_mode == "mean":
     limit = mean_accuracy
   else:
     limit = accuracy_threshold / 100.0
     if threshold_mode == "relative":
       limit = limit * mean_accuracy
+  # A NaN limit (round one, "mean" or "relative") triggers no one by itself;
+  # every client still searches then, since none has a configuration yet.
   return ((previous < 0) | (accuracy <= limit)
           | (round_num % search_step == 0))
 
@@ -222,6 +230,9 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
   num_configs = len(grid)
   grid_lrs = jnp.array([lr for lr, _ in grid], jnp.float32)
   grid_epochs = jnp.array([e for _, e in grid], jnp.int32)
+  # One trainer sized for the longest candidate: a shorter one is the same
+  # program with a smaller step budget, so all C candidates share one
+  # compilation and run in one call.
   trainer = engine.make_local_trainer(
       model, LocalTraining(epochs=max(e for _, e in grid),
                            batch_size=batch_size, optimizer=client_optimizer,
@@ -232,6 +243,9 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
       model, params, data, rows, eval_batch_size, clients_per_step)
 
   def init(num_clients: int) -> ADCTState:
+    # The initial target decides round one: NaN means "no target", so each
+    # client keeps its most accurate candidate ("best"); 0.0 is reached by
+    # every candidate, so each keeps grid[0] ("first").
     return ADCTState(jnp.full((num_clients,), -1, jnp.int32),
                      jnp.zeros((num_clients,), jnp.float32),
                      jnp.full((), jnp.nan if round_one == "best" else 0.0,
@@ -242,6 +256,8 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
             round_num, key):
     num_clients = client_ids.shape[0]
     real = mask > 0
+    # Padding rows may carry any id: an out-of-range one reads as a client with
+    # no configuration, and nothing of a padding row is written back below.
     previous = tree_math.gather_clients(state.config_index, client_ids, -1)
     if trigger_accuracy == "last":
       current = tree_math.gather_clients(state.accuracy, client_ids, 0.0)
@@ -253,9 +269,15 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
     searching = search_mask(previous, current, state.mean_accuracy,
                             round_num, accuracy_threshold, search_step,
                             threshold_mode)
+    # A client that does not search trains only its kept configuration, and
+    # padding rows train none. Rows not needed stay in the [K * C] layout
+    # (shapes are fixed under jit) and run 0 steps instead.
     needed = searching[:, None] | (
         jnp.arange(num_configs)[None, :] == previous[:, None])
     needed = needed & real[:, None]
+    # Row k * C + c is client k with configuration c: ids repeated, grid
+    # tiled. The same id on all C rows gives a client's candidates one data
+    # order, so they differ only in learning rate and epochs.
     rows = jnp.repeat(client_ids, num_configs)
     steps = jnp.tile(grid_epochs, num_clients) * engine.steps_per_epoch(
         data.num_examples[rows], batch_size)
@@ -266,12 +288,15 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
     # Lines 17-22.
     chosen = select_configs(candidate_accuracy, state.mean_accuracy,
                             searching, previous)
+    # Row (k, chosen[k]) of every [K * C, ...] leaf: the kept candidate's
+    # model, losses and step count.
     pick = lambda a: a.reshape((num_clients, num_configs) + a.shape[1:])[
         jnp.arange(num_clients), chosen]
     kept = jax.tree.map(pick, local)
     accuracy = pick(candidate_accuracy.ravel())
     # Line 10: mean accuracy over this round's participants.
     weights = real.astype(jnp.float32)
+    # A cohort of padding only keeps the last target instead of a 0 / 0.
     mean = jnp.where(jnp.any(real), jnp.sum(jnp.where(real, accuracy, 0.0))
                      / jnp.maximum(jnp.sum(weights), 1.0),
                      state.mean_accuracy)
@@ -280,6 +305,8 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
                                   chosen),
         tree_math.scatter_clients(state.accuracy, client_ids, weights,
                                   accuracy), mean)
+    # Candidates that ran 0 steps were evaluated on the global model; NaN
+    # marks them as not trained.
     output = ADCTOutput(kept, chosen, grid_lrs[chosen], grid_epochs[chosen],
                         searching & real, accuracy,
                         jnp.where(needed, candidate_accuracy, jnp.nan))

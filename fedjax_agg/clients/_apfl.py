@@ -89,8 +89,12 @@ def _paired(model: Model, alpha: float) -> Model:
 
   def apply(params, x, train):
     outputs, new_w = model.apply(params["w"], x, train)
+    # Through the mixture only v and alpha receive gradients (Eqs. (b), (c));
+    # w's gradient comes from f(w) alone (Eq. (a)), hence the stop-gradient.
     mixed = mix(jax.lax.stop_gradient(params["w"]), params["v"],
                 params["alpha"])
+    # The mixture's new variables are discarded: only w's forward pass
+    # updates state (models with BatchNorm statistics are refused anyway).
     mixed_outputs, _ = model.apply(mixed, x, train)
     return (outputs, mixed_outputs), {**params, "w": new_w}
 
@@ -158,6 +162,8 @@ def apfl(model: Model, training: LocalTraining = LocalTraining(), *,
         "w": jax.tree.map(lambda _: "model", params["w"]),
         "v": jax.tree.map(lambda _: "model", params["v"]),
         "alpha": "alpha"}
+    # Eq. (c) is a plain gradient step on alpha whatever optimizer trains w
+    # and v; the clip to [0, 1] follows as the objective's proximal step.
     return optax.multi_transform(
         {"model": model_optimizer(learning_rate=learning_rate),
          "alpha": optax.sgd(alpha_rate)}, labels)
@@ -180,6 +186,8 @@ def apfl(model: Model, training: LocalTraining = LocalTraining(), *,
     del round_num
     rows = own(client_state.personal, global_params, client_ids)
     count = client_ids.shape[0]
+    # w restarts from the global model every round (Eq. (a) is FedAvg's local
+    # step); v and alpha continue from the client's row.
     start = {"w": jax.tree.map(
         lambda a: jnp.broadcast_to(a, (count,) + a.shape), global_params),
              **rows}
@@ -190,11 +198,14 @@ def apfl(model: Model, training: LocalTraining = LocalTraining(), *,
     local = train(paired_global, data, client_ids, learning_rates, num_steps,
                   key, start, None)
     trained = local.client_params
+    # A client that took no step is not written: its row would pin v to this
+    # round's global model, while an unseen client reads the current one.
     write = ((mask > 0) & (local.steps_taken > 0)
              & engine.rows_finite(trained))
     table = _table.scatter(client_state.personal, client_ids,
                            {"v": trained["v"], "alpha": trained["alpha"]},
                            write)
+    # Only w goes to the rule (Eq. (d)); v and alpha stay with the client.
     return (local._replace(client_params=trained["w"]), APFLState(table),
             {"alpha": trained["alpha"]})
 

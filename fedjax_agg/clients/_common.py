@@ -46,6 +46,8 @@ class ClientOptions(NamedTuple):
 def client_options(algorithm: str, options: dict) -> ClientOptions:
   """A factory's ``**options`` as ``ClientOptions``; an unknown name is
   refused naming the factory and the names it takes."""
+  # Refused here, before a trainer is built, so a misspelt option names the
+  # factory and its options rather than failing inside ClientOptions.
   unknown = sorted(set(options) - set(ClientOptions._fields))
   if unknown:
     raise TypeError(f"{algorithm}() got unexpected keyword arguments "
@@ -63,6 +65,8 @@ def with_own_objective(name: str, training: Any, objective,
   if not isinstance(training, LocalTraining):
     raise TypeError(f"{name} must be a config.LocalTraining, got "
                     f"{type(training).__name__}")
+  # The replace below would silently drop a caller's objective; refusing it
+  # keeps the local loss the one the algorithm defines.
   if training.objective is not None:
     raise ValueError(f"{algorithm}: {name}.objective must be None (it sets "
                      "its own local objective)")
@@ -84,6 +88,8 @@ def batch_norm_leaf(path: str) -> bool:
   """FedBN's default choice of local leaves: BatchNorm statistics (the
   ``batch_stats`` collection) and the scale and bias of BatchNorm layers
   (modules named ``bn...`` or ``BatchNorm_...``)."""
+  # keys[0] is the collection ("params" or "batch_stats"); module names
+  # start at keys[1].
   keys = path.split("/")
   return keys[0] == "batch_stats" or any(
       k.startswith("bn") or k.startswith("BatchNorm") for k in keys[1:])

@@ -113,11 +113,15 @@ def ditto(model: Model, training: LocalTraining = LocalTraining(), *,
     if personal_training is None:
       personal_lrs, personal_steps = learning_rates, num_steps
     else:
+      # A training of its own runs its full epochs at its own learning rate:
+      # the round's straggler budget cuts only the global side.
       personal_lrs = jnp.full(client_ids.shape,
                               personal_training.learning_rate, jnp.float32)
       personal_steps = jnp.where(mask > 0, engine.full_steps(
           data, client_ids, personal_training.batch_size,
           personal_training.epochs), 0)
+    # ``key`` drives the global side's data order; the personal side folds
+    # in 1 for an order of its own.
     trained = train_personal(global_params, data, client_ids, personal_lrs,
                              personal_steps, jax.random.fold_in(key, 1),
                              personal, None)

@@ -81,6 +81,8 @@ def dynamic_objective(alpha: float, trainable) -> LocalObjective:
     def term(theta, start, gradient, t):
       if not t:
         return jnp.zeros(())
+      # theta^{t-1} and grad_k are constants of the round; only theta is
+      # differentiated.
       start = jax.lax.stop_gradient(start).astype(theta.dtype)
       gradient = jax.lax.stop_gradient(gradient).astype(theta.dtype)
       return (0.5 * alpha * jnp.sum(jnp.square(theta - start))
@@ -127,6 +129,8 @@ def feddyn(model: Model, training: LocalTraining = LocalTraining(), *,
              client_ids, mask, learning_rates, num_steps, round_num, key):
     del round_num
     gradients = _table.gather(client_state.gradients, client_ids)
+    # The trainer's reference is per client ([K, ...]), so theta^{t-1} is
+    # stacked K times to travel with grad_k.
     starts = tree_math.broadcast_to_clients(global_params,
                                             client_ids.shape[0])
     local = train(global_params, data, client_ids, learning_rates,
@@ -145,9 +149,12 @@ def feddyn(model: Model, training: LocalTraining = LocalTraining(), *,
              & engine.rows_finite(new_gradients))
     table = _table.scatter(client_state.gradients, client_ids,
                            new_gradients, write)
+    # A client not written reports its unchanged grad_k.
     norms = jnp.where(write, tree_math.client_norms(new_gradients),
                       tree_math.client_norms(gradients))
     return local, FedDynClientState(table), {"gradient_state_norm": norms}
 
+  # Published to the run: aggregators.feddyn takes its alpha from here, so
+  # client and server cannot run with two different alphas.
   return LocalUpdate(init=init, update=update,
                      shared={"feddyn_alpha": alpha})

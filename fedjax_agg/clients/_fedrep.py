@@ -134,7 +134,12 @@ def fedrep(model: Model, training: LocalTraining = LocalTraining(), *,
   shapes = _common.model_shapes(model)
   local = _personal.head_leaves(shapes, is_local, "fedrep")
   trainable = jax.tree.leaves(_common.trainable_leaves(shapes))
+  # ``local.positions`` index ``jax.tree.leaves(shapes)``; the tree of
+  # flags from ``trainable_leaves`` has the same structure, so its leaves
+  # line up with them position by position.
   in_head = [i in local.positions for i in range(len(trainable))]
+  # BatchNorm statistics are in neither part: no phase's optimizer updates
+  # them, and they follow the forward passes of both.
   head = [t and h for t, h in zip(trainable, in_head, strict=True)]
   body = [t and not h for t, h in zip(trainable, in_head, strict=True)]
   if not any(head):
@@ -164,22 +169,33 @@ def fedrep(model: Model, training: LocalTraining = LocalTraining(), *,
     after_head, head_result = start, None
     if train_head is not None:
       # Eq. (a): the head's epochs, every real client in full.
+      # The round's step budget (stragglers) limits the body phase only: the
+      # head always runs its full epochs, padding rows none. A key of its own
+      # gives the head phase a data order different from the body phase's.
       head_steps = jnp.where(mask > 0, engine.full_steps(
           data, client_ids, training.batch_size, head_epochs), 0)
       head_result = train_head(global_params, data, client_ids,
                                learning_rates, head_steps,
                                jax.random.fold_in(key, 1), start, start)
+      # The body is put back bit for bit: a local objective's proximal step may
+      # have moved it although its optimizer update is zero.
       after_head = _restore(head_result.client_params, start, body)
     # Eq. (b): the body's epochs with the new head fixed.
+    # The objective's reference is the round's start (global body, own head),
+    # so a proximal term pulls the head towards the client's own.
     body_result = train_body(global_params, data, client_ids, learning_rates,
                              num_steps, key, after_head, start)
     trained = _restore(body_result.client_params, after_head, head)
     table = local.write(client_state.local, client_ids, trained, mask)
+    # No head phase ran (head_epochs 0): a zero-step stand-in lets the sums
+    # below serve both cases.
     if head_result is None:
       zeros = jnp.zeros_like(body_result.train_loss)
       head_result = body_result._replace(
           steps_taken=jnp.zeros_like(body_result.steps_taken),
           train_loss=zeros)
+    # train_loss is the step-weighted mean of both phases; the max(., 1)
+    # guards padding rows, which took no step in either.
     steps = head_result.steps_taken + body_result.steps_taken
     loss_sum = (head_result.train_loss * head_result.steps_taken
                 + body_result.train_loss * body_result.steps_taken)

@@ -54,11 +54,16 @@ class HostStore:
         self.arrays.append(np.zeros(shape, s.dtype))
       else:
         # One sparse file, leaves one after the other.
+        # Only the first leaf opens with "w+" (which sizes the file afresh);
+        # the later ones must use "r+" at their offset, or "w+" would truncate
+        # the leaves already mapped.
         self.arrays.append(np.memmap(path, dtype=s.dtype, shape=shape,
                                      mode="r+" if offset else "w+",
                                      offset=offset))
         offset += int(np.prod(shape)) * np.dtype(s.dtype).itemsize
     self.seen = np.zeros((self.num_clients,), bool)
+    # The callbacks may run on runtime threads other than the caller's; the
+    # lock keeps a read from seeing a half-done write.
     self.lock = threading.Lock()
 
   @property
@@ -67,12 +72,16 @@ class HostStore:
     return sum(a.nbytes for a in self.arrays)
 
   def read(self, client_ids, version):
+    # ``version`` is only a data dependency: taking it orders this read
+    # after the scatter that produced it (the previous round's write).
     del version
     ids = np.asarray(client_ids)
     with self.lock:
       return (tuple(a[ids] for a in self.arrays), self.seen[ids])
 
   def write(self, client_ids, rows, write, version):
+    # Rows not to be written (padding, non-finite) are filtered here on the
+    # host, so their ids, whatever they are, touch no row.
     ids = np.asarray(client_ids)[np.asarray(write)]
     with self.lock:
       for array, new in zip(self.arrays, rows, strict=True):
@@ -113,6 +122,8 @@ class HostRows:
   def tree_flatten(self):
     """Pytree flattening: ``version`` is the child, the store the static
     auxiliary data."""
+    # The store is static auxiliary data: jit traces only the version
+    # scalar, so the N rows never enter a trace or a device transfer.
     return (self.version,), self.store
 
   @classmethod
@@ -144,6 +155,9 @@ def host_gather(table: HostRows, client_ids: jax.Array) -> tuple[Any,
   shapes = (tuple(jax.ShapeDtypeStruct((count,) + s.shape, s.dtype)
                   for s in store.shapes),
             jax.ShapeDtypeStruct((count,), bool))
+  # The read depends on mutable host state, so it is no pure function of
+  # its arguments: io_callback keeps XLA from caching, merging or dropping
+  # it.
   leaves, seen = jax.experimental.io_callback(
       store.read, shapes, client_ids, table.version)
   return jax.tree.unflatten(store.treedef, list(leaves)), seen
@@ -155,6 +169,8 @@ def host_scatter(table: HostRows, client_ids: jax.Array, rows: Any,
   store = table.store
   leaves = tuple(leaf.astype(s.dtype) for leaf, s in zip(
       jax.tree.leaves(rows), store.shapes, strict=True))
+  # The returned version is all the round sees of this write; the next
+  # gather takes it, which is what orders that read after this write.
   version = jax.experimental.io_callback(
       store.write, jax.ShapeDtypeStruct((), jnp.int32), client_ids, leaves,
       write, table.version)

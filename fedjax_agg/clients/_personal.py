@@ -69,6 +69,8 @@ class LocalLeaves(NamedTuple):
             mask: jax.Array):
     """``table`` with the local leaves of the trained [K] models written
     for the rows with mask 1 whose whole model is finite."""
+    # A non-finite model is not written: the client keeps its last finite
+    # leaves instead of carrying NaN into every later round it joins.
     write = (mask > 0) & engine.rows_finite(client_params)
     return _table.scatter(table, client_ids, self.rows(client_params), write)
 
@@ -139,6 +141,8 @@ def last_dense_layer(shapes: Any) -> Callable[[str], bool]:
     ValueError: the model has no Dense layer.
   """
   paths = tree_math.leaf_paths(shapes)
+  # 2-D kernels only: a convolution's kernel is 4-D, so a conv layer is
+  # never taken for the head.
   modules = [path.rsplit("/", 1)[0]
              for path, leaf in zip(paths, jax.tree.leaves(shapes),
                                    strict=True)

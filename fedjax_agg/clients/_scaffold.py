@@ -75,6 +75,8 @@ def correction_objective() -> LocalObjective:
 
   def penalty(params, reference, context):
     del context
+    # The correction is a constant of the round: stop_gradient keeps the
+    # gradient of <p, c> with respect to p alone, which is c itself.
     terms = jax.tree.map(
         lambda p, c: jnp.vdot(p, jax.lax.stop_gradient(c).astype(p.dtype),
                               precision=tree_math.FULL),
@@ -117,16 +119,23 @@ def scaffold(model: Model, training: LocalTraining = LocalTraining(),
     del round_num
     controls = _table.gather(client_state.controls, client_ids)
     server_control = client_state.server_control
+    # c[None] broadcasts the server control over the cohort's K rows.
+    # Statistics (non-trainable leaves) get no correction: they have no
+    # gradient to correct.
     correction = jax.tree.map(
         lambda c, ci, t: (c[None] - ci) if t else jnp.zeros_like(ci),
         server_control, controls, trainable)
     local = train(global_params, data, client_ids, learning_rates,
                   num_steps, key, None, correction)
     # Eq. (b), option II.
+    # K_i eta_l is 0 for padding rows and zero-step stragglers; the floor
+    # keeps the division finite, and such rows are not written below.
     scale = 1.0 / jnp.maximum(local.steps_taken.astype(jnp.float32)
                               * learning_rates, 1e-30)
 
     def new_control(c, ci, x, y, t):
+      # ``t`` is a Python bool per leaf (a static tree of flags), so this
+      # branch is taken at trace time.
       if not t:
         return jnp.zeros_like(ci)
       shape = (-1,) + (1,) * (ci.ndim - 1)
@@ -142,6 +151,8 @@ def scaffold(model: Model, training: LocalTraining = LocalTraining(),
 
     def server_step(c, ci, ci_new):
       shape = (-1,) + (1,) * (ci.ndim - 1)
+      # The same ``write`` as the table's scatter: with zero initial controls
+      # this keeps c equal to the mean of the N stored c_i.
       delta = jnp.where(write.reshape(shape), ci_new - ci, 0.0)
       return c + jnp.sum(delta, axis=0) / num_clients
     new_server = jax.tree.map(server_step, server_control, controls,

@@ -75,6 +75,8 @@ def init_table(num_clients: int, row_shapes: Any, placement: str = "device",
   rows = jax.tree.map(
       lambda s: jnp.zeros((num_clients,) + tuple(s.shape), s.dtype),
       row_shapes)
+  # Zeros, not initial values: rows are read through ``seen``, so a client
+  # that has not written yet reads the caller's default in ``gather``.
   return Table(rows, jnp.zeros((num_clients,), bool))
 
 
@@ -89,6 +91,8 @@ def gather(table: Table, client_ids: jax.Array, default: Any = None) -> Any:
   if default is None:
     return rows
 
+  # ``seen`` is traced, so the choice is a jnp.where, not a Python branch;
+  # the default row gains a leading axis of 1 to broadcast over the K rows.
   def leaf(stacked, single):
     shape = (-1,) + (1,) * (stacked.ndim - 1)
     return jnp.where(seen.reshape(shape), stacked,
@@ -106,6 +110,9 @@ def scatter(table: Table, client_ids: jax.Array, rows: Any,
   if isinstance(table, _host_table.HostRows):
     return _host_table.host_scatter(table, client_ids, rows, write)
   num_clients = table.seen.shape[0]
+  # Rows not written point one past the last row and mode="drop" discards
+  # them, so a padding row that repeats a real client's id cannot overwrite
+  # that client's new row, whatever order the scatter applies duplicates in.
   index = jnp.where(write, client_ids, num_clients)
   new_rows = jax.tree.map(
       lambda leaf, new: leaf.at[index].set(new.astype(leaf.dtype),
