@@ -103,6 +103,8 @@ def epoch_order(key: PRNGKey, num_examples, width: int) -> jax.Array:
   """
   positions = jnp.arange(width)
   draws = jax.random.uniform(key, (width,))
+  # Padding positions get keys above every uniform draw, increasing with
+  # the position, so the sort puts them last and in their own order.
   draws = jnp.where(positions < num_examples, draws, 2.0 + positions)
   return jnp.argsort(draws, stable=True).astype(jnp.int32)
 
@@ -144,6 +146,9 @@ def _client_trainer(model: Model, training: LocalTraining):
     num_examples = data.num_examples[args.client_id]
     client_key = jax.random.fold_in(key, args.client_id)
     width = indices.shape[0]
+    # ``width`` (the padded per-client row count) is static, so the step
+    # count of the scan is too; the client's own ``client_steps`` is traced
+    # and only masks steps.
     epoch_steps = -(-width // batch_size)
     client_steps = steps_per_epoch(num_examples, batch_size)
     # The rows of an epoch's last step past ``width`` only ever pad; a
@@ -157,6 +162,8 @@ def _client_trainer(model: Model, training: LocalTraining):
 
     def epoch(carry, epoch_index):
       params, opt_state, steps_done, loss_sum = carry
+      # The objective's per-epoch quantities (e.g. FedLap's row
+      # dissimilarities) are frozen for the epoch: constants of its loss.
       context = jax.lax.stop_gradient(objective.prepare(params, reference))
       order = epoch_order(jax.random.fold_in(client_key, epoch_index),
                           num_examples, width)
@@ -168,6 +175,8 @@ def _client_trainer(model: Model, training: LocalTraining):
         pos = jax.lax.dynamic_slice_in_dim(order, step_index * batch_size,
                                            rows)
         mask = (pos < num_examples).astype(jnp.float32)
+        # Padding positions are clamped to a real index so the gather stays
+        # in bounds; their rows carry mask 0 and add nothing to the loss.
         idx = padded[jnp.minimum(pos, width - 1)]
         batch = {"x": x_all[idx], "y": y_all[idx], "mask": mask}
         (loss, new_params), grads = jax.value_and_grad(
@@ -178,6 +187,8 @@ def _client_trainer(model: Model, training: LocalTraining):
         if objective.proximal is not None:
           new_params = objective.proximal(new_params, reference,
                                           args.learning_rate)
+        # An inactive step is computed anyway (fixed shapes under vmap) and
+        # then discarded by jnp.where, so state is left bit-identical.
         active = (step_index < client_steps) & (steps_done < args.num_steps)
         keep = lambda new, old: jax.tree.map(
             lambda a, b: jnp.where(active, a, b), new, old)
@@ -187,6 +198,8 @@ def _client_trainer(model: Model, training: LocalTraining):
 
       carry = (params, opt_state, steps_done, loss_sum)
       full_steps = epoch_steps - (last_rows is not None)
+      # ``True == 1`` in Python: unroll=True (fully unrolled scan) must not
+      # take the while_loop branch.
       if training.unroll is not True and training.unroll == 1:
         # Only the client's own steps run: the loop stops at its last
         # batch (or its step budget) instead of padding every client to
@@ -230,6 +243,8 @@ def _client_trainer(model: Model, training: LocalTraining):
       loss_after = losses(params)
     else:
       loss_before = loss_after = jnp.zeros(())
+    # A client that took no step (a padding row, num_steps 0) reports 0,
+    # not 0/0.
     train_loss = loss_sum / jnp.maximum(steps_done, 1)
     return params, loss_before, loss_after, steps_done, train_loss
 
@@ -245,6 +260,8 @@ def _chunk_trainer(model, training, *, clients_per_step, chunk_loop, mesh,
                     f"{type(training).__name__}")
   clients_per_step = check_execution(clients_per_step, chunk_loop, mesh,
                                      client_axis, model.num_params)
+  # Params, data and key are shared by the chunk; only the per-client
+  # arguments are mapped.
   train_chunk = jax.vmap(_client_trainer(model, training),
                          in_axes=(None, None, None, 0))
 
@@ -286,6 +303,8 @@ def _by_steps(data: FederatedData, client_ids, num_steps,
 def _loop_chunks(body, carry, chunks, chunk_loop: str):
   """``lax.scan(body, carry, chunks)``, or a Python loop ("unroll", or a
   single chunk)."""
+  # The chunk count is a static shape, so this Python branch is resolved
+  # at trace time.
   count = jax.tree.leaves(chunks)[0].shape[0]
   if count > 1 and chunk_loop == "map":
     return jax.lax.scan(body, carry, chunks)
@@ -388,8 +407,11 @@ def make_local_trainer(
     outputs = layout.from_chunks(run_chunks(global_params, data, key,
                                             rows.args))
     if lanes > 1:
+      # argsort of a permutation is its inverse: back to cohort order.
       back = jnp.argsort(order)
       outputs = jax.tree.map(lambda a: a[back], outputs)
+    # Once trimmed to K rows the outputs split evenly over the devices only
+    # when D divides K; otherwise their layout is left to the compiler.
     if mesh is not None and layout.num_clients % layout.devices == 0:
       outputs = jax.lax.with_sharding_constraint(
           outputs, jax.sharding.NamedSharding(
@@ -517,9 +539,15 @@ def make_local_reducer(
           return jax.tree.map(jnp.add, total, client_stats(
               global_params, client_params, info_k))
 
+        # One client's statistics at a time, added in row order: the chunk's
+        # W models are already live, and a vmapped ``client_stats`` would
+        # add W model-sized statistics on top of them.
         total = jax.lax.fori_loop(0, chunk.mask.shape[0], add_client, total)
         return total, tuple(per_client) + (finite,)
 
+      # The scan's carry needs the statistics' structure before the first
+      # chunk runs: it is read off ``client_stats`` by eval_shape, with the
+      # global params standing in for a client model.
       scalar = jax.ShapeDtypeStruct((), jnp.float32)
       steps = jax.ShapeDtypeStruct((), jnp.int32)
       one_row = jax.tree.map(
@@ -549,6 +577,7 @@ def make_local_reducer(
 def rows_finite(stacked: Any) -> jax.Array:
   """[K] True where every entry of row k of every leaf is finite."""
   def leaf_rows(leaf):
+    # Integer leaves (e.g. step counters) cannot hold NaN or Inf.
     if not jnp.issubdtype(leaf.dtype, jnp.inexact):
       return jnp.ones(leaf.shape[:1], bool)
     return jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)

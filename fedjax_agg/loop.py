@@ -127,11 +127,16 @@ and overflows at 2**63."""
 def seed_keys(seed: int) -> tuple[jax.Array, jax.Array]:
   """``seed`` (an int in [0, 2**32 - 1]) -> (model init key, run key)."""
   checks.check_int("seed", seed, 0, MAX_SEED)
+  # The order of the two keys is part of every golden history: swapping them
+  # changes every model init and every cohort.
   return tuple(jax.random.split(jax.random.key(int(seed))))
 
 
 def cohort_keys(run_key: jax.Array, num_rounds: int) -> jax.Array:
   """[R] keys of the rounds' cohorts (prefix-stable in R)."""
+  # fold_in keeps the cohorts apart from the rounds' own keys (the state's
+  # key starts as the run key). split(k, R)[:R'] == split(k, R') is what
+  # lets a finished run be extended.
   return jax.random.split(jax.random.fold_in(run_key, 1), max(num_rounds, 1))
 
 
@@ -162,6 +167,8 @@ def check_labels(y, num_classes: int, where: str) -> None:
   y = np.asarray(y)
   bad = (y < 0) | (y >= num_classes)
   if y.ndim > 1:
+    # Only per-token targets may pad; a padded single label would be a bug in
+    # the data, not a masked position.
     bad &= y != PAD_TARGET
   if bad.any():
     raise ValueError(
@@ -181,6 +188,8 @@ def open_checkpoints(checkpointing: Optional[Checkpointing],
   checkpointer, snapshot = checkpoint.open_run(
       checkpointing.directory, checkpointing.every, checkpointing.resume,
       checkpoint.describe(fingerprint()), state, run_key)
+  # The checkpointer is closed before raising: its writer must not outlive the
+  # refused run.
   if snapshot is not None and snapshot.round > num_rounds:
     checkpointer.close()
     raise checkpoint.CheckpointMismatchError(
@@ -214,6 +223,9 @@ class Checkpoints(Callback):
     run ends there because callbacks asked (``stopping``)."""
     checkpointer = self.checkpointer
     if checkpointer.should_save(round_num, self.num_rounds) or (
+        # An early stop is saved only where the run checkpoints at all
+        # (every > 0), or where a signal ended it: there the save is what
+        # makes it resumable.
         stopping and (checkpointer.every > 0 or self.interrupted)):
       checkpointer.save(round_num, state, self.run_key,
                         *self.pack(self.rows, self.client_rows))
@@ -240,6 +252,7 @@ class PrivacyAccounting(Callback):
   def __call__(self, row: dict, client: Optional[dict]) -> None:
     del client
     round_num = int(row["round"])
+    # Round 0 (the initial model) has spent no privacy: no epsilon column.
     if round_num >= 1:
       row["epsilon"] = float(self.epsilons[round_num - 1])
     self.stop_requested = (self.final_round is not None
@@ -332,6 +345,8 @@ class Driver:
     if loss is not None and not np.isfinite(loss):
       bad.append(f"test loss {loss}")
     params = self.member_state(state, m).params
+    # Integer leaves cannot be non-finite. Each leaf's check waits for the
+    # device; under "record" none runs.
     finite = all(bool(jnp.all(jnp.isfinite(leaf)))
                  for leaf in jax.tree.leaves(params)
                  if jnp.issubdtype(leaf.dtype, jnp.inexact))
@@ -353,9 +368,13 @@ class Driver:
       with self._interrupts:
         state = self._loop(state, first_round, num_rounds, rows,
                            client_rows)
+    # Callbacks close even when a round raises, so that the history files hold
+    # every row written before the error.
     finally:
       for callback in self._each_once():
         callback.close()
+    # Raised after close(): the checkpoint's pending writes are done and
+    # ``saved_round`` says whether the stopping round was kept.
     if self._interrupts.signal is not None and self.stopped_at is not None:
       raise Interrupted(self._interrupts.signal, self.stopped_at,
                         num_rounds, any(
@@ -376,6 +395,8 @@ class Driver:
     desc = "rounds" if self.num_members == 1 else (
         f"rounds ({self.num_members} members)")
     if first_round < num_rounds and self._stop_requested():
+      # The replayed rows restored the callbacks' state (e.g. EarlyStopping's
+      # count), so a run resumed after an early stop runs no further round.
       self.stopped_at = first_round  # A resumed run that had stopped.
       return state
     bar = tqdm.trange(first_round, num_rounds, desc=desc,
@@ -384,6 +405,8 @@ class Driver:
     for r in bar:
       start = time.perf_counter()
       state, outputs = self.round_step(state, self.sample(r))
+      # ``round_step`` returns host (numpy) outputs, so this time includes the
+      # device's work, not only its dispatch.
       elapsed = time.perf_counter() - start
       round_num = r + 1
       if self.evaluation.due(round_num, num_rounds):
@@ -401,7 +424,11 @@ class Driver:
         client_rows[m].append(client)
         for callback in self.callbacks[m]:
           callback(row, client)
+        # The checks come after the callbacks: the row of the round that fails
+        # is already in the history when the error is raised.
         self._check_clients(out, round_num, m)
+        # With "raise" the params are checked every round, evaluated or not, so
+        # a divergence is reported at the round it happened.
         if "test_loss" in row or self.nonfinite.model == "raise":
           self._check_model(row, state, m)
       if "test_accuracy" in new_rows[0]:
@@ -409,6 +436,7 @@ class Driver:
                                      for row in new_rows[:4]))
       interrupted = getattr(self, "_interrupts", None) is not None and (
           self._interrupts.signal is not None)
+      # A stop asked at the last round is no early stop: nothing is recorded.
       stop = (self._stop_requested() or interrupted) and (
           round_num < num_rounds)
       for callback in shared:
@@ -423,6 +451,8 @@ class Driver:
 
   def _stop_requested(self) -> bool:
     """Whether every member has a callback asking the run to end."""
+    # Members are stepped together (one vmapped round): the run can end only
+    # when all of them ask; the others keep recording until then.
     return all(any(callback.stop_requested for callback in callbacks)
                for callbacks in self.callbacks)
 
@@ -439,6 +469,8 @@ class Driver:
   def _check_clients(self, out, round_num: int, m: int) -> None:
     if self.nonfinite.clients != "raise":
       return
+    # Rows of mask 0 are not participants of the round: a non-finite value
+    # there is no client's failure.
     excluded = (np.asarray(out.mask) > 0) & ~np.asarray(out.finite)
     if excluded.any():
       member = f" (member {m})" if self.num_members > 1 else ""

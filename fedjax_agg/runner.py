@@ -95,6 +95,7 @@ class Plan:
   def cohort_size(self) -> int:
     """m, the clients drawn a round: computed once for the run (every
     member and round reads this)."""
+    # The plan is frozen: the value is cached in its __dict__ on first use.
     if "_cohort_size" not in self.__dict__:
       object.__setattr__(self, "_cohort_size", rounds.num_sampled(
           self.data[0].num_clients, self.options.participation))
@@ -110,6 +111,8 @@ class Plan:
     term = training.objective
     return RunContext(
         num_clients=num_clients, cohort_size=cohort_size,
+        # A Poisson cohort's size varies by round; DP-FedAvg divides by its
+        # expectation q N (here m), which does not depend on who was drawn.
         expected_clients=(float(cohort_size) if privacy is not None
                           and privacy.sampling == "poisson" else None),
         learning_rate=training.learning_rate,
@@ -118,6 +121,8 @@ class Plan:
         client_side=dict(local_update.shared) if local_update is not None
         else {},
         batch_size=training.batch_size,
+        # The largest client over every seed's data: one bound that holds for
+        # each member of the run.
         max_examples=max(int(np.max(np.asarray(data.num_examples)))
                          for data in self.data))
 
@@ -212,11 +217,15 @@ def execute(plan: Plan) -> list[Member]:
                               plan.data[0]), objective)
            for aggregator, objective in map(plan.parts_of, plan.points)]
   keys = [loop.seed_keys(s) for s in plan.seeds]
+  # The accounting comes before the states and the checkpoint: a target epsilon
+  # may set R, which the checkpoint is checked against.
   accounts = accounting.account(
       options, plan.members, plan.vmapped, plan.data[0].num_clients, built,
       cohort_size, [run_key for _, run_key in keys])
   num_rounds = accounts.num_rounds
   state, run_keys, first_params = _initial_state(plan, built, keys)
+  # The classes are read off the model's outputs, so this needs the initial
+  # params.
   num_classes = _check_labels(plan, first_params)
   run_key = jnp.stack(run_keys) if plan.vmapped else run_keys[0]
   checkpointer, snapshot = loop.open_checkpoints(
@@ -234,11 +243,15 @@ def execute(plan: Plan) -> list[Member]:
   driver = _driver(plan, form, built, accounts, run_keys, num_rounds)
   rows, client_rows = _first_rows(plan, driver, form.state, snapshot,
                                   num_rounds)
+  # One Checkpoints callback saves every member: ``after_round`` gets the
+  # whole state, and ``pack`` the rows of all members.
   if checkpointer is not None:
     pack = round_forms.pack_rows if plan.vmapped else (
         lambda rows, client_rows: (rows[0], client_rows[0]))
     driver.callbacks[0].append(loop.Checkpoints(
         checkpointer, run_key, num_rounds, rows, client_rows, pack))
+  # Rows hold round 0 (the initial evaluation), so a resumed run restarts after
+  # round len - 1.
   state = driver.loop(form.state, len(rows[0]) - 1, num_rounds, rows,
                       client_rows)
   stopped = driver.stop_record()
@@ -256,6 +269,8 @@ def _initial_state(plan: Plan, built, keys):
   keys, and the first member's initial params."""
   states, run_keys = [], []
   for p, s in plan.members:
+    # Keys depend on the seed only: every grid point of a seed starts from the
+    # same model and draws the same cohorts, so members differ by the rule.
     init_key, run_key = keys[s]
     params = (plan.model.init(init_key) if plan.options.init_params is None
               else plan.options.init_params)
@@ -306,6 +321,7 @@ def _driver(plan: Plan, form, built, accounts: accounting.Accounts, run_keys,
       member_output=form.member_output, member_state=form.member_state,
       num_members=len(plan.members), nonfinite=options.nonfinite,
       evaluation=options.evaluation, progress=options.execution.progress,
+      # Privacy callbacks first: the others see the ``epsilon`` column.
       callbacks=[accounting.callbacks(accounts, m, num_rounds) + list(c)
                  for m, c in enumerate(plan.callbacks)],
       with_losses=options.training.losses_for(any(
@@ -399,6 +415,8 @@ def _fingerprint(plan: Plan, built, accounts: accounting.Accounts) -> dict:
                 "privacy": accounts.privacy[0]}
   if plan.options.systems is not None:
     specific["systems"] = plan.options.systems
+    # The trace files' contents, not only their paths: an edited trace must
+    # refuse the resume.
     specific["systems_traces"] = clock.trace_fingerprint(plan.options.systems)
   data = list(plan.data) if len(plan.data) > 1 else plan.data[0]
   options = plan.options
@@ -416,6 +434,8 @@ def _held_out_evaluation(plan: Plan, built, run_keys, device):
   evaluation, model = plan.options.evaluation, plan.model
   if not evaluation.per_client:
     return None
+  # One trainer per grid point, built on first use: a new one every evaluation
+  # would compile again.
   trainers = {}
   # Each seed's data on the evaluation device, copied once for the run.
   local_data = [distributed.local_copy(data, device) for data in plan.data]
@@ -442,6 +462,8 @@ def _held_out_evaluation(plan: Plan, built, run_keys, device):
       row.update(clients_lib.summarize(
           "finetuned_accuracy", clients_lib.finetuned_accuracies(
               model, training, params, data, evaluation.finetune_steps,
+              # A key of its own per round, from the run key: apart from the
+              # keys the rounds draw from the state's key.
               jax.random.fold_in(run_keys[m], int(state.round)),
               trainer=trainers[p])))
     return row
