@@ -40,8 +40,9 @@ import threading
 from typing import (Any, Callable, Iterable, Iterator, Mapping, NamedTuple,
                     Optional, Sequence)
 
-__all__ = ["Capabilities", "KINDS", "Names", "Registry", "allow_imports",
-           "allowed_imports", "allowing_imports", "declare", "names_of"]
+__all__ = ["ArgumentError", "ArgumentTypeError", "Capabilities", "KINDS",
+           "Names", "Registry", "allow_imports", "allowed_imports",
+           "allowing_imports", "argument", "declare", "names_of"]
 
 _IMPORT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -53,6 +54,33 @@ KINDS = ("aggregator", "objective", "client", "attack", "model",
 registry."""
 
 ADAPTERS = ("no", "also", "only")
+
+
+class ArgumentError(ValueError):
+  """An entry's argument refused by its ``Capabilities.check_arguments``:
+  ``key`` is where it is, relative to the algorithm's section of a
+  description (e.g. "client_args.ranks[3]", or "objective"); the message
+  starts with ``key``, so the description only puts its own path before
+  both."""
+
+  def __init__(self, key: str, message: str):
+    super().__init__(message)
+    self.key = key
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+  """An ``ArgumentError`` for a value of the wrong kind."""
+
+
+def argument(key: str, check: Callable[..., None], *args, **kwargs) -> None:
+  """Runs ``check(key, *args, **kwargs)`` (one of ``fedjax_agg.checks``),
+  re-raising its refusal as an ``ArgumentError`` at ``key``."""
+  try:
+    check(key, *args, **kwargs)
+  except TypeError as error:
+    raise ArgumentTypeError(key, str(error)) from None
+  except ValueError as error:
+    raise ArgumentError(key, str(error)) from None
 
 
 class Capabilities(NamedTuple):
@@ -72,12 +100,20 @@ class Capabilities(NamedTuple):
       needs and the argument both must take alike (FedDyn's ``alpha``).
     personal: a client side that keeps personal models (personalised
       evaluation needs one).
+    check_arguments: ``check(arguments, run)``: the entry's checks of its
+      arguments against what the run fixes, when the description is made
+      (before anything is read or written); ``run`` holds
+      ``num_clients`` (the federation's N), ``rank`` (the adapters'
+      rank, or None) and ``objective`` (the local objective's name). It
+      raises ``ArgumentError`` naming the key (HetLoRA's ranks: one per
+      client id, each at most the adapters' rank).
   """
   private: bool = False
   adapters: str = "no"
   model_options: Mapping[str, Any] = {}
   pairs_with: Optional[tuple[str, str]] = None
   personal: bool = False
+  check_arguments: Optional[Callable[[Mapping, Mapping], None]] = None
 
   def checked(self, name: str) -> "Capabilities":
     """``self``, refused (naming ``name``) where a field has the wrong
@@ -98,6 +134,10 @@ class Capabilities(NamedTuple):
         and all(isinstance(x, str) for x in self.pairs_with)):
       raise TypeError(f"{name}: capabilities.pairs_with must be (rule, "
                       f"argument), got {self.pairs_with!r}")
+    if self.check_arguments is not None and not callable(
+        self.check_arguments):
+      raise TypeError(f"{name}: capabilities.check_arguments must be "
+                      f"callable, got {self.check_arguments!r}")
     return self
 
 

@@ -6,6 +6,7 @@ as the built-in ones are, with no table to edit."""
 import pytest
 
 from fedjax_agg import aggregators
+from fedjax_agg import checks as registry_checks
 from fedjax_agg import clients
 from fedjax_agg import experiment
 from fedjax_agg import registry
@@ -58,6 +59,7 @@ def test_a_users_private_rule_is_accounted_by_its_declaration(user_rules):
     (dict(adapters="sometimes"), "capabilities.adapters must be one of"),
     (dict(model_options=[1]), "model_options must map"),
     (dict(pairs_with="feddyn"), "pairs_with must be"),
+    (dict(check_arguments="ranks"), "check_arguments must be callable"),
 ])
 def test_bad_capabilities_are_refused_by_name(user_rules, caps, error):
   del user_rules
@@ -70,3 +72,62 @@ def test_bad_capabilities_are_refused_by_name(user_rules, caps, error):
                          capabilities={"private": True})
   with pytest.raises(TypeError, match="unknown capabilities"):
     aggregators.REGISTRY.having(privat=True)
+
+
+def _checked_client(model, training, width=1):
+  del width
+  return clients.fedper(model, training)
+
+
+def _check_width(arguments, run):
+  # A user's client side states what its arguments must be for the run.
+  if "width" not in arguments:
+    raise ValueError("width is required")
+  registry.argument("client_args.width", registry_checks.check_int,
+                    arguments["width"], 1, run["num_clients"])
+
+
+@pytest.fixture
+def user_client():
+  clients.REGISTRY.register("user_checked", _checked_client,
+                            capabilities=registry.Capabilities(
+                                personal=True, check_arguments=_check_width))
+  yield
+  clients.REGISTRY._entries.pop("user_checked", None)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("client_args, path, message", [
+    ({"width": 2}, None, None),
+    ({"width": 99}, "algorithms.A.client_args.width",
+     "algorithms.A.client_args.width must be an int in [1, "),
+    ({"width": "2"}, "algorithms.A.client_args.width", "must be an int"),
+    ({"width": float("nan")}, "algorithms.A.client_args.width",
+     "must be an int"),
+    ({}, "algorithms.A.client_args", "width is required"),
+])
+def test_a_client_sides_declared_check_runs_when_the_config_is_made(
+    user_client, client_args, path, message):
+  del user_client
+  config = experiment.override(MNIST_5K, {"algorithms": {"A": {
+      "aggregator": "fedavg", "client": "user_checked",
+      "client_args": client_args}}})
+  if path is None:
+    assert experiment.check_config(config).algorithms["A"].client_args == (
+        client_args)
+    return
+  with pytest.raises(spec.ConfigError) as raised:
+    experiment.check_config(config)
+  assert raised.value.path == path and message in str(raised.value)
+
+
+def test_argument_names_the_key_and_keeps_the_kind():
+  with pytest.raises(registry.ArgumentTypeError) as raised:
+    registry.argument("client_args.ranks[2]", registry_checks.check_int,
+                      2.0, 1, 4)
+  assert raised.value.key == "client_args.ranks[2]"
+  assert isinstance(raised.value, TypeError)
+  assert str(raised.value).startswith("client_args.ranks[2] must be")
+  with pytest.raises(registry.ArgumentError) as raised:
+    registry.argument("k", registry_checks.check_int, 9, 1, 4)
+  assert not isinstance(raised.value, TypeError)
+  assert clients.REGISTRY.capabilities("lora_ranks").check_arguments

@@ -61,6 +61,7 @@ from fedjax_agg.clients._fedrep import FedRepState
 from fedjax_agg.clients._fedrep import train_only
 from fedjax_agg.clients._host_table import HostRows
 from fedjax_agg.clients._host_table import uses_host_table
+from fedjax_agg.clients import _lora_ranks
 from fedjax_agg.clients._lora_ranks import lora_ranks
 from fedjax_agg.clients._lora_ranks import LoRARanksState
 from fedjax_agg.clients._personal import last_dense_layer
@@ -102,7 +103,8 @@ REGISTRY = Registry("client", {
     "feddyn": Capabilities(pairs_with=("feddyn", "alpha")),
     **{name: Capabilities(personal=True)
        for name in ("fedbn", "ditto", "fedper", "fedrep", "apfl")},
-    "lora_ranks": Capabilities(adapters="only"),
+    "lora_ranks": Capabilities(
+        adapters="only", check_arguments=_lora_ranks.check_arguments),
 })
 """The stateful client sides a config may name (``AlgorithmSpec.client``):
 name -> factory, called with the run's model and training (the context

@@ -50,6 +50,7 @@ import numpy as np
 
 from fedjax_agg import checks
 from fedjax_agg import engine
+from fedjax_agg import registry
 from fedjax_agg import tree_math
 from fedjax_agg.clients import _common
 from fedjax_agg.config import LocalTraining
@@ -121,6 +122,48 @@ def _no_term(objective) -> bool:
           and objective.proximal is None
           and isinstance(objective.proximal_mu, (int, float))
           and objective.proximal_mu == 0)
+
+
+def check_arguments(arguments, run) -> None:
+  """The capability that checks a description's ``client_args`` of
+  ``lora_ranks`` against the run (``registry.Capabilities``): ``ranks``,
+  one int in [1, rank] per client id of the federation's N; with
+  ``self_pruning``, gamma in (0, 1) and the plain "cross_entropy"
+  objective (Eq. (3) is the local objective); ``pruning_strength`` > 0.
+
+  Raises:
+    registry.ArgumentError: naming the key, relative to the algorithm.
+  """
+  num_clients, rank = run["num_clients"], run["rank"]
+  key = "client_args.ranks"
+  expected = f"a list of {num_clients} ints in [1, {rank}]"
+  if "ranks" not in arguments:
+    raise registry.ArgumentError(
+        key, f"{key}: required: the rank of every client id, {expected} "
+        "(e.g. --client-arg ranks=[1,2,...])")
+  ranks = arguments["ranks"]
+  if not isinstance(ranks, (list, tuple)):
+    raise registry.ArgumentTypeError(
+        key, f"{key} must be {expected} (one per client id), got "
+        f"{ranks!r}")
+  if len(ranks) != num_clients:
+    raise registry.ArgumentError(
+        key, f"{key} must give one rank per client id: {num_clients} "
+        f"(partition.num_clients), got {len(ranks)}")
+  for i, value in enumerate(ranks):
+    registry.argument(f"{key}[{i}]", checks.check_int, value, 1, rank)
+  if arguments.get("self_pruning") is not None:
+    registry.argument("client_args.self_pruning", checks.check_number,
+                      arguments["self_pruning"], 0, 1, low_open=True,
+                      high_open=True)
+    if run["objective"] != "cross_entropy":
+      raise registry.ArgumentError(
+          "objective", "objective: lora_ranks with self_pruning sets its "
+          "own local objective (Eq. (3)); got "
+          f"{run['objective']!r} (leave it cross_entropy)")
+  if "pruning_strength" in arguments:
+    registry.argument("client_args.pruning_strength", checks.check_number,
+                      arguments["pruning_strength"], 0, low_open=True)
 
 
 def lora_ranks(model: Model, ranks: Sequence[int],

@@ -117,41 +117,6 @@ class AdaptersSpec:
       v.built(f"{path}.targets[{i}]", _dense_targets, model, options,
               (pattern,))
 
-  def check_client_ranks(self, path: str, client_args: dict,
-                         num_clients: int, objective: str) -> None:
-    """The arguments (at ``path``) of ``clients.lora_ranks`` on these
-    adapters: ``ranks``, one int in [1, rank] per client id of the
-    federation's ``num_clients``, and the pruning's gamma in (0, 1) and
-    lambda > 0 (its Eq. (3) is the local objective: the algorithm's
-    ``objective`` must be the plain "cross_entropy")."""
-    key = f"{path}.ranks"
-    if "ranks" not in client_args:
-      raise v.ConfigError(key, f"{key}: required: the rank of every client "
-                          f"id, a list of {num_clients} ints in [1, "
-                          f"{self.rank}] (e.g. --client-arg ranks=[1,2,...])")
-    ranks = client_args["ranks"]
-    if not isinstance(ranks, (list, tuple)):
-      raise v.ConfigTypeError(key, f"{key} must be a list of {num_clients} "
-                              f"ints in [1, {self.rank}] (one per client "
-                              f"id), got {ranks!r}")
-    if len(ranks) != num_clients:
-      raise v.ConfigError(key, f"{key} must give one rank per client id: "
-                          f"{num_clients} (partition.num_clients), got "
-                          f"{len(ranks)}")
-    for i, rank in enumerate(ranks):
-      v.integer(f"{key}[{i}]", rank, 1, self.rank)
-    if client_args.get("self_pruning") is not None:
-      v.number(f"{path}.self_pruning", client_args["self_pruning"], 0, 1,
-               low_open=True, high_open=True)
-      if objective != "cross_entropy":
-        where = path.rsplit(".", 1)[0] + ".objective"
-        raise v.ConfigError(where, f"{where}: lora_ranks with self_pruning "
-                            "sets its own local objective (Eq. (3)); got "
-                            f"{objective!r} (leave it cross_entropy)")
-    if "pruning_strength" in client_args:
-      v.number(f"{path}.pruning_strength", client_args["pruning_strength"],
-               0, low_open=True)
-
 
 @functools.lru_cache(maxsize=64)
 def _dense_targets(model: str, options: tuple, patterns: tuple[str, ...]

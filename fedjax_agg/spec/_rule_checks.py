@@ -24,6 +24,7 @@ from fedjax_agg import clients
 from fedjax_agg import data as data_lib
 from fedjax_agg import objectives
 from fedjax_agg import privacy as privacy_lib
+from fedjax_agg.registry import ArgumentError
 from fedjax_agg.registry import Capabilities
 from fedjax_agg import secagg
 from fedjax_agg import systems as systems_lib
@@ -91,6 +92,7 @@ def _check_algorithm(experiment: "Experiment", name: str) -> None:
   v.model_arguments(f"{path}.model_args", experiment.model.name,
                     {**experiment.model.args, **spec.model_args})
   _check_adapters(experiment, name)
+  _check_client_arguments(experiment, name)
   train = experiment.train_of(name)  # its keys together: TrainSpec's
   if _client_caps(spec).pairs_with:
     rule, shared = _client_caps(spec).pairs_with
@@ -120,6 +122,30 @@ def _check_algorithm(experiment: "Experiment", name: str) -> None:
         "partition.holdout_fraction", "partition.holdout_fraction: "
         f"{name}'s personalized / finetune_steps evaluate on each client's "
         "held-out split; set a fraction in (0, 1)")
+
+
+def _check_client_arguments(experiment: "Experiment", name: str) -> None:
+  """The client side's own checks of its ``client_args`` against the run
+  (``Capabilities.check_arguments``, declared with it), naming the key."""
+  spec, path = experiment.algorithms[name], f"algorithms.{name}"
+  check = _client_caps(spec).check_arguments
+  if check is None:
+    return
+  adapters = experiment.adapters_of(name)
+  run = {"num_clients": experiment.partition.num_clients,
+         "rank": None if adapters is None else adapters.rank,
+         "objective": spec.objective}
+  try:
+    check(dict(spec.client_args), run)
+  except ArgumentError as error:
+    kind = (v.ConfigTypeError if isinstance(error, TypeError)
+            else v.ConfigError)
+    raise kind(f"{path}.{error.key}", f"{path}.{error}") from None
+  except (TypeError, ValueError) as error:  # a check that names no key
+    where = f"{path}.client_args"
+    kind = (v.ConfigTypeError if isinstance(error, TypeError)
+            else v.ConfigError)
+    raise kind(where, f"{where}: {error}") from None
 
 
 def _check_adapters(experiment: "Experiment", name: str) -> None:
@@ -158,10 +184,6 @@ def _check_adapters(experiment: "Experiment", name: str) -> None:
       f"{path}.adapters" if "targets" in (spec.adapters or {})
       else "model.adapters", experiment.model.name,
       {**experiment.model.args, **spec.model_args})
-  if spec.client == "lora_ranks":
-    adapters.check_client_ranks(f"{path}.client_args", spec.client_args,
-                                experiment.partition.num_clients,
-                                spec.objective)
 
 
 def _check_rules(experiment: "Experiment", name: str) -> None:
