@@ -51,7 +51,12 @@ def resolve_privacy(privacy: Optional[Privacy], aggregator: Aggregator,
         "(Aggregator.noise_multiplier is None), so the run has no privacy "
         "guarantee to account; use a private rule such as "
         "aggregators.dp_fedavg, or drop privacy")
+  # A plain float from here on; whether the noise is tree-aggregated is
+  # read from aggregator.noise_multiplier itself, which keeps its subclass.
   rule_z = float(rule_z)
+  # Relative tolerance only: a multiplier stated with fewer digits than the
+  # rule's float still matches, and a small z is not matched by any other
+  # small z through an absolute tolerance.
   if privacy.noise_multiplier is not None and not np.isclose(
       privacy.noise_multiplier, rule_z, rtol=1e-6, atol=0.0):
     raise ValueError(
@@ -100,6 +105,8 @@ def epsilons_by_round(privacy: Optional[Privacy], num_clients: int,
         restart_every=restart_every)
   out = {"epsilons": epsilons, "requested_rounds": num_rounds}
   if privacy.target_epsilon is not None:
+    # Epsilon is non-decreasing in the rounds, so the count of rounds within
+    # the target is the length of the prefix that may run.
     allowed = int(np.sum(epsilons <= privacy.target_epsilon))
     if allowed == 0:
       raise ValueError(
@@ -148,6 +155,8 @@ def account(options, members, vmapped: bool, num_clients: int, built,
         "privacy.sampling='poisson' draws a cohort of random size each "
         "round, which members stepped as one vmapped call cannot share; "
         "use sampling='fixed' in a sweep, or run the members one at a time")
+  # Every member is resolved before any accounting, so a refused rule
+  # fails the run before the (slower) accountants start.
   resolved = [resolve_privacy(options.privacy, built[p][0], cohort_size)
               for p, _ in members]
   cache, cohorts = {}, {}
@@ -162,6 +171,8 @@ def account(options, members, vmapped: bool, num_clients: int, built,
             run_keys[s], options.num_rounds, num_clients, cohort_size,
             options.execution.sampler)
       tree = (rule_z.restart_every, cohorts[s])
+    # Members with the same noise share one accounting; a tree-aggregated
+    # rule's also depends on the cohorts, i.e. on its seed.
     key = None if privacy is None else (
         privacy.noise_multiplier,
         None if tree is None else (tree[0], s))
@@ -169,6 +180,8 @@ def account(options, members, vmapped: bool, num_clients: int, built,
       cache[key] = epsilons_by_round(privacy, num_clients, cohort_size,
                                      options.num_rounds, tree)
     accounting.append(cache[key])
+  # Members are stepped together round by round, so a target that would
+  # stop them at different rounds cannot be honoured for all of them.
   ends = {a.get("rounds_run", options.num_rounds) for a in accounting}
   if len(ends) > 1:
     raise ValueError(

@@ -88,6 +88,8 @@ def buffered(aggregator: Aggregator, num_versions: int) -> Aggregator:
   checks.check_int("num_versions", num_versions, 1)
 
   def init(global_params):
+    # Every slot holds the initial model so that the ring has its fixed
+    # [V, ...] shape from the start; before step 1 only version 0 is read.
     return BufferedState(aggregator.init(global_params), jax.tree.map(
         lambda a: jnp.broadcast_to(a, (num_versions,) + a.shape),
         global_params))
@@ -95,6 +97,8 @@ def buffered(aggregator: Aggregator, num_versions: int) -> Aggregator:
   def aggregate(global_params, client_params, info, state):
     new_global, inner, metrics = aggregator.aggregate(
         global_params, client_params, info, state.inner)
+    # Version t overwrites version t - V, which no client can still start
+    # from: the schedule caps the staleness at V - 1.
     slot = jnp.mod(info.round, num_versions)
     versions = jax.tree.map(lambda ring, new: ring.at[slot].set(new),
                             state.versions, new_global)
@@ -122,7 +126,12 @@ def buffered_models(global_params: Params, trained, starts, decoded,
   def leaf(g, w, start, x, u):
     shape = (-1,) + (1,) * (w.ndim - 1)
     weight = weights.reshape(shape)
+    # Summed in float32 and rounded once to the params' dtype, so a bfloat16
+    # model does not lose the weighted update to an intermediate rounding.
     virtual = (g.astype(jnp.float32)[None] + weight * x).astype(w.dtype)
+    # x == u: the codec returned the update unchanged. Only when all three
+    # hold is x_k itself the virtual model, which keeps the s_k = 0 step
+    # identical to the synchronous round.
     exact = (weight == 1.0) & (start == g[None]) & (x == u)
     return jnp.where(exact, w, virtual)
   updates = jax.tree.map(
@@ -178,6 +187,8 @@ def make_async_round_fn(
 
   def round_fn(state: rounds.ServerState, data: FederatedData, cohort, mask,
                start_versions, staleness):
+    # A Python check, made once while tracing: without the ring there is no
+    # start version to read.
     if not isinstance(state.aggregator_state, BufferedState):
       raise TypeError("the asynchronous step needs the rule wrapped by "
                       "fedbuff.buffered (its state keeps the versions)")
@@ -186,7 +197,11 @@ def make_async_round_fn(
     mask = info.mask
     ring = state.aggregator_state.versions
     size = jax.tree.leaves(ring)[0].shape[0]
+    # The slot still holds version v_k (not a newer one) because the schedule
+    # was built with max_staleness = V - 1.
     starts = jax.tree.map(lambda a: a[jnp.mod(start_versions, size)], ring)
+    # Each client trains from, and is anchored to, the version it downloaded,
+    # not x_t: it never saw the later models.
     local = train(state.params, data, cohort, lrs, num_steps, train_key,
                   start=starts, reference=starts)
     trained = local.client_params
@@ -194,6 +209,8 @@ def make_async_round_fn(
         lambda w, s: w.astype(jnp.float32) - s.astype(jnp.float32), trained,
         starts)
     metrics = {"start_version": start_versions, "staleness": staleness}
+    # The codec compresses Delta_k against the client's own start version,
+    # the only model the client holds.
     if codec is not None:
       decoded = compression.compress_updates(codec, decoded, cohort,
                                              train_key)
@@ -202,6 +219,8 @@ def make_async_round_fn(
     weights = staleness_weight(staleness).astype(jnp.float32)
     client_params = buffered_models(state.params, trained, starts, decoded,
                                     weights)
+    # Rows left out (padding, non-finite) become x_t itself: a zero update
+    # whatever their staleness weight.
     if exclude:
       client_params = rounds.exclude_rows(finite, mask, client_params,
                                           state.params)
@@ -215,4 +234,6 @@ def make_async_round_fn(
         cohort, mask, local.loss_before, local.loss_after, local.steps_taken,
         train_loss, metrics, finite)
 
+  # Donating the state lets XLA update the [V, ...] ring in place instead
+  # of copying V models every step.
   return jax.jit(round_fn, donate_argnums=(0,) if donate_state else ())

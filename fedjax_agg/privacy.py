@@ -81,6 +81,8 @@ def _check(noise_multiplier, num_clients, cohort_size, delta, sampling,
   checks.check_range("delta", delta, 0, 1, low_open=True, high_open=True)
   checks.check_choice("sampling", sampling, SAMPLINGS)
   checks.check_choice("accountant", accountant, ACCOUNTANTS)
+  # Refused here, before dp_accounting is loaded, so the error names the
+  # combination instead of surfacing from inside the accountant.
   if accountant == "pld" and sampling == "without_replacement":
     raise ValueError(
         "accountant='pld' does not support sampling='without_replacement' "
@@ -101,6 +103,9 @@ def round_event(noise_multiplier: float, *, num_clients: int,
 
 
 def _new_accountant(accountant: str, sampling: str):
+  # A fixed-size cohort cannot gain or lose a member, so its neighbours
+  # differ by one replaced client; Poisson cohorts vary in size and take
+  # add-or-remove-one.
   relation = (_dp().NeighboringRelation.REPLACE_ONE
               if sampling == "without_replacement"
               else _dp().NeighboringRelation.ADD_OR_REMOVE_ONE)
@@ -209,6 +214,8 @@ def rounds_for_epsilon(target_epsilon: float, noise_multiplier: float, *,
   low, high = 1, 2  # within(low); high to test
   while high <= max_rounds and within(high):
     low, high = high, 2 * high
+  # Doubling overshot the cap: the cap itself is tested once, and the
+  # bisection below searches (low, max_rounds) only if it fails.
   if high > max_rounds:
     if within(max_rounds):
       return max_rounds
@@ -224,6 +231,8 @@ def _check_cohorts(cohorts, restart_every) -> np.ndarray:
     checks.check_int("restart_every", restart_every, 1)
   array = np.asarray(cohorts)
   if (array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0
+      # Ids index a counts array: a negative id would silently count for
+      # another client (numpy wraps it), a float id cannot index at all.
       or array.dtype.kind not in "iu" or np.any(array < 0)):
     raise ValueError(
         "cohorts must be an [R, K] array of client ids (ints >= 0) with "
@@ -233,6 +242,7 @@ def _check_cohorts(cohorts, restart_every) -> np.ndarray:
 
 def _tree_rounds(cohorts: np.ndarray, restart_every):
   """Per round r: (T, k) of r's tree up to r (``tree_participations``)."""
+  # Sized by the largest id drawn, as N is not passed here.
   counts = np.zeros(int(cohorts.max()) + 1, np.int64)
   steps = np.empty(len(cohorts), np.int64)
   peaks = np.empty(len(cohorts), np.int64)
@@ -242,7 +252,10 @@ def _tree_rounds(cohorts: np.ndarray, restart_every):
     if position == 0:  # a new tree
       counts[:] = 0
       peak = 0
+    # np.add.at, not counts[ids] += 1: a client listed twice in one round
+    # must count twice, and buffered fancy-index addition would count once.
     np.add.at(counts, ids, 1)
+    # Only this round's ids changed, so the running peak needs only theirs.
     peak = max(peak, int(counts[ids].max()))
     steps[r], peaks[r] = position + 1, peak
   return steps, peaks
@@ -281,6 +294,8 @@ def tree_event(noise_multiplier: float, cohorts, restart_every=None
   checks.check_range("noise_multiplier", noise_multiplier, 0, low_open=True)
   steps, peaks = _tree_rounds(_check_cohorts(cohorts, restart_every),
                               restart_every)
+  # A tree is accounted once, in its final state: T and k only grow
+  # within a tree, so its last round carries both.
   last = np.append(steps[1:] == 1, True)  # each tree's last round
   return _dp().ComposedDpEvent([
       _tree_event(noise_multiplier, t, k)
@@ -312,6 +327,7 @@ def tree_epsilons(noise_multiplier: float, cohorts, *, delta: float,
     return np.full(len(steps), np.inf)
   curves = {}
 
+  # Restarted trees of equal length and peak share one curve.
   def curve(t, k):
     if (t, k) not in curves:
       ledger = _dp().rdp.RdpAccountant(
@@ -325,8 +341,11 @@ def tree_epsilons(noise_multiplier: float, cohorts, *, delta: float,
   out = np.empty(len(steps))
   for r, (t, k) in enumerate(zip(steps, peaks, strict=True)):
     orders, current = curve(int(t), int(k))
+    # Curves from separate ledgers add order by order because every
+    # RdpAccountant here uses the same default orders.
     total = completed + current
     out[r] = _dp().rdp.compute_epsilon(orders, total, delta)[0]
+    # The tree ends at this round: its curve joins the completed ones.
     if r + 1 == len(steps) or steps[r + 1] == 1:
       completed = total
   return out

@@ -155,6 +155,9 @@ def levels(bits: int, cohort_size: int) -> int:
     ValueError: either is out of range, or L < 1 (the message gives the
       smallest bits that works for ``cohort_size``).
   """
+  # L is computed in Python (it sets the encoder's float constants), so a
+  # traced argument is refused here rather than failing later with a
+  # concretisation error.
   _static_int("bits", bits)
   _static_int("cohort_size", cohort_size)
   checks.check_int("bits", bits, 1, 32)
@@ -203,9 +206,16 @@ def encode(x: jax.Array, bound, num_levels: int, key: PRNGKey) -> jax.Array:
   x = jnp.asarray(x, jnp.float32)
   top = _top_level(num_levels)
   scale = jnp.float32(num_levels) / jnp.asarray(bound, jnp.float32)
+  # The second clip is needed because clip(x) * scale may round above L;
+  # with y <= top <= L, floor(y) + 1 never exceeds L and the sum of
+  # cohort_size codes stays inside b bits.
   y = jnp.clip(jnp.clip(x, -bound, bound) * scale, -top, top)
+  # Casting NaN to int32 has no portable value; a NaN statistic becomes 0
+  # here and is counted as clipped by the caller.
   y = jnp.where(jnp.isnan(y), 0.0, y)
   low = jnp.floor(y)
+  # P(up) is the fractional part: an exact level (fraction 0) never rounds
+  # up, which is what makes the encoding of such a value exact.
   up = jax.random.uniform(key, y.shape, jnp.float32) < y - low
   return (low + up.astype(jnp.float32)).astype(jnp.int32)
 
@@ -229,9 +239,14 @@ def _count_outside(q: jax.Array, bits: int) -> jax.Array:
   """Coordinates whose exact sum over axis 0 leaves [-2^(b-1), 2^(b-1))."""
   # sum q = high 2^16 + low with 0 <= low < 2^16, from the 16-bit halves
   # summed apart: no partial sum leaves int32 for K <= MAX_SUMMANDS.
+  # ``>>`` is an arithmetic shift on int32 (floor division by 2^16), so
+  # q = (q >> 16) 2^16 + (q & 0xFFFF) holds for negative q as well.
   low_sum = jnp.sum(q & 0xFFFF, axis=0)
   high = jnp.sum(q >> 16, axis=0) + (low_sum >> 16)
   low = low_sum & 0xFFFF
+  # For b >= 17 both ends of the range are multiples of 2^16, so ``high``
+  # alone decides; for smaller b they fall inside the blocks high = 0 and
+  # high = -1, and ``low`` must be compared too.
   if bits >= 17:
     edge = 2**(bits - 17)
     inside = (high >= -edge) & (high < edge)
@@ -307,6 +322,8 @@ def message_bytes(aggregator: Aggregator, params, bits: int) -> int:
                     loss_after=scalar(jnp.float32), round=scalar(jnp.int32),
                     key=jax.ShapeDtypeStruct((2,), jnp.uint32),
                     num_steps=scalar(jnp.int32))
+  # eval_shape traces the statistics on abstract values: the size needs
+  # neither a real model nor any computation.
   stats = jax.eval_shape(aggregator.stream.client_stats, params, params,
                          info)
   count = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(stats))
@@ -328,6 +345,8 @@ def _clip_update(client_leaf, global_leaf, clip):
   A clipped coordinate is moved one float step toward g if needed, so
   that the rule's own w_k' - g (rounded) is at most ``clip`` too.
   """
+  # An integer leaf has no continuous update to bound: it passes through
+  # unchanged and never counts as clipped.
   if not jnp.issubdtype(client_leaf.dtype, jnp.inexact):
     return client_leaf, jnp.zeros((), bool)
   bound = jnp.asarray(clip, client_leaf.dtype)
@@ -390,6 +409,8 @@ def secure_aggregation(aggregator: Aggregator, *, bits: int, clip: float,
     weight = jnp.float32(1.0)
     if scalars:
       weight = jnp.maximum(weight, jnp.max(jnp.stack(scalars)))
+    # A non-scalar statistic is at most a raw weight times a clipped update
+    # coordinate, hence the range clip * W.
     scaled = jnp.asarray(clip, jnp.float32) * weight
     return probe, jax.tree.map(
         lambda leaf: weight if leaf.ndim == 0 else scaled, probe)
@@ -403,6 +424,8 @@ def secure_aggregation(aggregator: Aggregator, *, bits: int, clip: float,
     update_clipped = jnp.any(jnp.stack([p[1] for p in pairs]))
     stats = inner.client_stats(global_params, clipped_params, info_k)
     probe, bounds = ranges(global_params, info_k)
+    # Checked while tracing: statistics shaped unlike the probe would be
+    # paired with the wrong ranges below.
     if jax.tree.structure(stats) != jax.tree.structure(probe):
       raise ValueError("the wrapped rule's client statistics change "
                        "structure with the client's input")
@@ -416,7 +439,12 @@ def secure_aggregation(aggregator: Aggregator, *, bits: int, clip: float,
         [jnp.broadcast_to(bound, (leaf.size,)) for leaf, bound in zip(
             leaves, jax.tree.leaves(bounds), strict=True)])
     q = encode(flat, flat_bounds, num_levels, key)
+    # Padding and dropped rows still draw rounding noise (vmap needs one
+    # shape for every row) but send exactly 0, like clients absent from the
+    # protocol.
     q = jnp.where(real, q, jnp.zeros_like(q))
+    # Written as not(<=) so that a NaN statistic, encoded as 0, counts as
+    # clipped too.
     stats_clipped = jnp.any(~(jnp.abs(flat) <= flat_bounds))
     offsets = np.cumsum([0] + [leaf.size for leaf in leaves])
     encoded = [q[start:stop].reshape(leaf.shape) for start, stop, leaf in zip(
@@ -427,6 +455,8 @@ def secure_aggregation(aggregator: Aggregator, *, bits: int, clip: float,
         jnp.where(real & update_clipped, 1, 0).astype(jnp.int32))
 
   def check_real_clients(info):
+    # Under jit the mask is abstract and nothing can be raised; the overflow
+    # metric (exact count or -1) reports such a cohort instead.
     if checks.is_traced(info.mask):
       return
     num_real = int(np.sum(np.asarray(info.mask) > 0))
@@ -436,6 +466,8 @@ def secure_aggregation(aggregator: Aggregator, *, bits: int, clip: float,
           f"cohort_size={cohort_size}: their {bits}-bit sum may overflow")
 
   def finish(global_params, summed, info, state, overflow):
+    # The server derives the public ranges itself, from the global model and
+    # the round: the same numbers every client encoded with, never sent.
     probe, bounds = ranges(global_params, info)
     # The barrier hands the wrapped rule the decoded floats as computed
     # here: XLA would otherwise fold decode's scale into the rule's own

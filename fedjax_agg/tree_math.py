@@ -110,6 +110,9 @@ def normalize_weights(weights: jax.Array, mask: jax.Array) -> jax.Array:
   equally; an all-padding cohort gives all zeros.
   """
   weights = jnp.where(mask > 0, weights, 0.0)
+  # The inner where divides by 1, not 0, in the discarded branch: jnp.where
+  # evaluates both sides, and a 0/0 there, invisible in the value, would
+  # still make the gradient NaN.
   total = jnp.sum(weights)
   uniform = jnp.where(mask > 0, 1.0, 0.0) / jnp.maximum(
       jnp.sum(mask > 0), 1)
@@ -126,6 +129,9 @@ def weighted_leaf_sum(leaf: jax.Array, weights: jax.Array) -> jax.Array:
   leaf) only then.
   """
   weights = weights.astype(leaf.dtype)
+  # The plain product is tried first: it needs no copy of the leaf, and a
+  # finite total proves that no skipped row held NaN or inf. Under vmap the
+  # cond turns into a select and both branches run; the result is the same.
   total = jnp.tensordot(weights, leaf, axes=(0, 0), precision=FULL)
 
   def without_skipped_rows():
@@ -187,6 +193,8 @@ def _path_names(path) -> list[str]:
       names.append(str(entry.key))
     elif isinstance(entry, jax.tree_util.GetAttrKey):
       names.append(entry.name)
+    # Other key kinds (FlattenedIndexKey of custom nodes) fall back to str(),
+    # which is stable for a given tree structure, as layer names must be.
     elif isinstance(entry, jax.tree_util.SequenceKey):
       names.append(str(entry.idx))
     else:
@@ -234,8 +242,13 @@ def layer_structure(params: Params, granularity: str = "layer"
   names: list[str] = []
   leaf_to_layer = []
   for path in paths:
+    # A leaf at the root has no parent node; it becomes a layer of its own
+    # under its own name rather than merging with other root leaves under "".
     key = "/".join(path if granularity == "leaf" else path[:-1]) or "/".join(
         path)
+    # Layers are numbered in order of first appearance in leaves order, so
+    # the same tree always gives the same layer indices; per-layer state
+    # (FedLayerWise's [N, L] smoothed angles) is indexed by them.
     if key not in names:
       names.append(key)
     leaf_to_layer.append(names.index(key))
@@ -263,6 +276,8 @@ def max_to_layers(per_leaf: jax.Array, structure: LayerStructure
   """Largest per-leaf value of each layer, for values >= 0. [..., P] ->
   [..., L]."""
   member = structure.segment_matrix() > 0  # [P, L]
+  # The fill value 0 for non-members is only neutral because the values
+  # are >= 0 (scales and norms); a general max would need -inf here.
   return jnp.max(jnp.where(member, per_leaf[..., :, None], 0), axis=-2)
 
 
@@ -279,6 +294,9 @@ def power_of_two_scale(max_abs: jax.Array) -> jax.Array:
   # Piecewise constant: no gradient flows through a scale.
   max_abs = jax.lax.stop_gradient(max_abs)
   info = jnp.finfo(max_abs.dtype)
+  # frexp gives max_abs = m * 2^e with m in [0.5, 1), so 2^(e-1) leaves a
+  # ratio in [1, 2). The clip keeps the scale a normal float: a subnormal
+  # max_abs gets 2^minexp (ratio below 1, the division still exact).
   _, exponent = jnp.frexp(max_abs)
   exponent = jnp.clip(exponent - 1, info.minexp, info.maxexp - 1)
   scale = jnp.ldexp(jnp.ones_like(max_abs), exponent)
@@ -324,6 +342,8 @@ def from_plain_sum(total: jax.Array) -> SumOfSquares:
   at least ``SAFE_PLAIN_SUM`` (scale: a power of two with total / scale^2
   in [1, 8), so again exact)."""
   _, exponent = jnp.frexp(total)
+  # Halving the exponent (rounded down) gives scale^2 = 2^(e-1) or 2^(e-2),
+  # so total / scale^2 lies in [1, 4) and the division is exact.
   scale = jnp.ldexp(jnp.ones_like(total), (exponent - 1) // 2)
   scale = jnp.where(total > 0, scale, jnp.zeros_like(total))
   return SumOfSquares(scale, divide_by_scale(total, jnp.square(scale)))
@@ -387,6 +407,9 @@ def cosine(scaled_dot: jax.Array, a: SumOfSquares,
     The cosine; 0 when either vector is zero (no direction: by convention
     orthogonal to everything, angle pi/2, never NaN).
   """
+  # Rounding can push the quotient a few ulps past 1 in magnitude; the clip
+  # keeps arccos of it finite. The where inside the sqrt keeps a zero vector
+  # from dividing by 0 in the discarded branch (NaN gradients otherwise).
   ok = (a.scaled > 0) & (b.scaled > 0)
   denominator = jnp.sqrt(jnp.where(ok, a.scaled * b.scaled, 1.0))
   return jnp.where(ok, jnp.clip(scaled_dot / denominator, -1.0, 1.0), 0.0)
@@ -415,6 +438,8 @@ def clip_scale(norm: jax.Array, max_norm) -> jax.Array:
 
   1 where ``norm`` is 0 (nothing to clip) or at most ``max_norm``.
   """
+  # The inner where avoids max_norm / 0 in the unused branch: an inf there
+  # would not change the value but would make the gradient NaN.
   over = norm > max_norm
   return jnp.where(over, max_norm / jnp.where(over, norm, 1.0), 1.0)
 
@@ -441,6 +466,8 @@ def gather_clients(table: jax.Array, client_ids: jax.Array,
     fill_value: the row of an unknown client (a scalar).
   """
   valid = _valid_ids(table, client_ids)
+  # Any in-range index would do for an invalid id: its row is replaced
+  # by fill_value below.
   rows = table[jnp.where(valid, client_ids, 0)]
   valid = valid.reshape(valid.shape + (1,) * (rows.ndim - 1))
   return jnp.where(valid, rows, jnp.asarray(fill_value, table.dtype))
@@ -463,6 +490,8 @@ def scatter_clients(table: jax.Array, client_ids: jax.Array,
     rows: [K, ...] new values.
   """
   keep = (mask > 0) & _valid_ids(table, client_ids)
+  # Index N, not -1: a negative index would wrap onto the last client's row
+  # instead of being dropped by mode="drop".
   ids = jnp.where(keep, client_ids, table.shape[0])
   return table.at[ids].set(rows.astype(table.dtype), mode="drop")
 
@@ -500,6 +529,8 @@ def client_sums(x: Params, mask: jax.Array,
     raw_weight: [] unnormalised weight (e.g. n_k); None for uniform weights.
   """
   real = mask > 0
+  # A mask entry that is not > 0 (negative, NaN) is padding everywhere
+  # else, so it must add 0 to the count too, not its own value.
   mask = jnp.where(real, mask, 0.0).astype(jnp.float32)
   raw = (jnp.ones((), jnp.float32) if raw_weight is None else
          jnp.asarray(raw_weight, jnp.float32))
@@ -525,6 +556,8 @@ def mean_from_sums(sums: MaskedSums) -> Params:
   mean = jax.tree.map(lambda a: a * inverse.astype(a.dtype), sums.weighted)
   if sums.uniform is None:
     return mean
+  # A count of 0 (padding only) divides zeros by 1 and yields zeros, the same
+  # fallback as normalize_weights.
   inverse_count = 1.0 / jnp.maximum(sums.count, 1.0)
   return jax.tree.map(
       lambda a, u: jnp.where(ok, a, u * inverse_count.astype(u.dtype)),

@@ -48,6 +48,8 @@ def _chunk_width(chunk, num_clients: int) -> int:
   if chunk is None:
     chunk = (CPU_CLIENT_CHUNK if jax.default_backend() == "cpu"
              else num_clients)
+  # The width is a static shape of the loop body, so a bad value is refused
+  # here, while tracing, rather than surfacing as an XLA shape error.
   if not isinstance(chunk, int) or chunk < 1:
     raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
   return min(chunk, num_clients)
@@ -68,6 +70,9 @@ def _over_client_chunks(stacked: StackedParams, offset: Params,
   width = _chunk_width(chunk, num_clients)
 
   def step_fn(step, carry):
+    # Every step slices exactly ``width`` rows (a static shape under
+    # fori_loop); the last step starts early instead of running off the end,
+    # and ``fresh`` below tells its body which rows it already saw.
     start = jnp.minimum(step * width, num_clients - width)
     rows = start + jnp.arange(width)
     updates = [
@@ -79,6 +84,8 @@ def _over_client_chunks(stacked: StackedParams, offset: Params,
                  for u in updates]
     return body(rows, rows >= step * width, real, updates, carry)
 
+  # ceil(K / width) steps; a loop rather than a Python for keeps the traced
+  # program one step long whatever the cohort size.
   return jax.lax.fori_loop(0, -(-num_clients // width), step_fn, carry)
 
 
@@ -119,12 +126,17 @@ def update_moments(stacked: StackedParams, offset: Params,
 
   def body(rows, fresh, real, updates, carry):
     sums, scales, scaled = carry
+    # A row repeated by the shifted last chunk must not enter the weighted sum
+    # twice; its sums of squares are simply written again with the same value.
     chunk_weights = jnp.where(fresh, weights[rows], 0.0)
     sums = [s + jnp.matmul(chunk_weights.astype(u.dtype), u,
                            precision=tree_math.FULL)
             for s, u in zip(sums, updates, strict=True)]
     plain = jnp.stack([jnp.sum(jnp.square(u), axis=1) for u in updates],
                       axis=1).astype(dtype)
+    # A padding row's plain sum is an exact 0, which plain_sum_is_safe rejects
+    # (a 0 may hide underflow); such rows are left out of the test so that a
+    # padded cohort of ordinary magnitude keeps the fast path.
     safe = jnp.all(tree_math.plain_sum_is_safe(plain) | ~real[:, None])
     squares = jax.lax.cond(safe, lambda: tree_math.from_plain_sum(plain),
                            lambda: rescaled_squares(updates))
@@ -161,6 +173,8 @@ def update_cosines(stacked: StackedParams, offset: Params, other: Params,
   Returns:
     [K, L] cosines in [-1, 1]; 0 where u_k or ``other`` is zero on a layer.
   """
+  # ``other`` is the same for every client: it is rescaled once, outside the
+  # loop, and only each client's own scale is applied per chunk.
   other_squares = tree_math.leaf_sums_of_squares(other)
   others = [tree_math.divide_by_scale(y.reshape(-1), scale) for y, scale in
             zip(jax.tree.leaves(other), other_squares.scale, strict=True)]
@@ -172,6 +186,9 @@ def update_cosines(stacked: StackedParams, offset: Params, other: Params,
     plain = jnp.stack([jnp.matmul(u, y, precision=tree_math.FULL)
                        for u, y in zip(updates, others, strict=True)],
                       axis=1)
+    # Dividing the plain dot by the client's power-of-two scale afterwards
+    # gives the rescaled dot; only a plain dot that overflowed (inf or NaN)
+    # forces the products of the rescaled updates.
     safe = jnp.all(jnp.isfinite(plain) | ~real[:, None])
     chunk_dots = jax.lax.cond(
         safe, lambda: tree_math.divide_by_scale(plain, scales),
