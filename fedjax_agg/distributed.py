@@ -76,6 +76,8 @@ def use_cpu_devices(count: int) -> None:
            if not f.startswith(_HOST_DEVICES_FLAG + "=")]
   flags.append(f"{_HOST_DEVICES_FLAG}={int(count)}")
   os.environ["XLA_FLAGS"] = " ".join(flags)
+  # This query starts the CPU backend if nothing had: with the flag just set, it
+  # then has ``count`` devices; a different number means it ran already.
   started = len(jax.devices("cpu"))
   if started != count:
     # The flag did not apply: leave the environment as it was, so that
@@ -139,6 +141,9 @@ def _global_devices(count: Optional[int]) -> list:
         f"devices must be an int in [1, {len(devices)}]"
         + (f" and a multiple of the {processes} processes" if processes > 1
            else "") + f", got {count}")
+  # Every process gives the same number of devices, so each holds an equal slice
+  # of the client axis; processes and devices are taken in index order, so every
+  # process builds the same mesh.
   per_process = count // processes
   by_process = {}
   for device in devices:
@@ -199,6 +204,8 @@ def round_mesh(devices: Devices = None, axis_name: str = CLIENT_AXIS
   if not local:
     raise ValueError(f"devices: none of {mesh.devices.tolist()} belongs to "
                      f"process {jax.process_index()}")
+  # A one-device mesh is no mesh: the engine then skips shard_map and runs the
+  # plain, unsharded program.
   return (mesh if mesh.size > 1 else None), local[0]
 
 
@@ -218,12 +225,16 @@ def replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
   def put(leaf):
+    # Typed key arrays are placed through their raw key data, then wrapped again
+    # with the same implementation.
     if _is_key(leaf):
       return jax.random.wrap_key_data(put(jax.random.key_data(leaf)),
                                       impl=jax.random.key_impl(leaf))
     if isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(
         sharding, leaf.ndim):
       return leaf
+    # An array that already spans several processes is not process-local data:
+    # it can only be resharded.
     if jax.process_count() == 1 or (isinstance(leaf, jax.Array)
                                     and not leaf.is_fully_addressable):
       return jax.device_put(leaf, sharding)  # a reshard of a global array
@@ -288,6 +299,8 @@ def local_copy(tree: Any, device: Optional[jax.Device] = None) -> Any:
     if _is_key(leaf):
       return jax.random.wrap_key_data(bring(jax.random.key_data(leaf)),
                                       impl=jax.random.key_impl(leaf))
+    # A replicated leaf already holds the whole value on each device: take the
+    # copy on ``device`` where there is one, rather than a transfer.
     if leaf.is_fully_replicated:
       for shard in leaf.addressable_shards:
         if shard.device == device:
@@ -356,6 +369,7 @@ def choose_clients_per_step(backend: str, devices: int,
     return 8 * devices
   per_device = ACCELERATOR_MAX_WIDTH
   if free_bytes is not None:
+    # 4 bytes per float32 entry.
     per_client = 4 * _COPIES_PER_CLIENT * max(int(num_params), 1)
     per_device = min(per_device, int(_MEMORY_SHARE * free_bytes)
                      // per_client)
@@ -387,6 +401,8 @@ def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,
   devices = 1 if mesh is None else mesh.shape[client_axis]
   backend = jax.default_backend()
   if backend == "cpu":
+    # On CPU the width does not depend on the model, so ``num_params`` (possibly
+    # a costly callable) is not evaluated.
     return choose_clients_per_step(backend, devices)
   if callable(num_params):
     num_params = num_params()

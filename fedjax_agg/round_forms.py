@@ -78,6 +78,8 @@ def unvmapped(plan, state, built, cohort_size: int,
   poisson = privacy is not None and privacy.sampling == "poisson"
   if poisson:
     rate = cohort_size / data.num_clients  # q = m / N
+    # A Poisson cohort's size varies by round, a compiled round's does not:
+    # every round takes ``capacity`` rows, the ones not drawn masked.
     capacity = sampling_lib.poisson_capacity(data.num_clients, rate)
   mesh, device = distributed.round_mesh(execution.devices)
   place = ((lambda tree: distributed.replicate(tree, mesh)) if mesh
@@ -110,7 +112,10 @@ def unvmapped(plan, state, built, cohort_size: int,
         nonfinite=options.nonfinite.clients,
         donate_state=True, uplink=clock.uplink(systems, state.params))
   sample_keys = loop.cohort_keys(run_keys[0], num_rounds)
+  # Placed once: every fixed-size cohort of the run shares it.
   full_mask = place(jnp.ones((cohort_size,), jnp.float32))
+  # A list, so that ``round_step`` can mark the first compilation done from
+  # inside the closure.
   compiled = []
   timeline = None
   if systems is not None:
@@ -123,6 +128,9 @@ def unvmapped(plan, state, built, cohort_size: int,
                          cohort_size, execution.sampler))
 
   def sample(r):
+    # The systems layer decides every round's cohort (and, asynchronous, each
+    # update's start version and staleness) on the host before the run, from the
+    # seed: a round only reads row r of that timeline.
     if asynchronous:
       return (place(jnp.asarray(timeline.client_ids[r])), full_mask,
               place(jnp.asarray(timeline.start_versions[r])),
@@ -136,6 +144,8 @@ def unvmapped(plan, state, built, cohort_size: int,
           execution.sampler)), full_mask
     cohort, mask, count = sampling_lib.poisson_cohort(
         sample_keys[r], data.num_clients, rate, capacity)
+    # Checked on the host before the round runs, so an oversized draw never
+    # reaches the aggregation.
     if int(count) > capacity:
       raise RuntimeError(
           f"round {r + 1}: the Poisson cohort drew {int(count)} clients, "
@@ -152,8 +162,12 @@ def unvmapped(plan, state, built, cohort_size: int,
       # Leaves whose sharding XLA chose otherwise are placed again, so
       # that the next round reuses this compilation.
       state = place_state(state)
+    # The loop times ``round_step``: wait for the device, or the time would be
+    # the dispatch's only.
     jax.block_until_ready(state.params)
     out = distributed.to_numpy(out)  # gathered from other hosts
+    # ``state.round`` counts the rounds done: the round just run is the
+    # last of them.
     if timeline is not None:
       out = out._replace(metrics={
           **out.metrics, **timeline.metrics(int(state.round) - 1)})
@@ -190,6 +204,8 @@ def _data_axes(stacked: bool) -> FederatedData:
   """vmap ``in_axes`` of the data: pooled arrays shared, indices per member
   when ``stacked``."""
   axis = 0 if stacked else None
+  # x, y (pooled) and validation are shared; indices and counts are per member
+  # when each seed has its own partition.
   return FederatedData(None, None, axis, axis, None)
 
 
@@ -241,6 +257,8 @@ def stack_data(data: Sequence[FederatedData]) -> FederatedData:
             f"data[{i}].{name} differs from data[0].{name}: the members "
             "must share the pooled examples (only the partition may differ)")
   width = max(d.max_examples for d in data)
+  # Padded index entries (0) lie past each client's ``num_examples``, so no
+  # client ever reads them as its examples.
   indices = jnp.stack([jnp.pad(d.client_indices,
                                ((0, 0), (0, width - d.max_examples)))
                        for d in data])
@@ -258,6 +276,8 @@ def vmapped(plan, state, built, cohort_size: int,
   members, points = plan.members, plan.points
   mesh, device = distributed.round_mesh(execution.devices,
                                         axis_name=MEMBER_AXIS)
+  # The member axis is split evenly over the devices; uneven shards would need
+  # padding members.
   if mesh is not None and len(members) % mesh.size:
     raise ValueError(
         f"execution.devices: the {len(members)} members must be a multiple "
@@ -279,11 +299,15 @@ def vmapped(plan, state, built, cohort_size: int,
   else:
     round_data = replicated(plan.data[0])
   data_axes = _data_axes(per_seed_data)
+  # Every grid value becomes a float32 traced scalar; a value that must stay a
+  # Python number (a shape, a branch) is caught by ``_check_traceable``.
   hparams = by_member({
       name: jnp.asarray([points[p][name] for p, _ in members], jnp.float32)
       for name in points[0]})
   member_execution = dataclasses.replace(execution, stream=False)
 
+  # The rule is built inside the vmapped function, from traced grid values: one
+  # compilation serves the whole grid. ``jit=False``: the outer jit compiles it.
   def member_round(hp, member_state, member_data, cohort, mask):
     aggregator, objective = plan.parts_of(hp)
     round_fn = rounds.make_round_fn(
@@ -294,6 +318,8 @@ def vmapped(plan, state, built, cohort_size: int,
 
   sweep_round = jax.jit(
       jax.vmap(member_round, in_axes=(0, 0, data_axes, 0, None)),
+      # The stacked state's buffers are reused for the next state; the runner
+      # copied the initial one, so a caller's arrays stay valid.
       donate_argnums=(1,))
   num_clients = plan.data[0].num_clients
   sample = jax.vmap(lambda key: rounds.sample_cohort(
@@ -311,6 +337,7 @@ def vmapped(plan, state, built, cohort_size: int,
         stacked=True, clients=round_data if with_clients else None,
         clients_stacked=per_seed_data, extra=extra)
 
+  # Round 0's cohorts serve as example arguments: only shapes are traced.
   _check_traceable(sweep_round, points, hparams, state, round_data,
                    by_member(sample(sample_keys[:, 0])), mask)
 

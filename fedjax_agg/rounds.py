@@ -114,6 +114,7 @@ def as_local_update(inner, name: str = "local_update") -> LocalUpdate:
 def num_sampled(num_clients: int, participation: float) -> int:
   """m = max(floor(C * N), 1) clients per round, for a participation C
   as ``RunOptions`` (and a description's "train") checks it."""
+  # At least one client: a participation below 1/N still trains a round.
   return max(int(participation * num_clients), 1)
 
 
@@ -145,6 +146,8 @@ def finite_clients(exclude: bool, mask, rows, local, uses_losses: bool
   finite = jnp.ones(mask.shape, bool)
   if exclude:
     finite = engine.rows_finite(rows)
+    # A NaN loss is checked only where the rule reads losses: for any other rule
+    # a client with a finite model is still a valid update.
     if uses_losses:
       finite &= (jnp.isfinite(local.loss_before)
                  & jnp.isfinite(local.loss_after))
@@ -159,8 +162,11 @@ def aggregation_info(exclude: bool, finite, info: ClientInfo, local
   sees a non-finite value; the train loss is the mean over the
   aggregated clients of their minibatch losses."""
   agg_mask = jnp.where(finite, info.mask, 0.0) if exclude else info.mask
+  # jnp.where, not a product with the mask: 0 * NaN is NaN, so a multiplied mask
+  # would still carry an excluded client's NaN into the sums.
   safe = lambda losses: (jnp.where(agg_mask > 0, losses, 0.0) if exclude
                          else losses)
+  # A round whose clients were all excluded reports 0, not 0/0.
   train_loss = jnp.sum(safe(local.train_loss) * agg_mask) / jnp.maximum(
       jnp.sum(agg_mask), 1.0)
   return info._replace(mask=agg_mask, loss_before=safe(local.loss_before),
@@ -173,6 +179,9 @@ def exclude_rows(finite, mask, client_params, global_params):
 
   ``finite`` and ``mask`` [K]; ``client_params`` stacked [K, ...].
   """
+  # The global model, not zeros, fills a dropped row: a rule that reads
+  # masked rows at all (through w - g) sees a zero update there, never a
+  # jump to the origin.
   keep = finite & (mask > 0)
 
   def leaf(stacked, single):
@@ -190,6 +199,8 @@ def round_inputs(state: ServerState, data: FederatedData, cohort: jax.Array,
     zero, aggregation key), [K] local steps (0 for padding rows), [K]
     learning rates).
   """
+  # Which key feeds which draw is part of every golden history: reordering
+  # them changes every run.
   key, train_key, agg_key, steps_key = jax.random.split(state.key, 4)
   mask = mask.astype(jnp.float32)
   full = engine.full_steps(data, cohort, training.batch_size,
@@ -272,6 +283,8 @@ def make_round_fn(
       training, compute_losses=training.losses_for(aggregator.uses_losses))
   stream = execution.stream
   if stream is None:
+    # Streaming is the default only where the engine's own trainer feeds the
+    # rule: a custom client side or a codec hands over stacked models.
     stream = (aggregator.stream is not None and local_update is None
               and uplink is None)
   elif stream and aggregator.stream is None:
@@ -339,4 +352,5 @@ def make_round_fn(
 
   if not jit:
     return round_fn
+  # Only the state is donated: data and cohorts are reused every round.
   return jax.jit(round_fn, donate_argnums=(0,) if donate_state else ())
