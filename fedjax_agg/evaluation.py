@@ -91,6 +91,8 @@ def check_eval_sets(extra) -> None:
                        "values")
 
 
+# A fresh jax.jit per call would compile again at every evaluation; one function
+# per model keeps the compilation cache across rounds.
 _FNS = {}  # (model, stacked) -> jitted per-batch evaluation
 
 
@@ -131,6 +133,7 @@ def map_batches(fn, params, x, y, batch_size: int, sharding=None):
   batch_size = max(1, min(batch_size, total))
   if sharding is not None:
     devices = len(sharding.device_set)
+    # Rounded up to a multiple of the devices so each batch splits evenly.
     batch_size = -(-batch_size // devices) * devices
   losses, preds = [], []
   for start in range(0, total, batch_size):
@@ -174,10 +177,14 @@ def classification_metrics(labels, predictions, num_classes: int
     scored = labels != PAD_TARGET
     labels, predictions = labels[scored], predictions[scored]
   confusion = np.zeros((num_classes, num_classes), np.int64)
+  # np.add.at counts repeated (label, prediction) pairs; a fancy-indexed ``+=``
+  # would count each pair once.
   np.add.at(confusion, (labels, predictions), 1)
   tp = np.diag(confusion).astype(np.float64)
   fp = confusion.sum(0) - tp
   fn = confusion.sum(1) - tp
+  # A class absent from both labels and predictions has no defined F1: it is
+  # left out of the macro mean rather than counted as 0.
   present = (tp + fp + fn) > 0
   denom = 2 * tp + fp + fn
   f1 = np.where(denom > 0, 2 * tp / np.where(denom > 0, denom, 1), 0.0)
@@ -223,6 +230,8 @@ def client_losses(model: Model, params: Params, data: FederatedData,
   """
   losses, _ = per_example_losses(model, params, data.x, data.y, batch_size,
                                  sharding)
+  # The gather by client indices runs where the indices live (split by rows over
+  # a mesh when the table is sharded).
   losses = jax.device_put(losses, data.client_indices.sharding
                           if hasattr(data.client_indices, "sharding")
                           else None)
@@ -306,9 +315,12 @@ def per_client_mean(losses, client_indices, num_examples,
   row weighs 1.
   """
   positions = jnp.arange(client_indices.shape[1])[None]
+  # Padded index entries point at a real pooled example (0): they are masked by
+  # position, never by what they index.
   mask = positions < num_examples[:, None]
   if weights is None:
     per_client = jnp.sum(jnp.where(mask, losses[client_indices], 0.0), 1)
+    # num_examples >= 1 for every client (``FederatedData``), so no guard.
     return per_client / num_examples
   row_weights = jnp.where(mask, weights[client_indices], 0.0)
   per_client = jnp.sum(row_weights * losses[client_indices], 1)
@@ -330,6 +342,7 @@ def mean_client_loss(model: Model, params: Params, x_all, y_all, indices,
   num_batches = -(-width // batch_size)
   padded = jnp.pad(indices, (0, num_batches * batch_size - width))
   positions = jnp.arange(num_batches * batch_size)
+  # A traced trip count: a while_loop, since a scan's length must be static.
   own_batches = jnp.minimum(
       (jnp.asarray(num_examples, jnp.int32) + batch_size - 1) // batch_size,
       num_batches)

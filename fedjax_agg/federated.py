@@ -77,6 +77,8 @@ def _int32_labels(y: np.ndarray, low: int = 0) -> np.ndarray:
     return y.astype(np.int32)
   if y.dtype.kind == "f":
     bad = ~np.isfinite(y)
+    # Non-finite values are flagged first: inf equals its own floor and
+    # would pass the integrality test.
     bad[~bad] = y[~bad] != np.floor(y[~bad])
     if bad.any():
       raise ValueError(
@@ -125,6 +127,8 @@ def from_partition(x, y, client_indices: Sequence[np.ndarray],
   if len(client_indices) == 0:
     raise ValueError("client_indices must hold at least one client")
   counts = np.array([len(ix) for ix in client_indices], dtype=np.int32)
+  # An empty client would divide by a zero count in every per-client mean, and
+  # its local training would run on padding alone.
   if counts.min() < 1:
     raise ValueError(
         "every client must hold at least one example; client_indices has "
@@ -137,6 +141,9 @@ def from_partition(x, y, client_indices: Sequence[np.ndarray],
       raise ValueError(
           f"client_indices[{i}] must be a 1-D integer array, got "
           f"{ix.dtype} {ix.shape}")
+    # Refused here, on the host: inside jit an out-of-range gather is
+    # clamped silently, and the client would train on the last pooled
+    # example instead.
     if ix.size and (ix.min() < 0 or ix.max() >= x.shape[0]):
       raise ValueError(
           f"client_indices[{i}] has indices outside [0, {x.shape[0]})")
@@ -218,6 +225,8 @@ def from_assignment(x, y, client_of_example, num_clients: int,
         f"hold none (first: {empty[:10].tolist()})")
   order = np.argsort(owners, kind="stable")
   sorted_owners = owners[order]
+  # After a stable sort by owner, each client's examples are one contiguous run
+  # in increasing j; an example's column is its offset in that run.
   starts = np.cumsum(counts) - counts
   position = np.arange(owners.size) - starts[sorted_owners]
   padded = np.zeros((num_clients, int(counts.max())), np.int32)
