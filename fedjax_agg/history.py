@@ -65,6 +65,8 @@ def _run_files(run_dir: str, names) -> list[str]:
   if not os.path.isdir(run_dir):
     return found
   for folder, subfolders, files in os.walk(run_dir):
+    # Checkpoint folders are orbax's (many files, none of them a run's record);
+    # pruned in place, so ``os.walk`` never descends into them.
     subfolders[:] = sorted(d for d in subfolders if d not in _KEPT)
     relative = os.path.relpath(folder, run_dir)
     if relative != "." and relative.count(os.sep) >= 2:
@@ -95,6 +97,7 @@ def check_fresh(run_dir: str, overwrite: bool = False,
       file of one of these names is never replaced).
     keep: with ``overwrite``, files no run wrote that may stay.
   """
+  # Strict: a truthy string ("false") must not turn on a removal.
   if not isinstance(overwrite, bool):
     raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
   if os.path.isdir(run_dir) and manifest.read(run_dir) is None:
@@ -109,6 +112,8 @@ def check_fresh(run_dir: str, overwrite: bool = False,
             f"{run_dir} already holds a run ({shown}); choose another "
             "folder, or overwrite it explicitly (--overwrite, "
             "overwrite=True)")
+      # Refused even with ``overwrite``: without a manifest nothing says which
+      # of these files the library wrote, and it deletes only what it recorded.
       raise ValueError(
           f"{run_dir} holds a run's files ({shown}) "
           f"but no record of what it wrote ({manifest.FILE}); the library "
@@ -157,12 +162,16 @@ class History:
     os.makedirs(directory, exist_ok=True)
     csv_path = os.path.join(directory, f"{name}.csv")
     json_path = os.path.join(directory, f"{name}.json")
+    # Rows differ in keys (test metrics only at evaluated rounds): the header is
+    # their union in first-seen order, and a missing value an empty cell.
     columns = list(dict.fromkeys(k for row in self.rows for k in row))
     lines = _CsvText()
     writer = csv.DictWriter(lines, fieldnames=columns, restval="")
     writer.writeheader()
     writer.writerows(self.rows)
     jsonio.write_text(csv_path, lines.text)
+    # One line: with per-client arrays for every round the file is large, and
+    # indentation would multiply it.
     jsonio.dump_json({"config": self.config, "rows": self.rows,
                       "clients": self.client_rows}, json_path, indent=None)
     return {"csv": csv_path, "json": json_path}
@@ -190,6 +199,8 @@ def check_output_dir(path: str, names: Sequence[str] = ()) -> str:
   """
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"{path} exists and is not a directory")
+  # A missing folder is created by the first write, so what must be writable is
+  # its nearest existing ancestor.
   existing = os.path.abspath(path)
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
@@ -224,6 +235,8 @@ def _check_lengths(path: str, existing: str, names: Sequence[str]) -> None:
   try:
     name_max = os.pathconf(existing, "PC_NAME_MAX")
     path_max = os.pathconf(existing, "PC_PATH_MAX")
+  # Not every platform or file system answers pathconf; fall back to the common
+  # Linux limits.
   except (OSError, ValueError):
     name_max, path_max = 255, 4096
   temporary = manifest.TEMPORARY_OVERHEAD  # an atomic write's temporary
@@ -231,12 +244,15 @@ def _check_lengths(path: str, existing: str, names: Sequence[str]) -> None:
     full = os.path.abspath(os.path.join(path, name))
     parts = full.split(os.sep)
     for position, part in enumerate(parts):
+      # Only a file's own name gains the temporary suffix of its atomic write;
+      # the folders on the way keep their names.
       extra = temporary if position == len(parts) - 1 and name else 0
       if len(part.encode()) + extra > name_max:
         raise ValueError(
             f"{path}: the name {part[:40]!r}... ({len(part.encode())} "
             f"bytes{' + a temporary suffix' if extra else ''}) is longer "
             f"than the file system allows ({name_max} bytes)")
+    # PATH_MAX counts the terminating NUL, hence ``>=``.
     if len(full.encode()) + temporary >= path_max:
       raise ValueError(f"{path}: the path of {name or 'the folder'} is "
                        f"longer than the file system allows ({path_max} "
@@ -246,6 +262,7 @@ def member_folder(run_dir: str, member: str, num_members: int) -> str:
   """Where member ``member`` of a run of ``num_members`` writes its
   history files: the run's folder itself for one member, else
   ``<run_dir>/<member>``."""
+  # bool is an int in Python; True must not pass as one member.
   if isinstance(num_members, bool) or not isinstance(num_members, int) or (
       num_members < 1):
     raise ValueError(f"num_members must be an int >= 1, got {num_members!r}")
@@ -363,6 +380,8 @@ class TensorBoardWriter(Callback):
     del client
     step = int(row["round"])
     for name, value in row.items():
+      # Only numbers are scalars to plot; bools are ints in Python but not
+      # curves, and the round is the step itself.
       if name == "round" or isinstance(value, bool) or not isinstance(
           value, (int, float, np.number)):
         continue
@@ -379,6 +398,8 @@ def rounds_to_target(history: History, target: float,
   """First round whose ``metric`` reaches ``target`` (None if never)."""
   for row in history.rows:
     value = row.get(metric)
+    # A round that was not evaluated lacks the metric (None) and a diverged one
+    # holds NaN; neither reaches the target.
     if value is not None and not np.isnan(value) and value >= target:
       return int(row["round"])
   return None
@@ -387,13 +408,20 @@ def rounds_to_target(history: History, target: float,
 def round_scalars(out, with_losses: bool = True) -> dict[str, float]:
   """A round's scalar outputs (a ``rounds.RoundOutput`` on the host);
   ``with_losses``: the round computed per-client losses."""
+  # Padding rows (mask 0) are not clients: a non-finite value there is not
+  # counted as an excluded client.
   real = np.asarray(out.mask) > 0
   row = {"train_loss": float(out.train_loss)}
   if with_losses:
+    # The mean over all K rows, padding included, as docs/history-columns.md
+    # defines the column; changing it changes every saved history with a Poisson
+    # cohort.
     row["cohort_loss_before"] = float(np.mean(np.asarray(out.loss_before)))
     row["cohort_loss_after"] = float(np.mean(np.asarray(out.loss_after)))
   row["nonfinite_clients"] = int(np.sum(real & ~np.asarray(out.finite)))
   for name, value in out.metrics.items():
+    # Scalar metrics go to the round's row; per-client [K] metrics go to its
+    # client row (``client_row``).
     if np.ndim(value) == 0:
       row[name] = float(value)
   return row

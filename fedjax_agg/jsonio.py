@@ -37,6 +37,8 @@ def jsonable(value: Any) -> Any:
     return value
   if isinstance(value, int):
     return value
+  # Strict JSON has no NaN or infinity; null keeps the file readable by any
+  # parser, and readers of a history take null as NaN.
   if isinstance(value, float):
     return value if math.isfinite(value) else None
   if isinstance(value, dict):
@@ -45,13 +47,19 @@ def jsonable(value: Any) -> Any:
     return [jsonable(item) for item in value]
   if isinstance(value, np.generic) or hasattr(value, "__array__"):
     array = np.asarray(value)
+    # ``tolist`` of such a dtype gives objects json cannot write; float64 holds
+    # every bfloat16 value exactly.
     if array.dtype.kind == "V":  # bfloat16 and other extension floats
       array = array.astype(np.float64)
     return jsonable(array.tolist())
+  # Last resort (a callable, a dataclass): a config echo must never fail on one
+  # odd value; what it was stays readable.
   return str(value)
 
 
 def _key(key: Any) -> str:
+  # JSON keys are strings: a number or tuple key becomes its JSON text, as
+  # json.dumps itself writes an int key.
   if isinstance(key, str):
     return key
   plain = jsonable(key)
@@ -66,6 +74,8 @@ def dump_json(obj: Any, path: str, indent: int | None = 2) -> str:
     path: the file; its folder is created if missing.
     indent: spaces per nesting level (None: one line).
   """
+  # allow_nan=False: ``jsonable`` removed every non-finite float, so one that
+  # gets through is a bug to raise, never a bare NaN token in the file.
   text = json.dumps(jsonable(obj), indent=indent, allow_nan=False)
   return write_text(path, text + "\n")
 
@@ -74,6 +84,9 @@ def write_text(path: str, text: str) -> str:
   """Writes ``text`` to ``path`` atomically (``write_file``). Returns
   ``path``."""
   def write(temporary):
+    # newline="": the text is written as given (csv ends its rows with \r\n
+    # itself; no platform translation on top). "x": the temporary's name is
+    # unique, so an existing file means a collision, never ours to write into.
     with open(temporary, "x", newline="") as f:
       f.write(text)
   return write_file(path, write)
@@ -115,6 +128,8 @@ def _distinct_keys(pairs):
   key given twice (its path is only known once the whole file is read)."""
   out = {}
   for key, value in pairs:
+    # Not raised here: the hook sees one object and not where it sits; the path
+    # is found once the whole document is parsed.
     if key in out:
       return _Repeated(pairs, key, out[key], value)
     out[key] = value
@@ -136,6 +151,9 @@ def _first_repeat(document) -> tuple[str, tuple] | None:
       items = [(value, f"{path}[{i}]") for i, value in enumerate(node)]
     else:
       continue
+    # Reversed onto the stack so items pop in document order, and the repeat
+    # reported is the first one in the file. A stack, not recursion: a deeply
+    # nested config must not fail in this walk.
     stack.extend(reversed(items))
   return None
 
@@ -157,6 +175,7 @@ def load_json(path: str) -> Any:
       repeated.append(True)
     return built
 
+  # The flag spares the walk over the document in the usual case of no repeat.
   with open(path) as f:
     document = json.load(f, object_pairs_hook=hook)
   if not repeated:

@@ -73,8 +73,12 @@ class FileLock:
     """
     if self._fd is not None:
       return self
+    # Opened without truncation: the holder's owner line must still be there to
+    # be read by a process that fails to take the lock.
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+      # LOCK_NB: fail at once; a second run waiting silently on the first would
+      # look hung for as long as the first one runs.
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
       try:
@@ -87,6 +91,8 @@ class FileLock:
           f"; lock file {self.path}); wait for it to end, or use another "
           "folder") from None
     if self.record_owner:
+      # Truncate first: a shorter owner line must not keep the tail of the
+      # previous one. Skipped when the file is the data itself (a client table).
       os.ftruncate(fd, 0)
       os.pwrite(fd, _owner().encode() + b"\n", 0)
     self._fd = fd
@@ -99,6 +105,8 @@ class FileLock:
       return
     fd, self._fd = self._fd, None
     try:
+      # The fd is closed even if unlocking fails; closing it releases the lock
+      # anyway.
       fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
       os.close(fd)

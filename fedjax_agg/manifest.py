@@ -52,6 +52,8 @@ _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.\d+\.[0-9a-f]{32}\.tmp$")
 TEMPORARY_OVERHEAD = len(".") + len(".") + 10 + len(".") + 32 + len(".tmp")
 """The most bytes the temporary of an atomic write adds to a file's name
 (a pid of up to 10 digits): what a name must leave room for."""
+# The claims are process-wide: the lock keeps the table and each claim's
+# manifest consistent where runs write from several threads.
 _LOCK = threading.RLock()
 _ACTIVE: dict[str, "_Claim"] = {}  # abs folder -> its claim
 
@@ -76,6 +78,9 @@ def _entry(path: str) -> dict:
 def _unchanged(path: str, entry: dict) -> bool:
   """Whether ``path`` is still the regular file a manifest ``entry``
   recorded (a link or a folder in its place is a change)."""
+  # ``isfile`` follows links, so the link test must come first: a link to an
+  # identical copy is not the file the run wrote, and hashing through it would
+  # read outside the folder.
   return (not os.path.islink(path) and os.path.isfile(path)
           and _entry(path) == {k: entry[k] for k in ("size", "sha256")})
 
@@ -84,6 +89,9 @@ def _inside(relative: str) -> bool:
   """Whether ``relative`` names a path strictly inside its folder."""
   if not isinstance(relative, str) or not relative or "\0" in relative:
     return False
+  # The library only ever records normalized relative paths; any other spelling
+  # ("a/../b", "./a", "a//b") comes from an edited manifest and could hide a
+  # ".." that leads out of the folder.
   if os.path.isabs(relative) or relative != os.path.normpath(relative):
     return False
   return not (relative == os.curdir or relative.split(os.sep)[0] == os.pardir)
@@ -101,12 +109,17 @@ def read(folder: str) -> Optional[dict]:
   if not os.path.lexists(path):
     return None
   try:
+    # The manifest decides what is deleted, so it is read only when it is a
+    # plain file of sane size: a link could point at any JSON on the machine, a
+    # FIFO would block ``open`` and a huge file would exhaust memory.
     if os.path.islink(path) or not os.path.isfile(path):
       raise ValueError("not a regular file")
     if os.path.getsize(path) > 64 << 20:
       raise ValueError("larger than 64 MiB")
     with open(path, encoding="utf-8") as f:
       saved = json.load(f)
+  # RecursionError: ``json.load`` recurses per nesting level, so a deeply nested
+  # file fails that way rather than with a ValueError.
   except (OSError, ValueError, RecursionError) as error:
     raise ValueError(f"{path}: cannot read the run's manifest ({error}); "
                      "nothing was removed") from None
@@ -117,11 +130,16 @@ def read(folder: str) -> Optional[dict]:
                      "removed")
   folders = saved.get("folders", [])
   kept = saved.get("kept", [])
+  # Every entry is checked before the manifest is returned: one bad path refuses
+  # the whole file, so an overwrite never removes part of a folder and then
+  # stops half-way.
   for name, entry in files.items():
     if not _inside(name) or not (
         isinstance(entry, dict) and isinstance(entry.get("size"), int)
         and isinstance(entry.get("sha256"), str)):
       raise ValueError(f"{path}: bad entry {name!r}; nothing was removed")
+  # Where "folders" or "kept" is not a list, the single None fails ``_inside``
+  # and the manifest is refused like any other bad entry.
   for name in [*folders, *kept] if isinstance(folders, list) and isinstance(
       kept, list) else [None]:
     if not _inside(name):
@@ -139,10 +157,14 @@ def _walk(folder: str, kept: Sequence[str]) -> Iterator[str]:
     keep = []
     for name in sorted(folders):
       path = os.path.normpath(os.path.join(relative, name))
+      # A link to a folder is reported, never walked: its files live elsewhere,
+      # and counting (or later removing) them would reach outside the run
+      # folder.
       if os.path.islink(os.path.join(root, name)):
         yield path
       elif path not in kept:
         keep.append(name)
+    # In-place assignment prunes ``os.walk``'s descent (it walks top-down).
     folders[:] = keep
     for name in sorted(files):
       path = os.path.normpath(os.path.join(relative, name))
@@ -176,9 +198,13 @@ def check(folder: str, names: Sequence[str] = (), overwrite: bool = False,
   Raises:
     ValueError: naming the folder and the files at fault.
   """
+  # Strict bools: a string such as "false" is truthy and would turn on the one
+  # option that deletes files.
   for name, value in (("overwrite", overwrite), ("resume", resume)):
     if not isinstance(value, bool):
       raise TypeError(f"{name} must be a bool, got {value!r}")
+  # A bare string is a sequence of one-letter paths; refuse it rather than keep
+  # "c", "o", "n", ...
   if isinstance(keep, str) or not all(isinstance(k, str) for k in keep):
     raise TypeError(f"keep must be a list of relative paths, got {keep!r}")
   bad = [k for k in keep if not _inside(os.path.normpath(k))]
@@ -187,10 +213,14 @@ def check(folder: str, names: Sequence[str] = (), overwrite: bool = False,
   keep = {os.path.normpath(k) for k in keep}
   if not os.path.isdir(folder):
     return Plan()
+  # Read even for a resume: the resumed run extends this manifest, so a damaged
+  # one must stop the run here, before its first file.
   manifest = read(folder)
   listed = {} if manifest is None else manifest["files"]
   if resume:
     return Plan()
+  # Only the names this run writes matter here: other unrecorded files are
+  # written beside, never touched, whether or not there is a manifest.
   foreign = sorted(name for name in {os.path.normpath(n) for n in names}
                    if os.path.lexists(os.path.join(folder, name))
                    and name not in listed and name not in keep)
@@ -201,6 +231,8 @@ def check(folder: str, names: Sequence[str] = (), overwrite: bool = False,
         "folder (the library deletes only files it wrote)")
   if manifest is None:
     return Plan()
+  # Recorded files already gone need nothing; a folder whose recorded files are
+  # all gone takes a fresh run without ``overwrite``.
   present = [name for name in listed
              if os.path.lexists(os.path.join(folder, name))]
   if not overwrite:
@@ -210,6 +242,8 @@ def check(folder: str, names: Sequence[str] = (), overwrite: bool = False,
           "choose another folder, or overwrite it explicitly (--overwrite, "
           "overwrite=True)")
     return Plan()
+  # All refusals come before the plan is returned, and nothing is removed here:
+  # an overwrite is all or nothing.
   changed = [name for name in present
              if not _unchanged(os.path.join(folder, name), listed[name])]
   if changed:
@@ -218,6 +252,9 @@ def check(folder: str, names: Sequence[str] = (), overwrite: bool = False,
         "them; the overwrite removed nothing (move them away first)")
   found = [name for name in _walk(folder, manifest["kept"])
            if name not in listed and name not in keep]
+  # Leftovers of an interrupted atomic write of a recorded file are the
+  # library's own and go with it; a temporary of an unrecorded name is treated
+  # as a user's file.
   temporaries = [name for name in found if _temporary_of(name, listed)]
   unlisted = [name for name in found if name not in temporaries]
   if unlisted:
@@ -275,11 +312,15 @@ class _Claim:
     recorded = False
     for path in paths:
       relative = os.path.relpath(path, self.folder)
+      # The manifest never lists itself (its hash changes with every save), nor
+      # a path outside the claimed folder.
       if relative == FILE or not _inside(relative):
         continue
       recorded = True
       parent = os.path.dirname(relative)
       while parent:
+        # Only folders this run created are recorded, so the removal of empty
+        # folders after an overwrite never takes a folder the user made.
         if parent not in self.existing and parent not in self.folders:
           self.folders.append(parent)
         parent = os.path.dirname(parent)
@@ -294,6 +335,8 @@ class _Claim:
         indent=1, sort_keys=True) + "\n"
 
     def write(temporary):
+      # "x": the temporary's name is unique; a collision must fail, never write
+      # into another process's file.
       with open(temporary, "x", encoding="utf-8") as f:
         f.write(text)
     write_atomically(os.path.join(self.folder, FILE), write)
@@ -314,6 +357,7 @@ def write_atomically(path: str, write) -> str:
   try:
     write(temporary)
     os.replace(temporary, path)
+  # BaseException: a Ctrl-C during the write also removes the temporary.
   except BaseException:
     if os.path.exists(temporary):
       os.remove(temporary)
@@ -326,6 +370,8 @@ def _remove(folder: str, plan: Plan, manifest: dict) -> None:
   listed = manifest["files"]
   for name in plan:
     path = os.path.join(folder, name)
+    # Verified again: time passes between ``check`` and the claim (data is
+    # loaded, models built), and a file edited meanwhile must survive.
     if name in listed:
       if not os.path.lexists(path):
         continue
@@ -335,6 +381,8 @@ def _remove(folder: str, plan: Plan, manifest: dict) -> None:
     elif not _temporary_of(name, listed):
       raise ValueError(f"{path} is not in the run's manifest")
     os.remove(path)
+  # Deepest first, so a parent is empty once its children are gone; only empty
+  # folders this run created, and never through a link.
   for name in sorted(manifest["folders"], key=len, reverse=True):
     path = os.path.join(folder, name)
     if os.path.isdir(path) and not os.path.islink(path) and (
@@ -353,6 +401,8 @@ def recording(folder: str, plan: Sequence[str] = (), resume: bool = False):
   manifest = read(folder) if os.path.isdir(folder) else None
   if plan:
     _remove(folder, plan, manifest)
+  # A new run starts a new list (keeping the kept folders), saved at once, so
+  # the manifest never lists files of the run that was just removed.
   if manifest is not None and not resume:
     manifest = {"files": {}, "folders": [], "kept": manifest["kept"]}
     claim = _Claim(folder, manifest)
@@ -360,9 +410,13 @@ def recording(folder: str, plan: Sequence[str] = (), resume: bool = False):
   else:
     claim = _Claim(folder, manifest)
   if os.path.isdir(folder):
+    # Computed after the removal: a folder the old run left (it still holds a
+    # kept folder or a user's file) is not this run's to remove.
     claim.existing = {
         os.path.relpath(root, folder) for root, _, _ in os.walk(folder)}
   with _LOCK:
+    # Claims may nest (a library writer called inside its caller's claim of the
+    # same folder); the outer claim is restored when the inner one ends.
     outer = _ACTIVE.get(folder)
     _ACTIVE[folder] = claim
   try:
@@ -378,6 +432,8 @@ def recording(folder: str, plan: Sequence[str] = (), resume: bool = False):
 def _claim_of(path: str) -> Optional[_Claim]:
   path = os.path.abspath(path)
   with _LOCK:
+    # The deepest claimed folder holding the path records it, so a member's
+    # sub-folder claimed on its own keeps its own manifest.
     roots = [root for root in _ACTIVE
              if os.path.commonpath([root, path]) == root and root != path]
     return _ACTIVE[max(roots, key=len)] if roots else None
@@ -389,6 +445,7 @@ def note(*paths: str) -> None:
   by_claim = {}
   for path in paths:
     claim = _claim_of(path)
+    # Only regular files are recorded: a link's hash would be its target's.
     if claim is not None and os.path.isfile(path) and not os.path.islink(
         path):
       by_claim.setdefault(id(claim), (claim, []))[1].append(

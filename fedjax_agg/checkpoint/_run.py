@@ -58,6 +58,7 @@ class Snapshot(NamedTuple):
 def check_arguments(checkpoint_dir: Optional[str], checkpoint_every: int,
                     resume: bool) -> None:
   """Raises ValueError naming the bad argument of ``simulation.run``."""
+  # bool is an int in Python: True must not mean "every round".
   if (isinstance(checkpoint_every, bool)
       or not isinstance(checkpoint_every, (int, np.integer))
       or checkpoint_every < 0):
@@ -84,6 +85,9 @@ def check_arguments(checkpoint_dir: Optional[str], checkpoint_every: int,
 
 def _history_crc(history: dict) -> int:
   """CRC-32 of a checkpoint's history item (rows and client-row layout)."""
+  # sort_keys: the restored dict's key order need not be the saved one's.
+  # allow_nan: rows may hold NaN (a diverged round), and this text is only
+  # hashed, never written.
   text = json.dumps(history, sort_keys=True, allow_nan=True)
   return zlib.crc32(text.encode())
 
@@ -99,6 +103,8 @@ def _is_key(leaf) -> bool:
 
 def _leaf_spec(path, leaf) -> dict:
   is_key = _is_key(leaf)
+  # Typed keys have an extended dtype orbax cannot store: their raw uint32 data
+  # is saved, and the implementation recorded to wrap it back.
   data = jax.random.key_data(leaf) if is_key else leaf
   return {"path": jax.tree_util.keystr(path, simple=True, separator="/"),
           "shape": list(np.shape(data)), "dtype": str(jnp.result_type(data)),
@@ -111,6 +117,8 @@ def _tree_spec(tree) -> list[dict]:
 
 
 def _leaf_name(index: int) -> str:
+  # Leaves are stored by position, not by tree path: the spec's order is the
+  # contract, and ``spec_differences`` refuses a reordered tree.
   return f"leaf_{index:05d}"
 
 
@@ -136,6 +144,8 @@ def _from_host(arrays: dict, spec: list[dict], template, where: str):
   for i, (entry, like) in enumerate(zip(spec, jax.tree.leaves(template),
                                         strict=True)):
     dtype = jnp.dtype(entry["dtype"])
+    # A zero-size leaf was never stored (orbax skips it); its spec alone
+    # rebuilds it.
     if int(np.prod(entry["shape"])) == 0:
       host = np.zeros(entry["shape"], dtype)
     elif _leaf_name(i) not in arrays:
@@ -143,6 +153,8 @@ def _from_host(arrays: dict, spec: list[dict], template, where: str):
           f"{where}: leaf {entry['path']!r} is missing")
     else:
       host = np.asarray(arrays[_leaf_name(i)])
+    # Checked before the leaf is placed on a device: a damaged array must be
+    # refused, never resumed from.
     if (list(host.shape) != entry["shape"] or host.dtype != dtype
         or _crc(host) != entry["crc32"]):
       raise CorruptCheckpointError(
@@ -150,6 +162,8 @@ def _from_host(arrays: dict, spec: list[dict], template, where: str):
           f"{host.shape} {host.dtype}, CRC-32 {_crc(host)}; written "
           f"{tuple(entry['shape'])} {entry['dtype']}, CRC-32 "
           f"{entry['crc32']}): the file is damaged")
+    # Placed as the template's leaf is (its devices, its mesh sharding), so a
+    # resumed run's state lives where a fresh run's would.
     sharding = getattr(like, "sharding", None)
     if entry["key_impl"]:
       leaf = jax.random.wrap_key_data(jnp.asarray(host),
@@ -174,6 +188,7 @@ def spec_differences(saved: list[dict], current: list[dict],
       if a[field] != b[field]:
         lines.append(f"{path}: {field} {a[field]} in the checkpoint, "
                      f"{b[field]} now")
+  # Same leaves in another order still fail: arrays are matched by position.
   if not lines and [e["path"] for e in saved] != [e["path"] for e in current]:
     lines.append("the leaves are in a different order")
   if len(lines) > limit:
@@ -202,6 +217,8 @@ def _decode(value):
   if isinstance(value, dict) and "__ndarray__" in value:
     array = np.array(value["__ndarray__"], dtype=jnp.dtype(value["dtype"]))
     array = array.reshape(value["shape"])
+    # A 0-d array decodes to a numpy scalar, as it was saved, so a restored row
+    # equals the original one.
     return array[()] if not value["shape"] else array
   if isinstance(value, dict):
     return {k: _decode(v) for k, v in value.items()}
@@ -213,6 +230,8 @@ def _decode(value):
 def _pack_client_rows(client_rows: list) -> tuple[dict, dict]:
   """-> ({array name: field stacked over rounds [R, ...]}, JSON layout)."""
   fields = list(client_rows[0]) if client_rows else []
+  # Rows with different fields (``client_row`` adds "mask" only in rounds with
+  # padding) cannot be stacked into columns: they are kept whole as JSON.
   if any(list(row) != fields for row in client_rows):
     return {}, {"count": len(client_rows), "json": _encode(client_rows)}
   arrays, entries = {}, []
@@ -224,6 +243,8 @@ def _pack_client_rows(client_rows: list) -> tuple[dict, dict]:
       entry = {"name": name, "array": f"client_{i:03d}",
                "shape": list(stacked.shape), "dtype": str(stacked.dtype),
                "crc32": _crc(stacked)}
+      # Zero-size columns are not stored (orbax skips them); the layout's shape
+      # rebuilds them.
       if stacked.size:
         arrays[entry["array"]] = stacked
     else:
@@ -290,6 +311,9 @@ class RunCheckpointer:
     # One writer per folder for the run's life: a second run in the same
     # folder would overwrite this one's steps.
     os.makedirs(self.directory, exist_ok=True)
+    # Kept, not recorded: orbax writes these files, so no manifest lists them.
+    # As a kept folder they neither block an overwrite of the run folder as a
+    # user's files nor are removed by it (a run never deletes checkpoints).
     manifest.kept_folder(self.directory)
     self._lock = locks.FileLock.for_folder(
         self.directory, f"checkpoint folder {self.directory}").acquire()
@@ -297,6 +321,8 @@ class RunCheckpointer:
         preservation_policy=ocp.checkpoint_managers.LatestN(
             self.max_to_keep),
         enable_async_checkpointing=self.async_save,
+        # cleanup_tmp_directories: a killed run's half-written step folders are
+        # removed when the folder is opened again.
         cleanup_tmp_directories=True, create=True)
     self._manager = ocp.CheckpointManager(self.directory, item_names=ITEMS,
                                           options=options)
@@ -328,6 +354,8 @@ class RunCheckpointer:
     arrays.update(client_arrays)
     history = {"rows": _encode(rows), "client_rows": client_layout}
     meta["history_crc32"] = _history_crc(history)
+    # One orbax step holds all three items, so they are committed (renamed into
+    # place) together: a step never has a state without its history.
     self._manager.save(int(round_num), args=ocp.args.Composite(
         state=ocp.args.StandardSave(arrays),
         history=ocp.args.JsonSave(history),
@@ -354,6 +382,8 @@ class RunCheckpointer:
       round_num = rounds[-1]
     where = f"checkpoint of round {round_num} in {self.directory}"
     hint = self._earlier_hint(round_num, rounds)
+    # The small meta is read and compared first: a checkpoint of another run is
+    # named as such (not as damaged), and no array is read for it.
     meta = self.read_meta(round_num)
     template = {"server": template_state, "run_key": template_run_key}
     differences = (config_differences(meta["config"], self.config)
@@ -378,11 +408,15 @@ class RunCheckpointer:
                                         arrays or {}, where)
     except CorruptCheckpointError as e:
       raise CorruptCheckpointError(f"{e}.{hint}") from e
+    # The history item is plain JSON anyone can edit; its CRC lives in meta, so
+    # an edit is refused like a damaged array.
     if meta.get("history_crc32") != _history_crc(history):
       raise CorruptCheckpointError(
           f"{where}: its history fails its check (edited or damaged)."
           f"{hint}")
     rows = _decode(history["rows"])
+    # Row 0 is the initial model's evaluation: round r holds r + 1 rows and r
+    # client rows, else the history is not this step's.
     if len(rows) != round_num + 1 or len(client_rows) != round_num:
       raise CorruptCheckpointError(
           f"{where}: holds {len(rows)} history rows and {len(client_rows)} "
@@ -403,6 +437,8 @@ class RunCheckpointer:
           f"{where}: its metadata cannot be read ({type(e).__name__}: "
           f"{e}).{hint}") from e
     version = meta.get("format_version") if isinstance(meta, dict) else None
+    # Another layout version is never read as this one; a checkpoint of newer
+    # code is refused, not guessed at.
     if version != FORMAT_VERSION:
       raise CheckpointMismatchError(
           f"{where}: format version {version!r}, this library reads "
@@ -425,6 +461,8 @@ class RunCheckpointer:
     try:
       self._manager.wait_until_finished()
       self._manager.close()
+    # The lock is released even when a pending write fails, so the folder is not
+    # held for the rest of the process.
     finally:
       self._lock.release()
 
@@ -450,6 +488,8 @@ def open_run(checkpoint_dir: str, every: int, resume: bool, config: dict,
                    checkpointer.directory)
     return checkpointer, None
   if not resume:
+    # On each refusal the caller never receives the checkpointer, so it is
+    # closed here and the folder's lock released.
     checkpointer.close()
     raise CheckpointError(
         f"checkpoint_dir {checkpointer.directory} already holds checkpoints "
@@ -475,5 +515,7 @@ def held_rounds(root: str) -> dict[str, list[int]]:
     rounds = sorted(int(name) for name in names if name.isdigit())
     if rounds:
       found[folder] = rounds
+    # Numbered folders are orbax's steps: counted by name, never entered (a
+    # member's checkpoint folder is never inside a step).
     names[:] = [name for name in names if not name.isdigit()]
   return found

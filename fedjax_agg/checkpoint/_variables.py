@@ -27,6 +27,8 @@ def save_variables(directory: str, variables) -> str:
   description's ``model.base``. Returns ``directory``."""
   path = os.path.join(os.path.abspath(directory), VARIABLES)
   checkpointer = ocp.StandardCheckpointer()
+  # force=True: saving again into the same folder replaces the earlier save
+  # (orbax refuses an existing folder otherwise).
   checkpointer.save(path, variables, force=True)
   checkpointer.wait_until_finished()
   # orbax's note of success names the absolute folder; restoring does not
@@ -91,6 +93,8 @@ def saved_variables(directory: str) -> dict:
   # below says it once.
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
+  # Raised only for this call and restored in ``finally``: the caller's logging
+  # setup is left as it was.
   absl_logger.setLevel(logging.ERROR)
   try:
     metadata = ocp.StandardCheckpointer().metadata(path).item_metadata
@@ -99,6 +103,7 @@ def saved_variables(directory: str) -> dict:
     raise CorruptCheckpointError(f"{damaged}is malformed)") from None
   finally:
     absl_logger.setLevel(level)
+  # orbax answers a missing metadata file with no tree (after its warning).
   tree = getattr(metadata, "tree", None)
   if tree is None:
     raise CorruptCheckpointError(f"{damaged}is missing or unreadable)")
@@ -111,6 +116,8 @@ def saved_variables(directory: str) -> dict:
 def _leaf_shapes(tree) -> dict:
   """{leaf path: shape} of a tree of arrays or of orbax's array metadata."""
   leaves = jax.tree_util.tree_flatten_with_path(
+      # Anything with a shape is a leaf: orbax's array metadata objects are not
+      # arrays, and the template's leaves may be ShapeDtypeStructs.
       tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
   return {jax.tree_util.keystr(key): tuple(leaf.shape)
           for key, leaf in leaves}
