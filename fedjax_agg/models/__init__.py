@@ -121,11 +121,14 @@ def _declared(name: str) -> dict[str, tuple[type, bool, Any]]:
   """Option -> (its declared type, int or bool; whether None is allowed;
   its default), from the network's dataclass fields."""
   build, _ = _BUILDERS[name]
+  # A functools.partial builder: the fields are its wrapped class's.
   cls = getattr(build, "func", build)
   fields = {f.name: f for f in dataclasses.fields(cls)}
   declared = {}
   for option in _OPTIONS.get(name, ()):
     kind, optional = fields[option].type, False
+    # Optional[int] is Union[int, None]: the option's kind is the member that
+    # is not None, and None is then a valid value.
     if typing.get_origin(kind) is typing.Union:
       others = [t for t in typing.get_args(kind) if t is not type(None)]
       kind, optional = others[0], len(others) < len(typing.get_args(kind))
@@ -156,6 +159,8 @@ def check_option(name: str, option: str, value) -> Any:
   label = f"model {name!r}: {option}"
   if optional and value is None:
     return None
+  # bool before int: a bool option must not take 1, and check_int refuses
+  # bools for the int options.
   if kind is bool:
     checks.check_bool(label, value)
     return bool(value)
@@ -190,6 +195,8 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_num_classes(num_classes) -> int:
+  # bool is an int subclass and is refused; an integral float (10.0, as
+  # JSON may give it) is accepted and returned as an int.
   if isinstance(num_classes, (bool, np.bool_)) or not isinstance(
       num_classes, (int, float, np.integer, np.floating)) or not float(
           num_classes).is_integer() or num_classes < 2:
@@ -281,11 +288,15 @@ def _build(name: str, num_classes: int, input_shape: tuple[int, ...],
                      f"one sequence, got {input_shape!r}")
 
   def init(key):
+    # One zero example fixes every parameter's shape; language models need
+    # int32 token ids for their embedding.
     example = jnp.zeros((1,) + input_shape,
                         jnp.int32 if tokens else jnp.float32)
     return dict(net.init(key, example, train=False))
 
   def apply(variables, x, train: bool = False):
+    # Only a BatchNorm network in training updates variables (its running
+    # averages); otherwise they come back as they went in.
     if train and "batch_stats" in variables:
       logits, updates = net.apply(variables, x, train=True,
                                   mutable=["batch_stats"])

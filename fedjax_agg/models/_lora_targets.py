@@ -53,9 +53,13 @@ def _discover(model: Model, base_variables: Params):
       else:
         axis = module.axis if isinstance(module.axis, Sequence) else (
             module.axis,)
+        # Negative axes normalised: -1 and ndim - 1 name one contraction.
         axes = tuple(sorted(int(a) % inputs.ndim for a in axis))
         features = (tuple(module.features) if isinstance(
             module.features, Sequence) else (module.features,))
+        # Only a contraction of the trailing axes without batch dims is
+        # [..., d_in] @ A^T; any other layout keeps its kernel in ``kernels``
+        # below, so a pattern naming it is refused rather than skipped.
         if module.batch_dims or axes != tuple(
             range(inputs.ndim - len(axes), inputs.ndim)):
           axes = None  # a kernel this module does not adapt
@@ -67,6 +71,8 @@ def _discover(model: Model, base_variables: Params):
   with nn.intercept_methods(record):
     # A new function: a cached trace of model.init would call no module.
     jax.eval_shape(lambda key: model.init(key), jax.random.key(0))
+  # Every module holding a kernel, Dense or not: a pattern matching a
+  # convolution or a recurrent cell is refused instead of ignored.
   kernels = [p[len("params/"):-len("/kernel")]
              for p in tree_math.leaf_paths(base_variables)
              if p.startswith("params/") and p.endswith("/kernel")]
@@ -75,6 +81,8 @@ def _discover(model: Model, base_variables: Params):
 
 def _select(targets, dense, kernels) -> tuple[Target, ...]:
   if targets is None:
+    # Sorted paths fix the adapters' order, and with it the keys ``lora``
+    # folds in by index, whatever order the network calls its layers in.
     chosen = sorted(dense)
   else:
     if isinstance(targets, str) or not isinstance(targets, Sequence) or (

@@ -74,6 +74,8 @@ pads of height and width."""
 _DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
 
 
+# Per thread: one thread tracing local training must not switch the
+# lowering of another thread's evaluation.
 _TRACING = threading.local()
 
 
@@ -81,6 +83,7 @@ _TRACING = threading.local()
 def per_client_training() -> Iterator[None]:
   """Marks what is traced inside as local training of per-client kernels
   (the engine enters it around its vmapped trainer), for "auto"."""
+  # The outer value is restored, not False, so nested uses stay marked.
   outer = getattr(_TRACING, "per_client", False)
   _TRACING.per_client = True
   try:
@@ -103,6 +106,8 @@ def resolve_impl(impl: str) -> str:
   if impl not in CONV_IMPLS:
     raise ValueError(f"impl must be one of {CONV_IMPLS}, got {impl!r}")
   if impl == "auto":
+    # Read when the layer is traced, not when it is built: one model traced
+    # in the trainer and in evaluation gets a lowering for each.
     return auto_impl(jax.default_backend(),
                      getattr(_TRACING, "per_client", False))
   return impl
@@ -152,6 +157,8 @@ def _patches(x, kernel_hw, pads):
   batch, _, _, channels = x.shape
   out_h, out_w = _output_hw(x.shape[1:3], kernel_hw, pads)
   padded = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+  # Window (i, j) then channel c: patch index (i * kw + j) * C + c, the
+  # row order of an HWIO kernel reshaped to [kh * kw * C, F].
   windows = [padded[:, i:i + out_h, j:j + out_w, :]
              for i in range(kh) for j in range(kw)]
   return jnp.stack(windows, axis=3).reshape(batch, out_h, out_w,
@@ -180,6 +187,8 @@ def _conv_input_grad(dy, kernel, pads):
   """d(conv)/dx as a canonical convolution of dy with the flipped kernel."""
   kh, kw = kernel.shape[:2]
   flipped = jnp.transpose(jnp.flip(kernel, (0, 1)), (0, 1, 3, 2))
+  # Stride 1: these pads make the flipped-kernel convolution of dy
+  # [H', W'] come out exactly [H, W] again.
   back_pads = ((kh - 1 - pads[0][0], kh - 1 - pads[0][1]),
                (kw - 1 - pads[1][0], kw - 1 - pads[1][1]))
   return _conv(dy, flipped, back_pads)
@@ -218,6 +227,8 @@ def _fold_or_unroll(fn: Callable, fold_first=None, fold_second=None):
       return fold_first(wrapped, a, b), True
     if b_batched and not a_batched and fold_second is not None:
       return fold_second(wrapped, a, b), True
+    # Both sides batched (each client its own kernel): one call per client,
+    # never the grouped convolution this module exists to avoid.
     outs = [wrapped(a[i] if a_batched else a, b[i] if b_batched else b)
             for i in range(axis_size)]
     return jnp.stack(outs), True
@@ -235,6 +246,8 @@ def _fold_into_batch(fn, x, other):
 def _fold_into_features(fn, x, kernel):
   """Shared x, kernel [K, ..., F]: one call with K*F output features."""
   k, f = kernel.shape[0], kernel.shape[-1]
+  # K outer within the output features, so the output's last axis splits
+  # back into (K, F).
   merged = jnp.moveaxis(kernel, 0, -2).reshape(kernel.shape[1:-1] + (k * f,))
   out = fn(x, merged)
   out = out.reshape(out.shape[:-1] + (k, f))
@@ -270,9 +283,13 @@ def _per_client_matmul(spec):
   return wrapped
 
 
+# Cached by (pads, sizes), hashable tuples: each layer shape builds its
+# custom-VJP functions once, not at every trace.
 @functools.lru_cache(maxsize=None)
 def _make_im2col(pads, kernel_hw, input_hw):
   """im2col convolution for fixed padding and sizes (custom VJP + vmap)."""
+  # The unused second argument fits ``_fold_or_unroll``'s two-array
+  # interface; it is never batched, so a batched x folds into the batch.
   patches = _fold_or_unroll(
       lambda x, unused: _patches(x, kernel_hw, pads),
       fold_first=_fold_into_batch)
@@ -299,6 +316,8 @@ def _make_im2col(pads, kernel_hw, input_hw):
 
   def conv_fwd(x, kernel):
     y, p = forward(x, kernel)
+    # The patches are kept for the backward pass: the kernel gradient is
+    # then one matmul, for kh * kw times the input's memory.
     return y, (p, kernel)
 
   def conv_bwd(residuals, dy):
@@ -361,6 +380,8 @@ def conv2d(x, kernel, padding: Padding = "SAME", impl: str = "auto"):
         f"x must be [B, H, W, C] and kernel [kh, kw, C, F] with the same C, "
         f"got x {x.shape} and kernel {kernel.shape}")
   pads = explicit_padding(padding, kernel.shape[:2], x.shape[1:3])
+  # Refused here, in Python: an empty output would otherwise fail inside
+  # the custom VJPs' reshapes with a less helpful message.
   if min(_output_hw(x.shape[1:3], kernel.shape[:2], pads)) < 1:
     raise ValueError(f"kernel {kernel.shape[:2]} is larger than the padded "
                      f"input {x.shape[1:3]} with padding {pads}")
@@ -393,6 +414,7 @@ def max_pool(x, window: tuple[int, int] = (2, 2), strides=None,
   Returns:
     [B, H', W', C].
   """
+  # Plain int tuples: they key ``_window_max``'s cache.
   window = tuple(int(w) for w in window)
   strides = window if strides is None else tuple(int(s) for s in strides)
   if x.ndim != 4:
@@ -422,6 +444,8 @@ def _window_max(window):
   def pool_bwd(residuals, dy):
     x, y = residuals
     blocks = windows(x)
+    # Row-major scan within each window: ``seen`` lets only the first
+    # maximal element take dy, so ties do not split the gradient.
     seen = jnp.zeros(y.shape, bool)
     rows = []
     for i in range(wh):
@@ -434,6 +458,7 @@ def _window_max(window):
     grads = jnp.stack(rows, axis=2).reshape(blocks.shape)
     batch, h, w, c = x.shape
     grads = grads.reshape(batch, grads.shape[1] * wh, grads.shape[3] * ww, c)
+    # Rows and columns that VALID pooling dropped get zero gradient.
     return (jnp.pad(grads, ((0, 0), (0, h - grads.shape[1]),
                             (0, w - grads.shape[2]), (0, 0))),)
 
@@ -451,6 +476,8 @@ class Conv(nn.Module):
 
   @nn.compact
   def __call__(self, x):
+    # float32 parameters whatever the input's dtype, as flax's default;
+    # ``models.mixed`` casts them per call and keeps these as masters.
     kernel = self.param(
         "kernel", nn.initializers.lecun_normal(),
         tuple(self.kernel_size) + (x.shape[-1], self.features), jnp.float32)

@@ -144,6 +144,8 @@ class _AdaptedApply:
     lora_spec = self.spec
     by_path = self._by_path
     nodes = check_adapters(adapters, "apply", "adapters")
+    # The adapted paths are tree structure, not data: a mismatch is refused at
+    # trace time, before anything is compiled.
     if set(nodes) != set(by_path):
       raise ValueError(f"adapters must adapt {sorted(by_path)}, got "
                        f"{sorted(nodes)}")
@@ -160,16 +162,23 @@ class _AdaptedApply:
     def adapt(next_fun, args, kwargs, context):
       out = next_fun(*args, **kwargs)
       path = "/".join(context.module.path)
+      # The interceptor sees every method of every module; only a target's
+      # __call__ is adapted.
       if context.method_name != "__call__" or path not in by_path:
         return out
       target = by_path[path]
       node = nodes[path]
       a = frozen_a[path] if frozen_a is not None else node["a"]
       inputs = args[0]
+      # The layer contracts its trailing in_shape axes; the leading ones (batch,
+      # sequence) are kept, so the branch runs on [..., d_in] and is reshaped
+      # back to the layer's output axes.
       lead = inputs.shape[:inputs.ndim - len(target.in_shape)]
       flat = inputs.reshape(lead + (target.d_in,))
       dropped = flat
       if use_dropout:
+        # Each layer folds in its index: two layers of one step draw different
+        # masks.
         layer_key = jax.random.fold_in(
             step_key, list(by_path).index(path))
         keep = jax.random.bernoulli(layer_key, 1.0 - lora_spec.dropout,
@@ -178,11 +187,16 @@ class _AdaptedApply:
       # Eq. (3): (alpha / r) B A x, never forming B A.
       delta = _low_rank(dropped, a, node["b"])
       if lora_spec.merged:
+        # "merged" is part of the frozen weight, not of the adapter branch:
+        # it reads x without dropout and never gets a gradient (the server
+        # writes it).
         delta = delta + flat @ jax.lax.stop_gradient(node["merged"]).T
       delta = lora_spec.scale * delta
       return out + delta.reshape(lead + target.out_shape).astype(out.dtype)
 
     with nn.intercept_methods(adapt):
+      # The base runs in inference mode whatever ``train``: its BatchNorm
+      # statistics are frozen with the rest of it.
       outputs, _ = self._base_apply(base_variables, x, False)
     return outputs, adapters
 
@@ -234,10 +248,13 @@ def _step_key(dropout_key, nodes, x):
   def bits(leaf):
     leaf = jax.lax.stop_gradient(leaf)
     if jnp.issubdtype(leaf.dtype, jnp.floating):
+      # Sums of the raw bits: a change of an entry changes the key (but for
+      # a 2^-32 collision), where a float sum could absorb a small change.
       leaf = jax.lax.bitcast_convert_type(leaf.astype(jnp.float32),
                                           jnp.uint32)
     return jnp.sum(leaf.astype(jnp.uint32), dtype=jnp.uint32)
   key = jax.random.fold_in(dropout_key, bits(x))
+  # Sorted paths: the key must not depend on the dict's insertion order.
   for path in sorted(nodes):
     for name in _TRAINABLE:
       if name in nodes[path]:
@@ -324,6 +341,8 @@ def lora(model: Model, base_variables: Params, *, rank: int,
     raise ValueError("base_variables must be the base network's variables "
                      "({'params': ...})")
   shapes = jax.eval_shape(model.init, jax.random.key(0))
+  # Checked before anything closes over them: a wrong tree would otherwise
+  # surface only inside apply's trace, far from this call.
   if jax.tree.structure(shapes) != jax.tree.structure(base_variables) or any(
       s.shape != np.shape(v) for s, v in zip(
           jax.tree.leaves(shapes), jax.tree.leaves(base_variables),
@@ -340,6 +359,8 @@ def lora(model: Model, base_variables: Params, *, rank: int,
                        f"{min(target.d_in, target.d_out)} of {target.path!r}")
   frozen = None
   if freeze_a:
+    # Indices 0..len(chosen)-1 of ``key`` draw frozen As, len(chosen) the
+    # dropout key: separate streams from the one key the caller gives.
     frozen = {t.path: init_a(jax.random.fold_in(key, i), rank, t.d_in)
               for i, t in enumerate(chosen)}
   lora_spec = LoRASpec(jax.tree.map(jnp.asarray, base_variables), chosen,
@@ -471,10 +492,14 @@ def merge(model: Model, adapters: Params) -> Params:
     *parents, leaf = target.path.split("/")
     where = params
     for parent in parents:
+      # Copies along the target's path only: the base's own dicts are shared
+      # with the model's closure and must not change.
       where[parent] = dict(where[parent])
       where = where[parent]
     where[leaf] = dict(where[leaf])
     kernel = where[leaf]["kernel"]
+    # product is [d_out, d_in] (the paper's orientation); a flax kernel is
+    # [in axes..., out axes...], hence the transpose before the reshape.
     delta = (lora_spec.scale * product).T.reshape(kernel.shape)
     where[leaf]["kernel"] = (kernel + delta).astype(kernel.dtype)
   return {**lora_spec.base_variables, "params": params}

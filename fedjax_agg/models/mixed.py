@@ -44,6 +44,8 @@ def bfloat16_compute(model: Model) -> Model:
   def apply(params, x, train):
     outputs, new_params = model.apply(_cast(params, jnp.bfloat16),
                                       _cast(x, jnp.bfloat16), train)
+    # Updated variables (BatchNorm statistics) go back to their master
+    # dtypes, so the carried state stays float32 from step to step.
     new_params = jax.tree.map(lambda new, old: new.astype(old.dtype),
                               new_params, params)
     return _cast(outputs, jnp.float32), new_params

@@ -23,6 +23,8 @@ def _pool(x):
 
 
 def _flatten(x):
+  # NHWC flattened row-major: fc1 reads features in (h, w, c) order, not
+  # PyTorch's (c, h, w); weights ported from NCHW would need permuting.
   return x.reshape((x.shape[0], -1))
 
 

@@ -84,6 +84,8 @@ class TransformerLM(nn.Module):
   @nn.compact
   def __call__(self, tokens, train: bool = False):
     del train
+    # Checked at trace time (sizes are static): a bad size fails at init,
+    # not inside the attention's reshape.
     if self.width % self.heads:
       raise ValueError(f"width ({self.width}) must be a multiple of heads "
                        f"({self.heads})")
@@ -94,7 +96,11 @@ class TransformerLM(nn.Module):
     x = nn.Embed(self.num_classes, self.width)(tokens)
     positions = self.param("positions", nn.initializers.normal(0.02),
                            (self.max_length, self.width))
+    # A table of max_length positions: a shorter sequence uses its first
+    # ``length`` rows, so one set of parameters serves every T.
     x = x + positions[:length]
+    # Causal mask only: padding sits at the end of a row, so no real position
+    # attends to it, and the loss skips padded targets.
     mask = nn.make_causal_mask(jnp.ones(tokens.shape, jnp.int32))
     for _ in range(self.depth):
       x = _Block(self.width, self.heads)(x, mask)

@@ -158,9 +158,13 @@ def load_pretrained(path, dtype=jnp.float32, *, remat: bool = False
   folder = _files.check_folder(path)
   model = _model(_config.read_config(folder), dtype, remat)
   network, family = _network(model.apply.config, remat)
+  # config.json fixes every tensor's shape: an abstract init gives them
+  # before any weight is read, and allocates nothing.
   shapes = jax.eval_shape(model.init, jax.random.key(0))["params"]
   chosen = {}
 
+  # load_tensors calls this once with the names it found, so the file
+  # settles what depends on naming (GPT-2's optional "transformer." prefix).
   def expect(names):
     chosen.update(family.expected_tensors(shapes, names))
     return {name: shape for name, (_, shape, _) in chosen.items()}
@@ -177,6 +181,7 @@ def _model(config, dtype, remat: bool) -> Model:
   if not isinstance(remat, bool):
     raise TypeError(f"remat must be a bool, got {remat!r}")
   network, _ = _network(config, remat)
+  # One token creates every parameter: no parameter's shape depends on T.
   example = jnp.zeros((1, 1), jnp.int32)
   apply = PretrainedApply(network, config,
                           LORA_TARGETS[config.architecture])
@@ -235,6 +240,8 @@ def save_pretrained(folder, model: Model, variables: Params) -> str:
   _, family = _network(config, False)
   params = variables["params"]
   shapes = jax.eval_shape(lambda p: p, params)
+  # Naming the prefixed embedding keeps GPT-2's "transformer." prefix, as
+  # GPT2LMHeadModel saves its tensors.
   expected = family.expected_tensors(shapes, {"transformer.wte.weight"})
   tensors = _save.tensors_of(params, expected)
   return _save.write(folder, _save.config_values(config), tensors)

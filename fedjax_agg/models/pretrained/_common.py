@@ -38,6 +38,8 @@ def causal_attention(q, k, v, scale: float):
   v = jnp.repeat(v, groups, axis=2)
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale
   causal = jnp.tril(jnp.ones((length, length), bool))
+  # Masked with the dtype's lowest value and a float32 softmax, as Hugging
+  # Face's eager attention does, so the logits match it closely.
   logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
   weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
@@ -72,6 +74,8 @@ class CausalLM(nn.Module):
     x, embed = self.body(self.config, self.remat, name=self.body_name)(
         tokens)
     if self.config.tie_word_embeddings:
+      # Tied: the output layer is the token embedding transposed, and no
+      # lm_head tensor is read (a file's copy is IGNORED).
       return embed.attend(x)
     return nn.Dense(self.config.vocab_size, use_bias=False,
                     dtype=jnp.float32, name="lm_head")(x)
@@ -90,6 +94,8 @@ def hf_name(path: tuple[str, ...]) -> str:
     match = _INDEXED.match(part)
     parts.append(f"{match[1]}.{match[2]}" if match else part)
   leaf = path[-1]
+  # Flax's kernel, embedding and scale are all "weight" in Hugging Face's
+  # names.
   parts.append("bias" if leaf == "bias" else "weight")
   return ".".join(parts)
 
@@ -112,6 +118,8 @@ def expected_tensors(param_shapes, linear=lambda path: True
   for path, shape in traverse_util.flatten_dict(param_shapes).items():
     shape = tuple(shape.shape)
     transpose = path[-1] == "kernel" and linear(path)
+    # The shape as the file holds it ([out, in] for a torch Linear), so a
+    # mismatch is reported in the file's terms.
     expected[hf_name(path)] = (path, shape[::-1] if transpose else shape,
                                transpose)
   return expected

@@ -88,6 +88,7 @@ class _Reader:
     value = self.values.get(key, default)
     if value is None and default is None:
       self.fail(key, "missing (an integer is needed)")
+    # bool is an int subclass: true must not read as 1.
     if isinstance(value, bool) or not isinstance(value, int):
       self.fail(key, f"must be an integer, got {value!r}")
     if not low <= value <= high:
@@ -107,6 +108,7 @@ class _Reader:
       self.fail(key, "missing (a number is needed)")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       self.fail(key, f"must be a number, got {value!r}")
+    # low is exclusive: epsilons, theta and scaling factors must be positive.
     if not math.isfinite(value) or not low < value <= high:
       self.fail(key, f"must be a finite number in ({low}, {high}], got "
                 f"{value!r}")
@@ -161,6 +163,7 @@ def _gpt2(reader: _Reader) -> GPT2Config:
   if width % heads:
     reader.fail("n_head", f"n_embd ({width}) is not a multiple of n_head "
                 f"({heads})")
+  # Hugging Face writes n_inner null for its default, 4 x n_embd.
   inner = reader.values.get("n_inner")
   return GPT2Config(
       vocab_size=reader.int("vocab_size"),
@@ -197,6 +200,7 @@ def _rope(reader: _Reader) -> tuple[float, Optional[tuple]]:
   if not isinstance(scaling, dict):
     reader.fail(key, f"must be an object or null, got {scaling!r}")
   sub = _Reader(f"{reader.path} ({key})", scaling)
+  # Older configs name the type "type", newer ones "rope_type".
   kind = scaling.get("rope_type", scaling.get("type", "default"))
   if kind not in ROPE_TYPES:
     sub.fail("rope_type", f"{kind!r} is not supported; supported: "
@@ -211,6 +215,8 @@ def _rope(reader: _Reader) -> tuple[float, Optional[tuple]]:
         "original_max_position_embeddings", high=_MAX_POSITIONS)
     if fields["high_freq_factor"] <= fields["low_freq_factor"]:
       sub.fail("high_freq_factor", "must exceed low_freq_factor")
+  # A sorted tuple, not a dict: the frozen config dataclass stays hashable
+  # and compares by value.
   return theta, tuple(sorted(fields.items()))
 
 
@@ -221,6 +227,8 @@ def _llama(reader: _Reader, architecture: str) -> LlamaConfig:
   if heads % kv_heads:
     reader.fail("num_key_value_heads", f"num_attention_heads ({heads}) is "
                 f"not a multiple of num_key_value_heads ({kv_heads})")
+  # An explicit head_dim may differ from hidden / heads, so divisibility
+  # is required only where head_dim is derived.
   if reader.values.get("head_dim") is None and hidden % heads:
     reader.fail("num_attention_heads", f"hidden_size ({hidden}) is not a "
                 f"multiple of num_attention_heads ({heads})")
@@ -233,6 +241,8 @@ def _llama(reader: _Reader, architecture: str) -> LlamaConfig:
     reader.fail("pretraining_tp", "only 1 is supported")
   theta, scaling = _rope(reader)
   window = None
+  # Mistral always reads its window (null: none); Qwen2 only when
+  # use_sliding_window says so.
   if architecture == MISTRAL or (architecture == QWEN2 and reader.bool(
       "use_sliding_window", False)):
     window = reader.optional_int("sliding_window")

@@ -40,8 +40,12 @@ def _refuse_constant(name: str):
 def read_json(path: str, what: str, max_bytes: int = 1 << 20) -> dict:
   """A JSON object from ``path`` (no NaN/Infinity, no key given twice, at
   most ``max_bytes``), errors naming the file."""
+  # A link is refused: it could point the loader at a file outside the
+  # checkpoint folder.
   if os.path.islink(path) or not os.path.isfile(path):
     raise ValueError(f"{path}: {what} is missing (or not a regular file)")
+  # The size is checked before reading, so a huge file is refused without
+  # being loaded into memory.
   if os.path.getsize(path) > max_bytes:
     raise ValueError(f"{path}: {what} is larger than {max_bytes} bytes")
   try:
@@ -82,6 +86,8 @@ def shard_map(folder: str) -> dict[str, list[str]]:
   """shard file name -> the tensors the index places there (one entry,
   ``model.safetensors`` with no list, without an index)."""
   index_path = os.path.join(folder, INDEX)
+  # lexists, not isfile: a dangling link or a folder under the index's
+  # name is read and refused below, not passed over for model.safetensors.
   if not os.path.lexists(index_path):
     if not os.path.isfile(os.path.join(folder, SINGLE)):
       extra = (" (pytorch_model.bin is not read: PyTorch pickles are not "
@@ -118,6 +124,9 @@ def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     bad(f"{size} bytes, shorter than the 8-byte header length")
   with open(path, "rb") as f:
     (length,) = struct.unpack("<Q", f.read(8))
+    # The claimed length is checked against the file before it is read: a
+    # hostile length cannot make the reader allocate more than the file holds
+    # (nor more than _MAX_HEADER).
     if length > min(_MAX_HEADER, size - 8):
       bad(f"its header claims {length} bytes, the file has {size - 8} after "
           "the length")
@@ -126,6 +135,8 @@ def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     header = json.loads(raw.decode("utf-8"),
                         parse_constant=lambda name: bad(f"{name} in header"))
   except (UnicodeDecodeError, ValueError, RecursionError) as error:
+    # ``bad`` raised from parse_constant: already a ValueError naming the
+    # file, passed on as it is.
     if isinstance(error, ValueError) and "safetensors" in str(error):
       raise
     bad(f"its header is not JSON: {error}")
@@ -153,6 +164,9 @@ def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
         isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
       bad(f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
     begin, end = offsets
+    # Every tensor's bytes must lie in the data section and match its dtype
+    # and shape exactly: safetensors is never handed offsets it would trust
+    # from a hostile header.
     want = math.prod(shape) * _ITEM_BYTES[dtype]
     if not 0 <= begin <= end <= data_bytes or end - begin != want:
       bad(f"tensor {name!r}: bytes [{begin}, {end}) do not hold its "
@@ -189,10 +203,14 @@ def load_tensors(folder: str,
         raise ValueError(f"{os.path.join(folder, INDEX)}: places "
                          f"{tensor!r} in {name}, which does not hold it")
     for tensor, entry in header.items():
+      # A tensor in two files is refused: which copy was used would depend on
+      # the order the shards are read in.
       if tensor in where:
         raise ValueError(f"{path}: tensor {tensor!r} is also in "
                          f"{where[tensor]}")
       found[tensor], where[tensor] = entry, name
+  # Asked only now: what the network expects may depend on the names in
+  # the files (GPT-2's prefix), so every header is read first.
   expected = expect(set(found))
   skip = [re.compile(pattern) for pattern in ignored]
   unexpected = sorted(t for t in found if t not in expected and not any(
@@ -219,11 +237,15 @@ def load_tensors(folder: str,
     try:
       with safetensors.safe_open(path, framework="np") as handle:
         for tensor in tensors:
+          # float32 on read, whatever the file's storage; the variables'
+          # dtype is applied afterwards (``_common.to_params``).
           arrays[tensor] = np.asarray(handle.get_tensor(tensor), np.float32)
     except (OSError, safetensors.SafetensorError) as error:
       raise ValueError(f"{path}: not a valid safetensors file ({error})"
                        ) from None
     for tensor in tensors:
+      # A non-finite base weight is refused at load: it would otherwise turn up
+      # as NaN losses in every client, far from its cause.
       if not np.all(np.isfinite(arrays[tensor])):
         raise ValueError(f"{path}: tensor {tensor!r} holds non-finite "
                          "values (NaN or inf)")

@@ -59,6 +59,7 @@ def checkpoint_files(path) -> dict[str, str]:
   names = [CONFIG]
   if os.path.isfile(os.path.join(folder, _files.INDEX)):
     names.append(_files.INDEX)
+  # Sorted, so the recorded hashes do not depend on the index's order.
   names += sorted(_files.shard_map(folder))
   return {name: _digest(os.path.join(folder, name)) for name in names}
 

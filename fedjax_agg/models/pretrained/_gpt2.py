@@ -26,6 +26,8 @@ LORA_TARGETS = (r"transformer/h_\d+/attn/(c_attn|c_proj)",
 IGNORED = (r"(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)",
            r"lm_head\.weight")
 
+# gelu_new and gelu_pytorch_tanh are both the tanh approximation; "gelu"
+# is the exact erf form.
 _ACTIVATIONS = {"gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
                 "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x,
                                                            approximate=True),
@@ -42,12 +44,15 @@ class _Attention(nn.Module):
     config = self.config
     heads, width = config.n_head, config.n_embd
     qkv = nn.Dense(3 * width, dtype=jnp.float32, name="c_attn")(x)
+    # c_attn's columns are [q | k | v], each heads x head_dim with the head
+    # outer, the order in which Hugging Face splits them.
     q, k, v = (part.reshape(x.shape[:-1] + (heads, width // heads))
                for part in jnp.split(qkv, 3, axis=-1))
     scale = 1.0
     if config.scale_attn_weights:
       scale /= float(np.sqrt(width // heads))
     if config.scale_attn_by_inverse_layer_idx:
+      # Hugging Face divides by the 1-based layer index.
       scale /= float(self.layer + 1)
     out = _common.causal_attention(q, k, v, scale)
     return nn.Dense(width, dtype=jnp.float32, name="c_proj")(out)
@@ -71,6 +76,8 @@ class _Block(nn.Module):
   @nn.compact
   def __call__(self, x):
     epsilon = self.config.layer_norm_epsilon
+    # The two-pass variance, as PyTorch's LayerNorm computes it; the fast
+    # E[x^2] - E[x]^2 form drifts further from the checkpoint's own logits.
     norm = lambda name: nn.LayerNorm(epsilon, dtype=jnp.float32,  # noqa: E731
                                      use_fast_variance=False, name=name)
     x = x + _Attention(self.config, self.layer, name="attn")(norm("ln_1")(x))

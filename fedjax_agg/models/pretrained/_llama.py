@@ -67,6 +67,9 @@ def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
 def _rotate(x, cos, sin):
   """RoPE on [B, T, H, D]: x cos + rotate_half(x) sin."""
   half = x.shape[-1] // 2
+  # Dimension i pairs with i + D/2 (Hugging Face's rotate_half), not with
+  # i + 1 as in the RoPE paper: the checkpoints' q and k projections are
+  # laid out for this pairing.
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
   return x * cos[:, None, :] + rotated * sin[:, None, :]
 
@@ -78,6 +81,9 @@ class RMSNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     weight = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+    # In float32 whatever the input, as Hugging Face normalises: a mean of
+    # squares in bfloat16 loses precision. The weight is "scale" in flax,
+    # "weight" in the file (``hf_name``).
     x = x.astype(jnp.float32)
     x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True)
                           + self.epsilon)
@@ -142,6 +148,9 @@ class _Decoder(nn.Module):
     embed = nn.Embed(config.vocab_size, config.hidden_size,
                      dtype=jnp.float32, name="embed_tokens")
     x = embed(tokens)
+    # T is static: the angles are numpy constants of the program, computed
+    # once at trace time. Duplicated to D, since dimensions i and i + D/2
+    # share angle i.
     angles = np.arange(tokens.shape[-1], dtype=np.float32)[:, None] * (
         inverse_frequencies(config)[None, :])
     angles = np.concatenate([angles, angles], axis=-1)
@@ -164,5 +173,6 @@ def network(config: LlamaConfig, remat: bool) -> nn.Module:
 def expected_tensors(param_shapes, names):
   """``_common.expected_tensors`` for the Llama family (every kernel a
   torch Linear)."""
+  # One naming for the whole family; only GPT-2's files vary.
   del names
   return _common.expected_tensors(param_shapes)

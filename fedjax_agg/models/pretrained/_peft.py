@@ -56,6 +56,8 @@ def peft_state(base_model: Model, lora_model: Model, adapters: Params
       tensors[f"{name}.{leaf}.weight"] = np.ascontiguousarray(array)
   modules = [_common.hf_module(t.path) for t in lora_spec.targets]
   alpha = lora_spec.scale * lora_spec.rank
+  # alpha was stored as scale * rank: an integral value is written as an
+  # int, as PEFT's own files hold it.
   fields = {
       "peft_type": "LORA", "task_type": "CAUSAL_LM",
       "r": lora_spec.rank,
@@ -76,6 +78,8 @@ def _target_modules(base_model: Model, modules: list[str]):
   """PEFT's ``target_modules``: the modules' last names where every layer
   of those names is adapted (as PEFT lists them usually), else the full
   names (PEFT matches a name in the list exactly)."""
+  # Every Dense layer of the base, to tell whether a short name (q_proj)
+  # would adapt more layers than these adapters cover.
   every = [_common.hf_module(path)
            for path in lora.select_targets(base_model, [".*"])]
   leaves = sorted({module.rsplit(".", 1)[-1] for module in modules})
@@ -145,6 +149,8 @@ def read_peft_adapters(folder, lora_model: Model) -> Params:
                      f"model's rank {lora_spec.rank} and scale "
                      f"{lora_spec.scale}")
   path = os.path.join(folder, WEIGHTS)
+  # The header is checked before safetensors reads the file (byte ranges
+  # against the file's size).
   _files.read_header(path)
   stored = safetensors.numpy.load_file(path)
   nodes = {}

@@ -46,11 +46,13 @@ def config_values(config) -> dict:
   if config.rope_scaling is not None:
     values["rope_scaling"] = dict(config.rope_scaling)
   if architecture == _config.LLAMA:
+    # For Llama qkv_bias and o_bias are both attention_bias (parse_config).
     values["attention_bias"] = config.qkv_bias
     values["mlp_bias"] = config.mlp_bias
   if config.sliding_window is not None:
     values["sliding_window"] = config.sliding_window
     if architecture == _config.QWEN2:
+      # Qwen2 reads sliding_window only together with use_sliding_window.
       values["use_sliding_window"] = True
   return values
 
@@ -80,8 +82,14 @@ def write(folder, values: dict, tensors: dict, names=(CONFIG, WEIGHTS)
   config, weights = names
   if os.path.lexists(folder) and not os.path.isdir(folder):
     raise ValueError(f"{folder}: exists and is not a folder")
+  # Checked before anything is written: a refused file leaves the folder as
+  # it was.
   manifest.check_replace(folder, [config, weights])
   with manifest.recording(folder, resume=True):
+    # Weights first, config.json last: an interrupted save leaves no
+    # config.json, so ``is_checkpoint`` does not take the folder for a
+    # checkpoint. Format "pt" is the metadata transformers requires of a
+    # safetensors file before it loads one.
     jsonio.write_file(os.path.join(folder, weights), lambda temporary: (
         safetensors.numpy.save_file(tensors, temporary,
                                     metadata={"format": "pt"})))
