@@ -69,7 +69,12 @@ from fedjax_agg.systems._sync import System
 
 __all__ = ["AsyncSchedule", "AsyncStep"]
 
+# Events are heap tuples (time, client, kind, start version, start time): ties
+# in time go by client id, and a wake carries id N so that it comes after every
+# client event of its instant.
 _FINISH, _DROP, _WAKE = 0, 1, 2
+# Growing batches: small ones are cheap while most clients are idle and online,
+# large ones cut the retries when few are.
 _BATCHES = (16, 128, 1024, 8192)
 _STATE_KEYS = ("num_clients", "concurrency", "buffer_size", "max_staleness",
                "max_drops_per_step", "time", "version", "rng", "events",
@@ -130,6 +135,8 @@ class AsyncSchedule:
     if not math.isfinite(first):
       raise ValueError("system.availability never brings any client online: "
                        "no step can happen")
+    # Only the choice of clients is random here; task times and availability
+    # come from the system's own seeds, so they do not move with ``seed``.
     self._rng = np.random.default_rng(np.random.SeedSequence(seed))
     self._time, self._version = 0.0, 0
     self._events, self._buffer, self._wakes = [], [], set()
@@ -199,6 +206,8 @@ class AsyncSchedule:
     for batch in _BATCHES:
       candidates = self._rng.integers(0, num_clients, max(batch, 4 * count))
       candidates = candidates[~self._running[candidates]]
+      # Duplicates are dropped keeping the order of the draws: np.unique alone
+      # would sort by id and favour small ids when the batch is cut to ``take``.
       _, first = np.unique(candidates, return_index=True)
       candidates = candidates[np.sort(first)]
       candidates = candidates[~np.isin(candidates, chosen)]
@@ -231,6 +240,8 @@ class AsyncSchedule:
       self._started += new.shape[0]
       for client, end, gone in zip(new.tolist(), finish.tolist(),
                                    until.tolist(), strict=True):
+        # A client that goes offline before its task ends is dropped then; only
+        # one of its two events is ever queued.
         if gone < end:
           heapq.heappush(self._events, (gone, client, _DROP, self._version,
                                         now))
@@ -242,6 +253,8 @@ class AsyncSchedule:
       idle = np.flatnonzero(~self._running)
       wake = float(np.min(self.system.availability.next_online(idle, now),
                           initial=math.inf))
+      # One pending wake at or before this time already refills the pool; more
+      # would only repeat the work.
       if math.isfinite(wake) and not any(w <= wake for w in self._wakes):
         self._wakes.add(wake)
         heapq.heappush(self._events, (wake, self.system.num_clients, _WAKE,
@@ -265,6 +278,8 @@ class AsyncSchedule:
         self._num_running -= 1
         if kind == _DROP:
           self._dropped += 1
+        # The server keeps the last V = max_staleness + 1 models: an update from
+        # an older version has no base model left and is discarded at arrival.
         elif (self.max_staleness is not None
               and self._version - start_version > self.max_staleness):
           self._stale += 1
@@ -346,6 +361,8 @@ class AsyncSchedule:
     schedule._version = int(state["version"])
     schedule._events = [(float(t), int(c), int(k), int(v), float(s))
                         for t, c, k, v, s in state["events"]]
+    # The saved list is the heap's array; heapify restores the invariant
+    # whatever order the serialiser kept.
     heapq.heapify(schedule._events)
     schedule._buffer = [(int(c), int(v), float(s), float(a))
                         for c, v, s, a in state["buffer"]]
@@ -353,6 +370,7 @@ class AsyncSchedule:
     schedule._dropped = int(state["dropped"])
     schedule._stale = int(state["stale"])
     schedule._started = int(state["started"])
+    # The running clients are exactly those with a finish or drop queued.
     for _, client, kind, _, _ in schedule._events:
       if kind != _WAKE:
         schedule._running[client] = True

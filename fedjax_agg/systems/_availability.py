@@ -103,6 +103,9 @@ class _Diurnal(Availability):
     return self.phase[ids] + cycle * self.period_s
 
   def _window(self, ids, t):
+    # A window that fills the period touches the next one: the formula
+    # below would report the client going offline at its end, which it
+    # never does (inf). An empty window is never online.
     if self.window_s >= self.period_s:
       return np.ones(ids.shape, bool), np.full(ids.shape, np.inf)
     if self.window_s <= 0:
@@ -156,6 +159,8 @@ def segment_search(values: np.ndarray, low: np.ndarray, high: np.ndarray,
     if not active.any():
       return low
     middle = (low + high) // 2
+    # Finished queries index 0, a valid position, so the gather stays in bounds;
+    # their result is masked out by ``active``.
     right = values[np.where(active, middle, 0)] <= t
     low = np.where(active & right, middle + 1, low)
     high = np.where(active & ~right, middle, high)
@@ -174,8 +179,12 @@ class _Intervals(Availability):
   def _window(self, ids, t):
     low, high = self.offsets[ids], self.offsets[ids + 1]
     after = segment_search(self.starts, low, high, t)   # first start > t
+    # The interval that may hold t is the last one starting at or before t;
+    # ``after == low`` means none does (the clamp only keeps the index valid).
     ends = self.ends[np.maximum(after - 1, 0)]
     is_online = (after > low) & (t < ends)
+    # ``after`` may be ``high``, the next client's first row or the sentinel: a
+    # valid index, whose start only counts within the client's segment.
     next_start = np.where(after < high, self.starts[after], np.inf)
     return is_online, np.where(is_online, ends, next_start)
 

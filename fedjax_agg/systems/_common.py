@@ -39,6 +39,8 @@ def as_client_ids(name: str, ids, num_clients: int) -> np.ndarray:
   if array.ndim != 1:
     raise ValueError(f"{name} must be a [K] vector of client ids, got shape "
                      f"{array.shape}")
+  # np.asarray([]) is float64: an empty selection returns before the dtype check
+  # would refuse it.
   if array.size == 0:
     return np.zeros((0,), np.int64)
   if array.dtype.kind not in "iu":
@@ -125,6 +127,8 @@ def read_table(path, columns: Sequence[str]) -> Table:
                          f"fields ({','.join(columns)}), got {len(row)}")
       try:
         ids.append(int(row[0].strip()))
+        # Python ints are unbounded; a huge id would overflow the int64 array
+        # below instead of being named at its line.
         if abs(ids[-1]) >= 2 ** 62:
           raise ValueError
       except ValueError:

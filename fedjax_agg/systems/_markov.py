@@ -54,10 +54,13 @@ def uniform(key: np.uint64, client_ids: np.ndarray,
 
   ``client_ids`` and ``index`` broadcast against each other.
   """
+  # uint64 products wrap modulo 2**64 by design of the hash.
   with np.errstate(over="ignore"):
     clients = np.asarray(client_ids).astype(np.uint64)
     counter = np.asarray(index).astype(np.uint64)
     bits = _mix(_mix(key ^ (clients * _GOLDEN)) + counter * _GOLDEN)
+  # The top 53 bits, offset by half a step: never exactly 0 or 1, so the log of
+  # a sojourn's uniform is always finite.
   return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
 
 
@@ -69,6 +72,8 @@ class _Markov(Availability):
     super().__init__(num_clients)
     self.mean_online_s = float(mean_online_s)
     self.mean_offline_s = float(mean_offline_s)
+    # Separate keys for the initial states and the sojourns: both are indexed
+    # from 0 and would otherwise reuse the same draws.
     state_key, self._key = np.random.SeedSequence(seed).generate_state(
         2, np.uint64)
     fraction = self.mean_online_s / (self.mean_online_s + self.mean_offline_s)
@@ -84,6 +89,8 @@ class _Markov(Availability):
     return -mean * np.log(uniform(self._key, ids[:, None], index))
 
   def _window(self, ids, t):
+    # Fancy indexing copies: the cursors change only where they are written back
+    # after the walk.
     block = self._block[ids]
     start = self._block_start[ids]
     restart = t < start

@@ -58,6 +58,8 @@ def _check_model(registry: Registry, name: str, arguments: Mapping,
     _check_path(where, arguments["path"])
     return
   try:
+    # Built for real, on one client: the factory's own checks run, at the cost
+    # of a population of one.
     registry.build(name, num_clients=1, seed=seed, **arguments)
   except (TypeError, ValueError) as error:
     raise type(error)(f"{where}: {error}") from None

@@ -146,6 +146,8 @@ def read_profiles(path, num_clients: int) -> ClientProfiles:
                      f"{PROFILE_COLUMNS[column + 1]}: expected a number > 0, "
                      f"got {table.values[row, column]}")
   _common.check_table_ids(where, table, "client_id", num_clients)
+  # Sorted by id, a repeated id is adjacent to its first row; the stable sort
+  # keeps that first row first, so the error names both lines in file order.
   order = np.argsort(table.ids, kind="stable")
   ids = table.ids[order]
   repeated = np.flatnonzero(ids[1:] == ids[:-1])
@@ -154,6 +156,7 @@ def read_profiles(path, num_clients: int) -> ClientProfiles:
     raise ValueError(f"{where}, line {table.lines[second]}, column client_id:"
                      f" duplicate client id {table.ids[second]} (first on "
                      f"line {table.lines[first]})")
+  # Every id is in range and none repeats: fewer rows than N means missing ids.
   if ids.size != num_clients:
     missing = np.setdiff1d(np.arange(num_clients), ids)
     shown = ", ".join(str(i) for i in missing[:10])

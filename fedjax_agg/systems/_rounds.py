@@ -89,6 +89,8 @@ def plan_rounds(system: _sync.System, order: Callable[[int], np.ndarray],
   width = _sync.num_selected(cohort_size, over_selection, system.num_clients)
   ids, mask, end, dropped, up, down = _zeroed_columns(
       num_rounds, width, row_dtypes=(np.int32, np.float32),
+      # Every round has the same M rows (a compiled round's shape): a round that
+      # selects fewer leaves its last rows at id 0, mask 0.
       round_dtypes=(np.float64, np.int64, np.int64, np.int64))
   up_bytes = np.asarray(system.workload.up_bytes, np.int64)
   down_bytes = np.asarray(system.workload.down_bytes, np.int64)
@@ -100,6 +102,8 @@ def plan_rounds(system: _sync.System, order: Callable[[int], np.ndarray],
     count = planned.client_ids.shape[0]
     ids[r, :count] = planned.client_ids
     mask[r, :count] = planned.accepted
+    # The next round starts when this one closes, not when its slowest selected
+    # client would have finished.
     t = end[r] = planned.end_time
     dropped[r] = planned.num_dropped
     accepted = planned.client_ids[planned.accepted]
@@ -177,6 +181,8 @@ def plan_async(system: _sync.System, num_steps: int, concurrency: int,
     staleness[r] = step.staleness
     times[r], dropped[r], stale[r] = step.time, step.num_dropped, (
         step.num_stale)
+    # A discarded stale update was still uploaded. ``num_started`` is already a
+    # running total, so only the arrivals are summed below.
     arrived[r] = buffer_size + step.num_stale
     started[r] = schedule.num_started
   return AsyncPlan(ids, versions, staleness, times, dropped, stale,

@@ -182,6 +182,8 @@ def num_selected(cohort_size: int, over_selection: float,
 
 def _first_online(availability, order, t, wanted):
   """The first ``wanted`` ids of ``order`` online at t, scanning in chunks."""
+  # Doubling chunks: when most clients are online the first chunk suffices, and
+  # querying all N candidates at once would cost O(N) every round.
   found, count, begin, chunk = [], 0, 0, max(2 * wanted, 256)
   while begin < order.shape[0] and count < wanted:
     ids = order[begin:begin + chunk]
@@ -231,21 +233,29 @@ def sync_round_from_order(t: float, order, system: System,
     if not math.isfinite(start):
       raise ValueError(f"no client of order is online at or after t={t}: the "
                        "availability model never brings one online")
+    # Nobody online at t: the round waits for the first candidate to come
+    # online, then selects among those online at that new start.
     selected = _first_online(availability, ids, start, wanted)
     if selected.shape[0] == 0:
       raise RuntimeError(f"availability is inconsistent: next_online gave "
                          f"{start} but no client is online then")
   finish = start + system.task_times(selected)
   reports = availability.online_until(selected, start) >= finish
+  # Every reporting client starts as SURPLUS; the deadline then marks LATE ones,
+  # and the first ``cohort_size`` in time become ACCEPTED.
   status = np.where(reports, SURPLUS, OFFLINE).astype(np.int8)
   deadline = math.inf if deadline_s is None else start + float(deadline_s)
   status[reports & (finish > deadline)] = LATE
   in_time = np.flatnonzero(status == SURPLUS)
+  # lexsort's last key is the primary one: by finish time, ties by selection
+  # order (the position in ``selected``).
   first = in_time[np.lexsort((in_time, finish[in_time]))][:cohort_size]
   status[first] = ACCEPTED
   if first.shape[0] == cohort_size:
     end = float(finish[first].max())
   else:
+    # A dropped client's outcome is known when it goes offline, not when it
+    # would have finished.
     outcome = np.where(reports, finish,
                        availability.online_until(selected, start))
     end = min(deadline, float(outcome.max()))
