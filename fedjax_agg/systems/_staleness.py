@@ -31,8 +31,8 @@ staleness values (float32 weights)."""
 
 
 def _as_float(staleness) -> jax.Array:
-  # Staleness arrives as integer versions: with an int ``a``, (1 + s) ** -a
-  # would be an integer power, which JAX refuses for negative exponents.
+  # Weights are float32 whatever the input: integer versions would make
+  # constant_staleness's ones_like an int array.
   return jnp.asarray(staleness).astype(jnp.float32)
 
 
