@@ -81,6 +81,8 @@ def check_range(name: str, value, low=None, high=None, *,
     ValueError: ``value`` (or an entry) is outside the range, infinite
       (unless admitted) or NaN.
   """
+  # Inside a sweep's vmapped build the value is unknown; the concrete build of
+  # every member has already checked it (module docstring).
   if is_traced(value):
     return
   expected = expected or describe_range(low, high, low_open=low_open,
@@ -90,12 +92,16 @@ def check_range(name: str, value, low=None, high=None, *,
   except (TypeError, ValueError) as error:
     raise TypeError(f"{name} must be a number {expected}, got {value!r} "
                     f"({_kind(value)})") from error
+  # Signed, unsigned or float only: a bool (kind "b") is an int to Python but
+  # never a hyperparameter's number here; strings and objects fail too.
   if array.dtype.kind not in "iuf":
     raise TypeError(f"{name} must be a number {expected}, got {value!r} "
                     f"({_kind(value)})")
   if array.dtype.kind == "f":
     if np.any(np.isnan(array)):
       raise ValueError(f"{name} must be {expected}, got {value!r}")
+    # Explicit, since ``inf <= inf`` holds: an infinite bound alone would let
+    # infinity through every range open to that side.
     plus_inf_ok = high == math.inf and not high_open
     minus_inf_ok = low == -math.inf and not low_open
     if ((np.any(array == np.inf) and not plus_inf_ok)
@@ -124,6 +130,8 @@ def check_int(name: str, value, low: Optional[int] = None,
     return
   expected = describe_range(low, high)
   expected = "an int" if expected == "a number" else f"an int {expected}"
+  # bool first (it subclasses int); a float, even 2.0, is refused: an int
+  # argument given a float is usually another argument mixed up.
   if isinstance(value, (bool, np.bool_)) or not isinstance(
       value, (int, np.integer)):
     raise TypeError(f"{name} must be {expected}, got {value!r} "
@@ -152,6 +160,7 @@ def check_number(name: str, value, low=None, high=None, *,
   if (isinstance(value, (bool, np.bool_))
       or not isinstance(value, (int, float, np.number, np.ndarray,
                                 jax.Array))
+      # One number: ``check_range`` would accept a list and check each entry.
       or np.ndim(value) != 0):
     expected = describe_range(low, high, low_open=low_open,
                               high_open=high_open)
@@ -164,6 +173,8 @@ def check_number(name: str, value, low=None, high=None, *,
 def check_choice(name: str, value, choices: Sequence[Any]) -> None:
   """Raises ValueError unless ``value`` is one of ``choices`` (naming the
   nearest choices to a misspelt name)."""
+  # Unhashable values are refused up front: ``in`` on a set or dict of choices
+  # would raise a TypeError of its own.
   if not isinstance(value, Hashable) or value not in choices:
     names = [str(choice) for choice in choices]
     near = (difflib.get_close_matches(value.lower(), names, n=2, cutoff=0.6)
@@ -222,8 +233,12 @@ def check_cohort(global_params, client_params, info, *,
   names = ("client_ids", "num_examples", "mask") + tuple(fields)
   size = check_stacked(client_params, global_params,
                        [getattr(info, n) for n in names])
+  # Under jit only the shapes (static) are known; the values are checked only
+  # where they are concrete, in an eager call.
   if is_traced(info.mask):
     return size
+  # Only real rows are checked: padding rows (mask 0) may hold anything (a
+  # repeated id, a zero count) and never reach the result.
   real = np.asarray(info.mask) > 0
   if uses_num_examples and not is_traced(info.num_examples):
     counts = np.asarray(info.num_examples)[real]

@@ -70,6 +70,8 @@ def spec_field(default: Any = dataclasses.MISSING, *flag_list: Flag,
                   2)
   metadata = {"flags": tuple(flag_list), "check": check, "key": key,
               "config_default": config_default}
+  # A mutable default becomes a factory of copies: objects never share one dict
+  # or list (dataclasses refuse such a default anyway).
   if isinstance(default, (dict, list)):
     value = default
     return dataclasses.field(default_factory=lambda: type(value)(value),
@@ -92,6 +94,7 @@ def config_default(field: dataclasses.Field) -> Any:
   given = field.metadata.get("config_default", dataclasses.MISSING)
   if given is not dataclasses.MISSING:
     return given
+  # A factory field's default is what its factory makes (a fresh copy).
   if field.default_factory is not dataclasses.MISSING:
     return field.default_factory()
   return field.default

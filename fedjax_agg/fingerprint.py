@@ -22,6 +22,8 @@ __all__ = ["config_differences", "data_fingerprint", "describe"]
 
 
 def _crc(array: np.ndarray) -> int:
+  # The bytes, whatever the dtype; ``view`` needs contiguous memory (a
+  # transposed or sliced array is copied first).
   return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
 
 
@@ -40,8 +42,11 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
   if value is None or isinstance(value, (bool, int, float, str)):
     return value
   if isinstance(value, np.generic):
+    # A numpy scalar describes as the Python number it equals, so np.float32
+    # settings and float settings of one value compare by value.
     return value.item()
   if isinstance(value, (np.ndarray, jax.Array)):
+    # Typed keys cannot become numpy arrays; their raw data can.
     if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
       value = jax.random.key_data(value)
     host = np.asarray(value)
@@ -49,6 +54,10 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
             "crc32": _crc(host)}
   if isinstance(value, jax.ShapeDtypeStruct):
     return {"shape": list(value.shape), "dtype": str(value.dtype)}
+  # Cycles (a recursive function holds itself in its closure) and very deep
+  # object graphs end in a fixed marker. ``seen`` is per path, not global: a
+  # value shared by two branches is described in both, so the result does not
+  # depend on the order of the walk.
   if _depth > 12 or id(value) in seen:
     return "..."
   seen = seen | {id(value)}
@@ -59,6 +68,8 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
             "kwargs": {k: recurse(v) for k, v in sorted(
                 value.keywords.items())}}
   if isinstance(value, types.FunctionType):
+    # Named, never ``repr``'d: a function's repr holds its memory address, which
+    # differs between the killed process and the resumed one.
     out = {"function": f"{value.__module__}.{value.__qualname__}"}
     closure = value.__closure__ or ()
     for name, cell in zip(value.__code__.co_freevars, closure, strict=True):
@@ -67,9 +78,11 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
       except ValueError:  # an empty cell
         out[name] = "<empty>"
     return out
+  # Before the plain tuple case: a NamedTuple keeps its field names.
   if isinstance(value, tuple) and hasattr(value, "_fields"):
     return {"type": type(value).__qualname__,
             **{f: recurse(getattr(value, f)) for f in value._fields}}
+  # ``is_dataclass`` is also true of the class itself, which is not a setting.
   if dataclasses.is_dataclass(value) and not isinstance(value, type):
     return {"type": type(value).__qualname__,
             **{f.name: recurse(getattr(value, f.name))
@@ -85,6 +98,8 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
   if callable(value) and hasattr(value, "__qualname__"):
     return {"function": f"{getattr(value, '__module__', '')}."
                         f"{value.__qualname__}"}
+  # Only the type: an arbitrary object's repr may hold an address, and two
+  # processes would then never agree.
   return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
 
 
@@ -96,6 +111,8 @@ def data_fingerprint(data) -> Any:
   (so another partition with the same sizes differs) and of the
   validation split. Computed once per run (one pass over the arrays).
   """
+  # ``FederatedData`` is a NamedTuple, hence a tuple: only a plain tuple or list
+  # is an (x, y) pair.
   if isinstance(data, (tuple, list)) and not hasattr(data, "_fields"):
     return [describe(np.asarray(a)) for a in data]
   out = {"num_clients": int(data.num_clients),
@@ -131,6 +148,7 @@ def config_differences(saved: dict, current: dict, limit: int = 12
   saved, current = _flatten_dict(saved), _flatten_dict(current)
   lines = []
   for key in sorted(set(saved) | set(current)):
+    # A key only one side has is a difference too (a setting added or dropped).
     old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
     if old != new:
       lines.append(f"{key}: checkpoint {_short(old)}, now {_short(new)}")

@@ -35,6 +35,8 @@ from fedjax_agg.types import Params
 __all__ = ["RunOptions"]
 
 
+# Both bases: callers written against the earlier ValueError keep catching it,
+# and new ones get the TypeError every other check raises.
 class _NotAnInt(TypeError, ValueError):
   """A ``num_rounds`` that is not an int: a ``TypeError``, and the
   ``ValueError`` that ``RunOptions`` has always raised for it."""
@@ -47,6 +49,8 @@ def _check_rounds(name: str, value) -> None:
     raise _NotAnInt(str(error)) from None
 
 
+# eq=False: fields hold arrays (``init_params``) and functions, whose ``==`` is
+# elementwise or meaningless; identity is the only sound equality.
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class RunOptions:
   """What every member of a run shares besides model, data and rule.
@@ -97,6 +101,8 @@ class RunOptions:
 
   def __post_init__(self):
     check_fields(self)
+    # A dict where a config object belongs would otherwise fail later, as an
+    # attribute error deep in the run, far from the mistake.
     for name, kind, optional in _TYPED:
       value = getattr(self, name)
       if not (isinstance(value, kind) or (optional and value is None)):
@@ -134,6 +140,8 @@ class RunOptions:
         raise TypeError(f"{where}() needs num_rounds (or options="
                         "RunOptions(num_rounds=...))")
       return cls(**fields)
+    # ``replace`` builds a new object, so ``__post_init__`` checks the merged
+    # fields again.
     return dataclasses.replace(options, **fields)
 
   def replace(self, **fields) -> "RunOptions":

@@ -44,6 +44,8 @@ __all__ = ["ArgumentError", "ArgumentTypeError", "Capabilities", "KINDS",
            "Names", "Registry", "allow_imports", "allowed_imports",
            "allowing_imports", "argument", "declare", "names_of"]
 
+# Only a bare attribute after the colon: no attribute path, so the object
+# reached is exactly one the module defines at its top level.
 _IMPORT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -145,6 +147,8 @@ _DECLARED = "__fedjax_agg_kinds__"
 _LOCK = threading.Lock()
 _ALLOWED: set[str] = set()  # modules the user allowed for the process
 _BY_KIND: dict[str, "Registry"] = {}  # kind -> its first registry
+# A list, not a set: nested blocks may allow the same module, and each block's
+# exit removes only its own entry.
 _SCOPED: list[str] = []  # modules allowed inside ``allowing_imports``
 
 
@@ -228,6 +232,8 @@ def allowed_imports() -> tuple[str, ...]:
 def _is_allowed(module_name: str) -> bool:
   parts = module_name.split(".")
   allowed = set(allowed_imports())
+  # Prefixes by dotted component, not by string: allowing "lab" allows
+  # "lab.rules" but never "labx".
   return any(".".join(parts[:i]) in allowed for i in range(1, len(parts) + 1))
 
 
@@ -243,6 +249,9 @@ class Names(tuple):
     del name
 
   def __contains__(self, name) -> bool:
+    # A ``module:factory`` name is a member by its form alone: checking a config
+    # must not import anything; whether it resolves is decided when it is built,
+    # under the allow list.
     return super().__contains__(name) or (
         isinstance(name, str) and bool(_IMPORT_NAME.match(name)))
 
@@ -295,6 +304,8 @@ class Registry(Mapping[str, Callable[..., Any]]):
     self._builtin = frozenset(entries)
     self.context = tuple(context)
     self._check = check
+    # The first registry made of a kind is the one ``names_of`` answers for;
+    # a later one of that kind (a test's copy) does not replace it.
     _BY_KIND.setdefault(kind, self)
 
   def register(self, name: str, factory: Callable[..., Any], *,
@@ -315,6 +326,8 @@ class Registry(Mapping[str, Callable[..., Any]]):
     if not callable(factory):
       raise TypeError(f"factory must be callable, got "
                       f"{type(factory).__name__}")
+    # Built-in names are fixed: a config naming "FedAvg" always means the
+    # library's rule, so saved runs and descriptions keep their meaning.
     if name in self._builtin:
       raise ValueError(f"{self.kind} {name!r} is built in; register yours "
                        "under another name")
@@ -351,6 +364,8 @@ class Registry(Mapping[str, Callable[..., Any]]):
     """Imports and registers ``module:factory`` where the user allowed the
     module and the object is declared as this kind (module docstring)."""
     module_name, attribute = name.split(":")
+    # Refused before the import: importing a module runs its top-level code,
+    # which is exactly what a config alone must never cause.
     if not _is_allowed(module_name):
       raise ValueError(
           f"{self.kind} {name!r}: module {module_name!r} is not allowed; a "
@@ -366,6 +381,9 @@ class Registry(Mapping[str, Callable[..., Any]]):
     if factory is None:
       raise ValueError(f"{self.kind} {name!r}: module {module_name!r} has "
                        f"no {attribute!r}")
+    # Refused before the call: an allowed module may still hold callables that
+    # are not factories (``os.system``-like helpers); only a declared one, or
+    # one its module registered itself, is built.
     declared = getattr(factory, _DECLARED, None)
     if not ((isinstance(declared, frozenset) and self.declared_as in declared)
             or any(factory is entry for entry in self._entries.values())):
@@ -421,6 +439,8 @@ class Registry(Mapping[str, Callable[..., Any]]):
     factory = self.factory(name)
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in
                       inspect.signature(factory).parameters.values())
+    # A factory taking ``**kwargs`` forwards its arguments; it checks them
+    # itself.
     if accepts_any:
       return
     known = self.parameters(name)
@@ -442,6 +462,9 @@ class Registry(Mapping[str, Callable[..., Any]]):
     self.check_arguments(name, kwargs)
     known = self.parameters(name)
     for arg in self.context:
+      # Callers pass the context (e.g. ``num_clients``) to every entry without
+      # knowing which ones use it; it reaches only the factories that declare
+      # it.
       if arg not in known:
         kwargs.pop(arg, None)
       elif (kwargs.get(arg) is None

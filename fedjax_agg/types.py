@@ -67,6 +67,8 @@ class ClientInfo(NamedTuple):
     """Client k's info: the per-client fields' k-th entries (scalars),
     ``round`` and ``key`` the cohort's (what a ``StreamingForm``'s
     ``client_stats`` is given)."""
+    # ``num_steps`` may be None (a caller that did not fill it in); it stays
+    # None in the row.
     take = lambda a: None if a is None else a[k]
     return self._replace(
         client_ids=take(self.client_ids),
@@ -75,6 +77,8 @@ class ClientInfo(NamedTuple):
         loss_after=take(self.loss_after), num_steps=take(self.num_steps))
 
 
+# Field order: client_ids, num_examples, mask, loss_before, loss_after, round,
+# key, num_steps.
 INFO_AXES = ClientInfo(0, 0, 0, 0, 0, None, None, 0)
 """The ``jax.vmap`` axes of a ``ClientInfo`` over its clients: the per-client
 fields mapped over axis 0, the round's ``round`` and ``key`` shared."""
@@ -238,6 +242,8 @@ def target_counts(targets: jax.Array) -> jax.Array:
   """
   if targets.ndim == 1:
     return jnp.ones(targets.shape, jnp.float32)
+  # Any trailing target axes are flattened: each example's count is the sum over
+  # all of its positions.
   scored = (targets != PAD_TARGET).reshape(targets.shape[0], -1)
   return jnp.sum(scored, axis=1).astype(jnp.float32)
 
@@ -256,9 +262,13 @@ def sequence_cross_entropy(logits: jax.Array, targets: jax.Array
     example's summed token loss.
   """
   scored = targets != PAD_TARGET
+  # PAD_TARGET is not a class index: padded positions get class 0 for the lookup
+  # and are zeroed below. A mask, not boolean indexing, keeps the shapes fixed
+  # under jit.
   losses = optax.softmax_cross_entropy_with_integer_labels(
       logits, jnp.where(scored, targets, 0))
   total = jnp.sum(jnp.where(scored, losses, 0.0), axis=-1)
+  # An example with no scored token gives 0, not 0/0 = NaN.
   return total / jnp.maximum(jnp.sum(scored, axis=-1), 1).astype(
       total.dtype)
 
@@ -284,6 +294,8 @@ class Model(NamedTuple):
   def num_params(self) -> int:
     """The number of scalars ``init`` returns (every collection), from
     shapes only: nothing is computed."""
+    # eval_shape traces ``init`` without running it: no parameters are
+    # allocated, whatever the model's size.
     shapes = jax.eval_shape(self.init, jax.random.key(0))
     return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
 
@@ -407,6 +419,8 @@ def as_callback(callback: Any, where: str = "callbacks") -> Callback:
                     f"(row, client_row), got {type(callback).__name__}")
   parts = [name for name in ("after_round", "close", "stop_requested")
            if hasattr(callback, name)]
+  # A duck-typed object with these parts would run with them silently ignored
+  # (only ``__call__`` is wrapped); refusing it says so.
   if parts:
     raise TypeError(
         f"{where}: {type(callback).__name__} has {', '.join(parts)} but is "

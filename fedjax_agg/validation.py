@@ -21,6 +21,9 @@ __all__ = ["balanced_indices", "client_accuracies", "holdout_split",
 
 def _pack(rows: list[np.ndarray]) -> tuple[jax.Array, jax.Array]:
   counts = np.array([len(r) for r in rows], np.int32)
+  # Ragged rows become one fixed-shape [N, max] table (jit needs static shapes);
+  # the zero padding is a valid index, and ``counts`` says how much of each row
+  # is real.
   table = np.zeros((len(rows), counts.max()), np.int32)
   for i, r in enumerate(rows):
     table[i, :len(r)] = r
@@ -53,9 +56,15 @@ def holdout_split(data: FederatedData, fraction: float = 0.2, seed: int = 0
   indices = np.asarray(data.client_indices)
   train_rows, val_rows = [], []
   for i, n in enumerate(counts):
+    # Seeded by (seed, i): a client's split does not change when other clients
+    # are added or removed.
     rng = np.random.default_rng([seed, i])
     own = indices[i, :n][rng.permutation(n)]
+    # Half rounds up (numpy's round goes to even), and both parts keep at least
+    # one example.
     n_val = int(np.clip(np.floor(fraction * n + 0.5), 1, n - 1))
+    # Sorted back into pooled order: the permutation decides only which examples
+    # are held out, not the order they are read in.
     val_rows.append(np.sort(own[:n_val]))
     train_rows.append(np.sort(own[n_val:]))
   train = FederatedData(data.x, data.y, *_pack(train_rows))
@@ -91,6 +100,7 @@ def shared_split(examples: tuple, num_clients: int) -> FederatedData:
                      f"lengths, got {len(x)} and {count}")
   return FederatedData(
       jnp.asarray(x), jnp.asarray(y, jnp.int32),
+      # A broadcast view: N identical rows cost one row of memory.
       jnp.broadcast_to(jnp.arange(count, dtype=jnp.int32),
                        (num_clients, count)),
       jnp.full((num_clients,), count, jnp.int32))
@@ -120,6 +130,8 @@ def client_accuracies(model: Model, stacked_params: Params,
   def one(args):
     params, client = args
     count = data.num_examples[client]
+    # Padded to whole batches with index 0 (a valid example); ``pos < count``
+    # below keeps padded positions out of the hits.
     indices = jnp.pad(data.client_indices[client],
                       (0, num_batches * batch_size - width))
     indices = indices.reshape(num_batches, -1)
@@ -130,8 +142,13 @@ def client_accuracies(model: Model, stacked_params: Params,
       hits = (jnp.argmax(logits, -1) == data.y[idx]) & (pos < count)
       return jnp.sum(hits)
 
+    # A sequential map over batches: memory holds one batch of activations per
+    # row, whatever the client's size.
     hits = jax.lax.map(correct, (indices, positions))
+    # A client with no examples gives 0, not 0/0.
     return jnp.sum(hits) / jnp.maximum(count, 1).astype(jnp.float32)
 
+  # ``batch_size`` vmaps that many rows per step of the map: the width trades
+  # memory for speed.
   return jax.lax.map(one, (stacked_params, client_ids),
                      batch_size=rows_per_step or client_ids.shape[0])
