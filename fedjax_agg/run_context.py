@@ -47,10 +47,14 @@ each is in the run (for the refusals)."""
 
 
 def _same(given, run_value) -> bool:
+  # A traced value has no number to compare; in a sweep the rule and the
+  # training are built from the same grid point, so they agree by design.
   if checks.is_traced(given) or checks.is_traced(run_value):
     return True
   if isinstance(given, (int, float, np.number)) and isinstance(
       run_value, (int, float, np.number)):
+    # Relative tolerance: a value that went through float32 (a grid point, a
+    # JSON config) must still equal the run's float64 one.
     return bool(np.isclose(float(given), float(run_value), rtol=1e-6,
                            atol=0.0))
   return given == run_value
@@ -120,7 +124,11 @@ def derived_from_run(check: Optional[Callable[[Aggregator, RunContext, dict],
           check(decorated, context, {**given, **updates})
         if not updates:
           return decorated
+        # Rebuilt through ``build``: the factory's own checks run on the run's
+        # values, and the new rule's ``from_run`` finds them given and equal.
         return build(*args, **{**kwargs, **updates})
+      # Read by ``bind``: which of the client side's shared settings this rule
+      # consumes.
       from_run.reads = reads
       decorated = rule._replace(from_run=from_run)
       return decorated

@@ -48,6 +48,7 @@ def _check(num_clients, cohort_size, method):
   if cohort_size > num_clients:
     raise ValueError(f"cohort_size={cohort_size} exceeds num_clients="
                      f"{num_clients}")
+  # Ids are int32 on device: a larger population would wrap.
   if num_clients >= 2 ** 31:
     raise ValueError(f"num_clients must be < 2**31, got {num_clients}")
   if method not in METHODS:
@@ -65,6 +66,8 @@ def resolve_method(num_clients: int, cohort_size: int,
   return "rejection"
 
 
+# Static sizes: k sets every array's shape, N the draws' bound; a run uses one
+# pair, so there is one compilation.
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _rejection(key: PRNGKey, num_clients: int, cohort_size: int):
   slots = jnp.arange(cohort_size, dtype=jnp.int32)
@@ -79,9 +82,14 @@ def _rejection(key: PRNGKey, num_clients: int, cohort_size: int):
     held = jnp.where(filled, values, -1 - slots)
     drawn = jnp.where(filled, -1 - cohort_size - slots, candidates)
     both = jnp.concatenate([held, drawn])
+    # The stable sort keeps equal ids in place order: a held id before a new
+    # draw of it, an earlier slot before a later one. Only the first of each run
+    # of equal ids is unseen, so it is the one kept.
     order = jnp.argsort(both, stable=True)
     ranked = both[order]
     seen = jnp.concatenate([jnp.zeros((1,), bool), ranked[1:] == ranked[:-1]])
+    # Back from sorted to original positions; the second half is this pass'
+    # draws.
     seen = jnp.zeros_like(seen).at[order].set(seen)[cohort_size:]
     accept = ~filled & ~seen
     return key, jnp.where(accept, candidates, values), filled | accept
@@ -139,6 +147,9 @@ def poisson_cohort(key: PRNGKey, num_clients: int, rate: jax.Array,
     did not fit (the first ``capacity`` are returned; callers refuse it).
   """
   joins = jax.random.uniform(key, (num_clients,)) < rate
+  # A stable sort on "did not join" puts the joiners first, in increasing id
+  # order, then the others as padding: a fixed [capacity] shape whatever the
+  # count.
   order = jnp.argsort(~joins, stable=True)[:capacity].astype(jnp.int32)
   count = jnp.sum(joins).astype(jnp.int32)
   mask = (jnp.arange(capacity) < count).astype(jnp.float32)

@@ -81,12 +81,15 @@ class Stragglers:
 
 def num_stragglers(num_clients: int, fraction: float) -> int:
   """round(fraction * K), half up: stragglers among K participants."""
+  # Half up, not Python's round(), which rounds halves to even (2.5 -> 2).
   return int(fraction * num_clients + 0.5)
 
 
 def straggler_mask(key: PRNGKey, num_clients: int, fraction: float
                    ) -> jax.Array:
   """[K] bool, exactly ``num_stragglers(K, fraction)`` True, uniform."""
+  # A random permutation: the first n positions of it straggle, so exactly n
+  # clients do (independent coin flips would only give n on average).
   ranks = jnp.argsort(jax.random.uniform(key, (num_clients,)))
   return jnp.zeros((num_clients,), bool).at[ranks].set(
       jnp.arange(num_clients) < num_stragglers(num_clients, fraction))
@@ -124,6 +127,8 @@ def straggler_steps(key: PRNGKey, full_steps: jax.Array, fraction: float,
   else:
     uniform = jax.random.uniform(draw_key, full_steps.shape)
     drawn = 1 + jnp.floor(uniform * full_steps).astype(jnp.int32)
+    # float32 rounding can bring uniform * full_steps up to full_steps; the clip
+    # keeps the budget in [1, full_steps].
     drawn = jnp.clip(drawn, 1, jnp.maximum(full_steps, 1))
   return jnp.where(is_straggler, drawn, full_steps).astype(jnp.int32)
 

@@ -115,6 +115,7 @@ def run_adct(model: Model, data: FederatedData, test_data: tuple[Any, Any],
   if options.local_update is not None:
     raise ValueError("run_adct: options.local_update is ADCT's own "
                      "(clients.adct_update(tuner)); leave it None")
+  # The caller's own config keys come last: they win over the measurement's.
   record = {**measure.record(), "grid": tuner.grid, **(options.config or {})}
   result = simulation.run(
       model, measure.data(data), test_data, aggregator, options.replace(

@@ -101,12 +101,16 @@ def two_stage(model: Model, data: FederatedData, *, num_participants: int,
   round_fn = rounds.make_round_fn(model, worker_rule, training,
                                   execution=execution)
   key = jax.random.key(seed)
+  # Distinct streams for the workers' runs (0) and their rounds' cohorts (1);
+  # the agents' RNGs come from their own seed.
   worker_keys = jax.random.split(jax.random.fold_in(key, 0), num_workers)
   agent_rngs = jax.random.split(jax.random.PRNGKey(seed + 1), num_workers)
 
   def init_worker(worker_key, agent_rng):
     model_key, run_key = jax.random.split(worker_key)
     state = rounds.init_state(model.init(model_key), worker_rule)
+    # Identical networks (the rule's seed), each agent with its own RNG, as
+    # each run has its own init and cohorts: the workers drift apart.
     return state._replace(
         key=run_key,
         aggregator_state=state.aggregator_state._replace(key=agent_rng))
@@ -114,6 +118,8 @@ def two_stage(model: Model, data: FederatedData, *, num_participants: int,
   mask = jnp.ones((num_participants,), jnp.float32)
 
   @jax.jit
+  # The whole online stage is one compiled call: rounds scanned, workers
+  # vmapped, the data shared (in_axes None) rather than copied per worker.
   def online(data, worker_keys, agent_rngs, round_keys):
     def one_round(states, keys):  # keys [m]: one cohort draw per worker
       cohorts = jax.vmap(lambda k: rounds.sample_cohort(
@@ -125,6 +131,7 @@ def two_stage(model: Model, data: FederatedData, *, num_participants: int,
     states = jax.vmap(init_worker)(worker_keys, agent_rngs)
     return jax.lax.scan(one_round, states, round_keys)
 
+  # [R, m]: the scan hands round r its row, one cohort key per worker.
   round_keys = jax.random.split(jax.random.fold_in(key, 1),
                                 (online_rounds, num_workers))
   workers, (rewards, train_loss) = online(data, worker_keys, agent_rngs,
@@ -142,6 +149,7 @@ def two_stage(model: Model, data: FederatedData, *, num_participants: int,
 
   offline_key = jax.random.PRNGKey(seed + 2)
   init_key, calls_key = jax.random.split(offline_key)
+  # The workers' buffers, stacked [m], are merged in worker order.
   main, buffer, critic_loss = offline(
       workers.aggregator_state.buffer, init_key,
       jax.random.split(calls_key, offline_calls))
