@@ -171,6 +171,7 @@ REGISTRY = Registry("aggregator", {
     "flora": flora,
     "hetlora": hetlora,
 }, context=("num_clients", "model", "x_eval", "y_eval"),
+   # A lambda, because _conformance is defined below the registry it checks.
    check=lambda *args, **kwargs: _conformance(*args, **kwargs),
    capabilities={
        # What each rule needs and implies (registry.Capabilities): the
@@ -206,6 +207,7 @@ adapters."""
 def _conformance(name: str, factory, symmetric: bool = True) -> None:
   """Builds ``factory`` at its defaults and runs the conformance kit
   (``testing.check_aggregator``); ValueError naming the property broken."""
+  # Imported on use: only registering a rule needs the kit (and chex).
   from fedjax_agg import testing  # pylint: disable=g-import-not-at-top
   parameters = inspect.signature(factory).parameters
   required = [arg for arg, p in parameters.items()
@@ -215,6 +217,8 @@ def _conformance(name: str, factory, symmetric: bool = True) -> None:
   if required:
     raise ValueError(f"aggregator {name!r}: configs build rules by keyword "
                      f"from their defaults; {required} have none")
+  # The kit draws client ids below its own N = 7; a rule with per-client
+  # state must be built for that same federation.
   kwargs = {"num_clients": 7} if "num_clients" in parameters else {}
   try:
     rule = factory(**kwargs)

@@ -141,6 +141,8 @@ def krum_committee(distances: jax.Array, mask: jax.Array, num_byzantine,
     scores = krum_scores(nearest, remaining, neighbours)
     # Ties (every pick with n = 1: the closest pair) go to the member
     # closest to all of R, then to the lower row (module docstring).
+    # Distances to rows outside R are inf in ``nearest``; they are left out
+    # of t_R rather than making every spread inf.
     spread = jnp.sum(jnp.where(jnp.isfinite(nearest), nearest, 0.0), axis=1)
     chosen = client_order((scores, spread), remaining)[0]
     take = (step < num_selected) & (jnp.arange(num) == chosen)
@@ -148,6 +150,8 @@ def krum_committee(distances: jax.Array, mask: jax.Array, num_byzantine,
             jnp.where(take, 1.0, selected))
 
   real = jnp.where(mask > 0, 1.0, 0.0)
+  # theta depends on the mask and is traced, so the loop runs a static K
+  # picks and those past theta change nothing (``take`` is False).
   _, selected = jax.lax.fori_loop(0, num, pick,
                                   (real, jnp.zeros_like(real)))
   return selected
@@ -166,6 +170,8 @@ def mean_around_median(stacked: StackedParams, mask: jax.Array,
 
   def leaf_mean(leaf, middle):
     rows = real.reshape((-1,) + (1,) * (leaf.ndim - 1))
+    # Rows outside the mask (padding may hold NaN) are zeroed before the
+    # subtraction; their distance is inf, which sorts them last.
     values = jnp.where(rows, leaf, jnp.zeros_like(leaf))
     distance = jnp.where(rows, jnp.abs(values - middle[None]), jnp.inf)
     # Values ordered by their distance to the median, equal distances by
@@ -175,6 +181,8 @@ def mean_around_median(stacked: StackedParams, mask: jax.Array,
     _, _, ordered = jax.lax.sort((distance, row, values), dimension=0,
                                  num_keys=2)
     rank = jnp.arange(leaf.shape[0]).reshape(rows.shape)
+    # beta is traced: the first beta sorted values are chosen by a mask
+    # over the static K rows, not by a slice.
     total = jnp.sum(jnp.where(rank < num_kept, ordered, 0.0), axis=0)
     return (total / jnp.maximum(num_kept, 1)).astype(leaf.dtype)
   return jax.tree.map(leaf_mean, stacked, centre)
@@ -221,6 +229,8 @@ def bulyan(num_byzantine: int = 0, *,
     # Step 2: beta = theta - 2f, clamped to [1, theta].
     num_kept = jnp.minimum(
         jnp.maximum(num_selected - 2 * num_byzantine, 1), num_selected)
+    # The committee S is the mask of Step 2: only its members' values enter
+    # the median and the trimmed mean.
     new_global = tree_math.add_update(
         global_params, mean_around_median(updates, selected, num_kept))
     new_global = tree_math.keep_if_no_clients(info.mask, new_global,

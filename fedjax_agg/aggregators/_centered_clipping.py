@@ -49,6 +49,8 @@ def centered_clip(updates: StackedParams, mask: jax.Array, center: Params,
   """Iterates Eq. (CC) from ``center``; returns (v, fraction clipped in the
   last iteration). Padding rows (mask 0) of ``updates`` must be finite."""
   real = mask > 0
+  # The 1/m of Eq. (CC) folded into the weights; padding rows get 0 and
+  # are skipped by weighted_sum.
   weights = jnp.where(real, 1.0, 0.0) / jnp.maximum(jnp.sum(real), 1)
 
   def step(_, carry):
@@ -57,6 +59,8 @@ def centered_clip(updates: StackedParams, mask: jax.Array, center: Params,
     distances = tree_math.client_norms(offsets)
     scale = tree_math.clip_scale(distances, radius)
     moved = tree_math.weighted_sum(offsets, weights * scale)
+    # The weights are 1/m, so their sum over the clipped rows is the
+    # fraction; only the last iteration's survives the loop.
     clipped = jnp.sum(jnp.where(real & (scale < 1.0), weights, 0.0))
     return tree_math.add_update(center, moved), clipped
 
@@ -90,6 +94,8 @@ def centered_clipping(radius: float = 10.0,
     update, clipped = centered_clip(updates, info.mask,
                                     state.previous_update, radius,
                                     num_iterations)
+    # With no client the iteration leaves v at the last round's update, and
+    # w_t + v would repeat that step; an empty round keeps both instead.
     new_global, new_state = tree_math.keep_if_no_clients(
         info.mask,
         (tree_math.add_update(global_params, update),

@@ -45,6 +45,9 @@ def clipped_update_stats(global_params: Params, client_params: Params,
   Returns:
     The ``ClippedSums`` term; zeros for a padding row (mask 0).
   """
+  # The update is clipped before the mask is applied (in client_sums): a
+  # padding row's norm may be NaN, but client_sums selects the row out, so
+  # the NaN never reaches a sum.
   update = tree_math.tree_sub(client_params, global_params)
   norm = tree_math.tree_norm(update)
   clipped = tree_math.tree_scale(tree_math.clip_scale(norm, max_norm),
@@ -59,6 +62,8 @@ def clipped_update_stats(global_params: Params, client_params: Params,
 def summed_client_stats(client_stats, global_params: Params,
                         client_params: StackedParams, info: ClientInfo):
   """sum_k client_stats(w_t, w_k, info_k) over the [K] client axis."""
+  # The stacked form vmaps the very function the streaming form calls per
+  # client, which is what makes both forms agree to the bit.
   stats = jax.vmap(client_stats, in_axes=(None, 0, INFO_AXES))(
       global_params, client_params, info)
   return tree_math.sum_over_clients(stats)

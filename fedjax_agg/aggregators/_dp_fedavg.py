@@ -135,6 +135,8 @@ def update_noise_multiplier(noise_multiplier, clipped_count_stddev):
   """
   z = jnp.asarray(noise_multiplier, jnp.float32)
   count = jnp.asarray(clipped_count_stddev, jnp.float32)
+  # sigma_b = 0 is allowed only with z = 0 (2 sigma_b > z fails
+  # otherwise); the ratio is then 0 instead of 0 / 0.
   ratio = jnp.where(count > 0, z / (2.0 * jnp.where(count > 0, count, 1.0)),
                     0.0)
   return z / jnp.sqrt(1.0 - jnp.square(ratio))
@@ -211,6 +213,8 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
   if clipped_count_stddev is None and flower_compatible:
     # Flower's compute_adaptive_noise_params: num_sampled_clients / 20,
     # 0 without noise.
+    # A traced z (a sweep vmapped over the multiplier) cannot drive a Python
+    # if; the same choice is made with jnp.where.
     if checks.is_traced(noise_multiplier):
       clipped_count_stddev = jnp.where(noise_multiplier > 0,
                                        expected_clients / 20.0, 0.0)
@@ -224,6 +228,8 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
   if not adaptive:
     update_multiplier, count_stddev = noise_multiplier, 0.0
   else:
+    # A traced z or sigma_b cannot be compared here; the Python check covers
+    # every concrete configuration before anything is built.
     if not (checks.is_traced(noise_multiplier)
             or checks.is_traced(clipped_count_stddev)
             or noise_multiplier == 0
@@ -236,6 +242,8 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
     update_multiplier = update_noise_multiplier(noise_multiplier,
                                                 clipped_count_stddev)
     count_stddev = clipped_count_stddev
+  # The streaming form may clip with the constructor's C: it exists only
+  # without adaptive clipping, where the state's C never moves.
   stream_stats = functools.partial(clipped_update_stats, max_norm=clip_norm,
                                    weighted=flower_compatible)
 
@@ -285,6 +293,8 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
       denominator = jnp.maximum(num_real, 1.0)
     else:
       denominator = jnp.asarray(expected_clients, jnp.float32)
+    # Split the same way with or without adaptive, so the update noise of a
+    # round is the same draw in both modes.
     update_key, count_key = jax.random.split(info.key)
     # Alg. 1 (2018): noise sigma_dw C on the sum, then / D. Every round,
     # empty or not (module docstring).
@@ -302,6 +312,8 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
       new_clip = clip * jnp.exp(-clip_learning_rate
                                 * (unclipped / denominator
                                    - target_quantile))
+    # The clip norm is stored as float32 explicitly: the state's dtype must
+    # stay the same from round to round (a change would retrace the step).
     return (tree_math.add_update(global_params, update),
             DPFedAvgState(new_clip.astype(jnp.float32)), {
                 "clip_norm": clip,

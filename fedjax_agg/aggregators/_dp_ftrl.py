@@ -121,6 +121,8 @@ class DPFTRLState(NamedTuple):
 
 
 def _key_data(key: jax.Array) -> jax.Array:
+  # The state holds raw uint32 key data whichever key style ``info.key``
+  # uses, so its dtype and shape are the same from the first round on.
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     return jax.random.key_data(key)
   return key
@@ -130,11 +132,15 @@ def _noise_change(key_data: jax.Array, position: jax.Array, params: Params,
                   stddev) -> Params:
   """The node noise of s_t - s_{t-1} (Eq. 6) at tree position t >= 1."""
   key = jax.random.wrap_key_data(key_data)
+  # t & -t isolates the lowest set bit of t; 31 minus its leading zeros
+  # is that bit's index.
   lowest = 31 - jax.lax.clz(position & -position)  # i
 
   def add_node(carry):
     level, total = carry
     top = level == lowest  # the node completed at t, else one it replaces
+    # Eq. (6): the completed node is indexed from t, the replaced ones from
+    # t - 1 (they belong to B(t-1)); the node is added or subtracted to match.
     index = jnp.right_shift(jnp.where(top, position, position - 1),
                             level) - 1
     node_key = jax.random.fold_in(jax.random.fold_in(key, level), index)
@@ -143,6 +149,8 @@ def _noise_change(key_data: jax.Array, position: jax.Array, params: Params,
         lambda a, n: jnp.where(top, a + n, a - n), total, node)
 
   zeros = jax.tree.map(jnp.zeros_like, params)
+  # i + 1 nodes, a count that depends on the traced t: a while_loop
+  # rather than a Python loop over the levels.
   _, total = jax.lax.while_loop(lambda carry: carry[0] <= lowest, add_node,
                                 (jnp.zeros((), jnp.int32), zeros))
   return total
@@ -186,9 +194,13 @@ def dp_ftrl(clip_norm: float = 1.0, noise_multiplier: float = 0.0,
   client_stats = functools.partial(clipped_update_stats, max_norm=clip_norm,
                                    weighted=False)
   node_stddev = noise_multiplier * clip_norm / num_participants
+  # A concrete z = 0 skips the node draws entirely; a traced z (a sweep)
+  # must draw them, scaled by its value.
   noiseless = not checks.is_traced(noise_multiplier) and noise_multiplier == 0
 
   def init(global_params):
+    # The key is a placeholder: tree_round 0 makes the first round start a
+    # tree with that round's own key.
     return DPFTRLState(jax.tree.map(jnp.zeros_like, global_params),
                        _key_data(jax.random.key(0)),
                        jnp.zeros((), jnp.int32))
@@ -199,6 +211,8 @@ def dp_ftrl(clip_norm: float = 1.0, noise_multiplier: float = 0.0,
       new_tree = new_tree | (state.tree_round >= restart_every)
     position = jnp.where(new_tree, 1, state.tree_round + 1).astype(
         jnp.int32)
+    # A new tree takes a fresh, secret key: the trees' noises must be
+    # independent for the accounting of restarts.
     tree_key = jnp.where(new_tree, _key_data(info.key), state.tree_key)
     # Eq. (1): minus the clipped updates' sum over the fixed denominator,
     # then Eq. (6): plus the change of the tree's noise.
@@ -229,6 +243,8 @@ def dp_ftrl(clip_norm: float = 1.0, noise_multiplier: float = 0.0,
     return finalize(global_params, summed_client_stats(
         client_stats, global_params, client_params, info), info, state)
 
+  # A tracer cannot become a float subclass; runs account from rules built
+  # with concrete hyperparameters.
   rule_noise = (noise_multiplier if checks.is_traced(noise_multiplier)
                 else TreeAggregationNoise(noise_multiplier, restart_every))
   return Aggregator(init, aggregate, StreamingForm(client_stats, finalize),

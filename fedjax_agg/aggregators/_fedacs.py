@@ -46,6 +46,8 @@ def select_top(accuracy: jax.Array, mask: jax.Array, fraction: float
   accuracies: the lower row first)."""
   real = mask > 0
   num_real = jnp.sum(real)
+  # K' is traced, so the count is compared with ranks rather than used as
+  # a slice length.
   num_kept = jnp.maximum(jnp.ceil(fraction * num_real), 1)
   rank = client_ranks(-accuracy, mask)
   return ((rank < num_kept) & real).astype(jnp.float32)
@@ -92,10 +94,14 @@ def fedacs(model: Model, x_eval, y_eval, *, fraction: float = 0.5,
     # The accuracies choose the cohort: at full float32 precision on every
     # backend, as the rest of the aggregation math (tree_math.FULL).
     with jax.default_matmul_precision("highest"):
+      # Every client model is evaluated on the same "client" 0 of ``server``:
+      # the whole evaluation set.
       accuracy = client_accuracies(model, client_params, server,
                                    jnp.zeros((num_clients,), jnp.int32),
                                    batch_size)
     selected = select_top(accuracy, info.mask, fraction)
+    # ``selected`` doubles as the mask: FedAvg's weights renormalised over
+    # the selected clients only.
     weights = tree_math.normalize_weights(
         client_weights(info, weighting) * selected, selected)
     new_global = tree_math.keep_if_no_clients(

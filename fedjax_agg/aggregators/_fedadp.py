@@ -79,6 +79,8 @@ def gompertz(smoothed_angle: jax.Array, alpha: float) -> jax.Array:
 def smooth_angles(previous: jax.Array, angle: jax.Array, count: jax.Array,
                   first: jax.Array) -> jax.Array:
   """Eq. (4) on [K, L] angles; ``count`` ([K]) is t, ``first`` [K] bool."""
+  # The floor at 1 only keeps the discarded branch finite: a first
+  # participation takes the angle itself (Eq. (4) at t = 1).
   t = jnp.maximum(count, 1).astype(angle.dtype)[:, None]
   running = (t - 1.0) / t * previous + angle / t
   return jnp.where(first[:, None], angle, running)
@@ -99,6 +101,8 @@ def adaptive_weights(contribution: jax.Array, prior: jax.Array,
   # f >= 0, so subtracting the largest real f per column keeps exp <= 1.
   largest = jnp.max(jnp.where(mask[:, None] > 0, contribution, 0.0), axis=0)
   raw = prior[:, None] * jnp.exp(contribution - largest[None, :])
+  # Each layer's column is normalised on its own: Eq. (6) is a separate
+  # softmax per layer.
   return jax.vmap(tree_math.normalize_weights, in_axes=(1, None),
                   out_axes=1)(raw, mask)
 
@@ -138,6 +142,8 @@ def angle_weighting(global_params: Params, client_params: StackedParams,
       info.round, seen.shape)
   previous = tree_math.gather_clients(state.smoothed_angle, info.client_ids,
                                       0.0)
+  # An id outside [0, N) reads times_seen 0 (gather_clients' fill), so it
+  # counts as a first participation, as the module docstring states.
   smoothed = smooth_angles(previous, angles, count, seen == 0)  # Eq. (4)
   weights = adaptive_weights(gompertz(smoothed, alpha), prior,
                              info.mask)  # Eqs. (5), (6)
@@ -195,6 +201,8 @@ def fedadp(alpha: float = 5.0, *, num_clients: int,
                         num_clients=num_clients,
                         uses_num_examples=weighting == "num_examples")
     structure = tree_math.single_layer_structure(global_params)
+    # FedAdp is the one-layer case of the shared per-layer code: its [N]
+    # state is viewed as [N, 1] and squeezed back afterwards.
     layer_state = FedAdpState(state.smoothed_angle[:, None],
                               state.times_seen)
     weights, angles, smoothed, layer_state = angle_weighting(
@@ -205,6 +213,8 @@ def fedadp(alpha: float = 5.0, *, num_clients: int,
                                         weights[:, 0])  # Eq. (7)
     new_state = FedAdpState(layer_state.smoothed_angle[:, 0],
                             layer_state.times_seen)
+    # The state needs no such guard: scatter_clients writes real rows only,
+    # so an empty cohort changes no client's entry.
     new_global = tree_math.keep_if_no_clients(info.mask, new_global,
                                               global_params)
     metrics = {"client_weights": weights[:, 0], "angles": angles[:, 0],

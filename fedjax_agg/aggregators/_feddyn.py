@@ -86,12 +86,16 @@ def feddyn(alpha: float = 0.01, *, num_clients: int) -> Aggregator:
         global_params, lambda path: not tree_math.is_statistic(path))
     mean_update = tree_math.mean_from_sums(sums)
 
+    # ``t`` is a static Python bool per leaf: statistics' leaves of h are
+    # never written and stay 0.
     def new_h(h, summed, t):
       if not t:
         return h
       # Eq. (c)
       return h - summed * (alpha / num_clients)
 
+    # sums.weighted is the plain sum over P_t (every raw weight 1): Eq. (c)
+    # divides it by the federation's N, not by |P_t|.
     h = jax.tree.map(new_h, state.h, sums.weighted, trainable)
 
     def new_param(w, u, h_leaf, t):

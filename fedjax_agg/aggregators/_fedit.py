@@ -62,6 +62,8 @@ def inexact_aggregation(global_nodes, client_nodes, mean_nodes, weights
   path), their mean ``mean_nodes`` and the weights p [K]; -> (gap over
   the product, gap over the round's update)."""
   gap, product_norm, update_norm = 0.0, 0.0, 0.0
+  # Squares are summed over every layer before the square root: the norms
+  # of Eqs. (2)-(4) are those of all adapted layers stacked together.
   for path, node in client_nodes.items():
     # Eq. (2)'s first term: sum_k p_k B_k A_k, by stacking.
     product = lora.weighted_product(node["a"], node["b"], weights)

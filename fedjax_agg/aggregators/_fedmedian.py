@@ -68,6 +68,8 @@ def client_order(keys, mask: jax.Array) -> jax.Array:
   keys = tuple(jnp.where(key == 0, jnp.zeros_like(key), key)
                for key in keys)
   rows = jnp.arange(num, dtype=jnp.int32)
+  # Padding is the first key, so real rows come first whatever their
+  # scores; the scores of padding rows (possibly NaN) then never matter.
   padding = jnp.where(mask > 0, 0, 1).astype(jnp.int32)
   *_, order = jax.lax.sort((padding, *keys, rows), num_keys=len(keys) + 2)
   return order
@@ -76,6 +78,7 @@ def client_order(keys, mask: jax.Array) -> jax.Array:
 def client_ranks(keys, mask: jax.Array) -> jax.Array:
   """Each row's place in ``client_order(keys, mask)`` (0: the first). [K]."""
   order = client_order(keys, mask)
+  # The inverse permutation: row order[i] has rank i.
   return jnp.zeros_like(order).at[order].set(
       jnp.arange(order.shape[0], dtype=order.dtype))
 
@@ -87,6 +90,8 @@ def masked_median(stacked: StackedParams, mask: jax.Array) -> Params:
   With no real client the result is undefined (the caller handles it).
   """
   num_real = jnp.sum(mask > 0).astype(jnp.int32)
+  # m depends on the mask and is traced, so the middle ranks are read by
+  # dynamic indexing. For odd m, lower == upper: the middle value itself.
   lower = jnp.maximum(num_real - 1, 0) // 2
   upper = num_real // 2
 

@@ -120,6 +120,8 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
 
   def stat_flags(tree) -> list[bool]:
     """Per leaf: a statistic averaged apart (none with "normalize")."""
+    # The flags come from the tree's paths, static Python data: which leaves
+    # are statistics is decided while tracing, not per round.
     flags = jax.tree.leaves(tree_math.select_leaves(
         tree, tree_math.is_statistic))
     return flags if statistics == "average" else [False] * len(flags)
@@ -131,6 +133,8 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     if not any(flags):
       return tree, []
     leaves, treedef = jax.tree.flatten(tree)
+    # A statistic takes the reference's value (broadcast over a stacked
+    # client axis), so its update is exactly 0 and adds nothing to N or E.
     kept = [jnp.broadcast_to(ref, leaf.shape) if flag else leaf
             for leaf, ref, flag in zip(leaves, jax.tree.leaves(reference),
                                        flags, strict=True)]
@@ -163,6 +167,8 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
         moments.squares, structure).norm()
     layer_e = jnp.matmul(weights, client_layer_norms,  # Eq. (5)
                          precision=tree_math.FULL)
+    # Each |dw_k| is the norm of its layer norms: the squares are read once,
+    # in update_moments, for both Eq. (5) per layer and the whole model.
     e = jnp.matmul(weights, tree_math.vector_norm(client_layer_norms, axis=1),
                    precision=tree_math.FULL)
     _, global_stats = split(global_params, global_params)
@@ -174,6 +180,8 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
 
   def client_stats(global_params, client_params, info_k):
     # One client's dw_k (Eq. (2)) and its norms, summed with raw weights.
+    # Here the tree is already an update, so the reference for the
+    # statistics is zeros: their dw_k leave N and E and travel apart.
     delta, stat_delta = split(tree_math.tree_sub(client_params,
                                                  global_params),
                               jax.tree.map(jnp.zeros_like, global_params))
@@ -195,6 +203,8 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     structure = tree_math.layer_structure(global_params, granularity)
     layer_n = tree_math.layer_norms(mean_delta, structure)  # Eq. (4)
     n = tree_math.vector_norm(layer_n)
+    # The inner where keeps the discarded branch from dividing by N = 0
+    # (jnp.where computes both sides); a skipped round reports scale 0.
     if normalize:
       skip = n <= min_norm
       scale = jnp.where(skip, 0.0, beta * e / jnp.where(skip, 1.0, n))
@@ -204,6 +214,8 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     momentum = jax.tree.map(
         lambda d, u: (gamma * d + scale * u).astype(d.dtype),
         state.momentum, mean_delta)  # Eq. (12)
+    # Sec. 4.2: with N close to 0 the round leaves w_t and d_t alone (module
+    # docstring), rather than dividing by a near-zero N.
     momentum = optax.tree.where(skip, state.momentum, momentum)
     new_global = tree_math.add_update(global_params, momentum)  # Eq. (13)
     new_global = optax.tree.where(skip, global_params, new_global)
@@ -216,6 +228,8 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
       average = with_statistics(average, averaged)
     new_state = FedNNNNState(
         momentum, average if evaluate == "average" else new_global)
+    # The metrics below are taken from the kept model, so an empty round
+    # reports a server update of norm 0.
     new_global, new_state = tree_math.keep_if_no_clients(
         info.mask, (new_global, new_state), (global_params, state))
     server_update = tree_math.tree_sub(new_global, global_params)

@@ -88,6 +88,8 @@ def normalizer(num_steps, momentum=0.0, proximal_mu=0.0,
   with_momentum = (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)
   shrink = jnp.asarray(learning_rate, jnp.float32) * jnp.asarray(
       proximal_mu, jnp.float32)
+  # jnp.where evaluates both formulas; ``safe`` keeps the proximal one
+  # finite (no 0 / 0) where there is no proximal term.
   safe = jnp.where(shrink > 0, shrink, 1.0)
   proximal = (1.0 - (1.0 - safe) ** tau) / safe
   return jnp.where(shrink > 0, proximal, with_momentum)
@@ -188,6 +190,8 @@ def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
   init = empty_init(FedNovaState)
 
   def aggregate(global_params, client_params, info, state):
+    # First, so that a cohort without steps gets this rule's message rather
+    # than check_cohort's shape check failing on None.
     _num_steps(info)
     checks.check_cohort(global_params, client_params, info,
                         fields=("num_steps",))
@@ -195,6 +199,8 @@ def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
         client_stats, global_params, client_params, info), info, state)
 
   def client_stats(global_params, client_params, info_k):
+    # Only secure aggregation's range probe reaches the streaming form
+    # without steps (see _NO_SECURE_SUM); the engine always passes them.
     a = norms(info_k, _NO_SECURE_SUM)
     update = tree_math.tree_sub(client_params, global_params)
     # Eq. (a); a client without steps has d_i = 0.
@@ -203,6 +209,8 @@ def fednova(momentum: float = 0.0, proximal_mu: float = 0.0, *,
     # Eq. (b) sums ||a_i||_1, Eq. (b') the steps tau_i.
     length = a if tau_eff == "normalized" else jnp.where(
         info_k.mask > 0, jnp.asarray(info_k.num_steps, jnp.float32), 0.0)
+    # The raw update is summed too: the BatchNorm statistics take its plain
+    # mean in ``step``, not the normalised one.
     return tree_math.client_sums((normalized, update, length), info_k.mask,
                                  info_k.num_examples)
 

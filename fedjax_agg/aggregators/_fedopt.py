@@ -70,6 +70,7 @@ def scale_by_reddi(kind: str, b1: float, b2: float, tau: float,
   for name, value in (("b1", b1), ("b2", b2)):
     checks.check_range(name, value, 0, 1, high_open=True)
   checks.check_range("tau", tau, 0, low_open=True)
+  # Algorithm 2 requires v_{-1} >= tau^2; tau^2 is its smallest choice.
   v_init = tau**2 if initial_accumulator is None else initial_accumulator
   if initial_accumulator is not None:
     checks.check_range("initial_accumulator", initial_accumulator, 0)
@@ -108,6 +109,8 @@ def _reddi(kind, server_learning_rate, b1, b2, tau, base,
                      low_open=True)
   preconditioner = scale_by_reddi(kind, b1, b2, tau, initial_accumulator,
                                   bias_correction)
+  # scale_by_learning_rate multiplies by -eta: a descent step on the
+  # gradient -Delta_t is the ascent w + eta m / (sqrt(v) + tau) of Alg. 2.
   step = optax.scale_by_learning_rate(server_learning_rate)
   return fedopt(optax.chain(preconditioner, step), base=base)
 
@@ -131,6 +134,8 @@ def fedavgm(server_learning_rate: float = 1.0, momentum: float = 0.9, *,
   checks.check_range("server_learning_rate", server_learning_rate, 0,
                      low_open=True)
   checks.check_range("momentum", momentum, 0, 1, high_open=True)
+  # A traced momentum (a sweep) keeps the buffer: its value is unknown
+  # while building, and every member must share one state structure.
   if not checks.is_traced(momentum) and momentum == 0:
     momentum = None  # plain SGD, no momentum buffer
   return fedopt(optax.sgd(server_learning_rate, momentum=momentum),

@@ -54,6 +54,8 @@ def _largest_client(num_examples) -> int:
     raise ValueError(f"num_examples must be the client sizes ([N] "
                      f"integers >= 1) or the largest one, got "
                      f"{num_examples!r}")
+  # float64 holds every realistic count exactly, so the integrality test
+  # below is exact for integer and float inputs alike.
   sizes = sizes.astype(np.float64)
   bad = ~np.isfinite(sizes) | (sizes < 1) | (sizes != np.floor(sizes))
   if bad.any():
@@ -66,6 +68,7 @@ def _largest_client(num_examples) -> int:
 def _check_whole_clients(rule, context, arguments) -> None:
   """A client's one step must see all its examples: B >= the largest."""
   del rule, arguments
+  # Outside a run the context knows neither size: nothing to compare.
   if context.batch_size is None or context.max_examples is None:
     return
   if context.batch_size < context.max_examples:
@@ -100,6 +103,8 @@ def fedsgd(num_examples, learning_rate: float = 0.1) -> FedSGD:
   """
   checks.check_range("learning_rate", learning_rate, 0, low_open=True)
   largest = _largest_client(num_examples)
+  # Client rate 1 makes each trained model w_t - g_k; eta is the
+  # server's alone.
   training = LocalTraining(epochs=1, batch_size=largest, learning_rate=1.0,
                            optimizer=optax.sgd)
   return FedSGD(_server_step(learning_rate), training)

@@ -66,6 +66,8 @@ def ffa_lora(weighting: str = "num_examples") -> Aggregator:
   averaged = _fedavg.fedavg(weighting).stream
 
   def client_stats(global_params, client_params, info_k):
+    # The streaming path bypasses check_round, so the tree is checked here,
+    # while tracing: averaging a tree that holds A would silently be FedIT.
     for name, params in (("global_params", global_params),
                          ("client_params", client_params)):
       lora.check_adapters(params, "ffa_lora", name, need=("b",),

@@ -86,6 +86,8 @@ def flora(weighting: str = "num_examples") -> Aggregator:
         need=("a", "b", "merged"))
     weights = _fedavg.client_weights(info, weighting)
     new_nodes = {}
+    # Layers in sorted path order: each gets its own fold of the round key,
+    # the same whatever order the params dict was built in.
     for index, path in enumerate(sorted(global_nodes)):
       node, clients = global_nodes[path], client_nodes[path]
       # Eq. (3): B A of the stacked adapters, sum_k p_k B_k A_k.
@@ -98,8 +100,11 @@ def flora(weighting: str = "num_examples") -> Aggregator:
           "a": lora.init_a(jax.random.fold_in(info.key, index), rank,
                            d_in).astype(node["a"].dtype),
           "b": jnp.zeros_like(node["b"])}
+    # An empty round keeps the old adapters too: no merge, no fresh A.
     new_global = tree_math.keep_if_no_clients(
         info.mask, {lora.ADAPTERS: new_nodes}, global_params)
+    # Ranks are read off the first layer in the same sorted order; every
+    # layer of a client has the same rank.
     first = client_nodes[min(client_nodes)]["a"]
     live_rows = jnp.any(first != 0, axis=-1) & (info.mask > 0)[:, None]
     return new_global, state, {

@@ -94,6 +94,8 @@ def weiszfeld(points: StackedParams, weights: jax.Array, *,
   """
   live = weights > 0
   num_real = jnp.sum(live).astype(jnp.float32)
+  # The coarsest dtype among the leaves sets the rounding bound of (b); a
+  # static Python float, known while tracing.
   eps = max(jnp.finfo(leaf.dtype).eps for leaf in jax.tree.leaves(points))
   point_norms = jnp.where(live, tree_math.client_norms(points), 0.0)
 
@@ -106,6 +108,8 @@ def weiszfeld(points: StackedParams, weights: jax.Array, *,
     # Alg. 3: beta_k = alpha_k / max(nu, |z - w_k|).
     beta = jnp.where(live, weights / jnp.maximum(smoothing, it.distances),
                      0.0)
+    # If every beta underflows to 0 (all distances huge), normalize_weights
+    # falls back to equal weights rather than dividing by 0.
     normalized = tree_math.normalize_weights(beta, live.astype(beta.dtype))
     median = tree_math.weighted_sum(points, normalized)
     distances, objective = evaluate(median)
@@ -118,6 +122,8 @@ def weiszfeld(points: StackedParams, weights: jax.Array, *,
     window_end = iterations % SETTLE_WINDOW == 0
     drift = tree_math.tree_norm(tree_math.tree_sub(median, it.anchor))
     settled = settled | (window_end & (drift <= rounding))
+    # The anchor moves only at the end of a window, so (b) compares z with
+    # itself W steps earlier.
     anchor = optax.tree.where(window_end, median, it.anchor)
     return _Iterate(median, distances, objective, anchor, settled,
                     iterations)
@@ -127,6 +133,8 @@ def weiszfeld(points: StackedParams, weights: jax.Array, *,
 
   start = tree_math.weighted_sum(points, weights)
   distances, objective = evaluate(start)
+  # The number of steps depends on the data, hence a while_loop;
+  # max_iterations bounds it.
   last = jax.lax.while_loop(going_on, step, _Iterate(
       start, distances, objective, start, jnp.zeros((), bool),
       jnp.zeros((), jnp.int32)))

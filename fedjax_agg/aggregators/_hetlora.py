@@ -73,6 +73,8 @@ def product_norms(nodes, mask) -> jnp.ndarray:
     gram_b = jnp.einsum("kor,kos->krs", b, b, precision=tree_math.FULL)
     gram_a = jnp.einsum("kri,ksi->krs", a, a, precision=tree_math.FULL)
     total = total + jnp.sum(gram_b * gram_a, axis=(1, 2))
+  # The Gram form is >= 0 only in exact arithmetic; a rounding below 0
+  # would make the square root NaN.
   return jnp.sqrt(jnp.maximum(total, 0.0))
 
 

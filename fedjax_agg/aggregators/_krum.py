@@ -106,6 +106,8 @@ def pairwise_squared_distances(stacked: StackedParams,
   if mask is None:
     mask = jnp.ones((num,), jnp.float32)
   real = (mask > 0)[:, None]
+  # Padding is zeroed first so that its NaN or inf can neither reach a
+  # real row's distances nor the common scale.
   rows = [jnp.where(real, leaf.reshape(num, -1), 0.0) for leaf in leaves]
   largest = jnp.max(jnp.stack([jnp.max(jnp.abs(row)) for row in rows]))
   scale = tree_math.power_of_two_scale(largest)
@@ -113,9 +115,13 @@ def pairwise_squared_distances(stacked: StackedParams,
 
   def distances_from(row):
     total = 0.0
+    # A Python loop over the leaves fixes the order of the per-leaf sums,
+    # the same for every pair.
     for leaf_rows, leaf_row in zip(rows, row, strict=True):
       total = total + jnp.sum(jnp.square(leaf_rows - leaf_row[None]), axis=1)
     return total
+  # lax.map, not vmap: one row per step keeps the temporary at the
+  # leaves' [K, ...] size.
   distances = jax.lax.map(distances_from, rows)
   below = jnp.arange(num)[:, None] > jnp.arange(num)[None, :]
   return jnp.where(below, distances.T, distances)
@@ -137,6 +143,8 @@ def krum_scores(nearest: jax.Array, mask: jax.Array,
   """s(k): sum of the ``num_neighbours`` smallest distances to other real
   rows, from their sorted rows (``sorted_distances``); +inf for padding
   rows. [K, K] -> [K]."""
+  # n depends on the mask and is traced: the n nearest are taken by a
+  # mask over the sorted row, not by a slice.
   taken = jnp.arange(mask.shape[0])[None, :] < num_neighbours
   scores = jnp.sum(jnp.where(taken, nearest, 0.0), axis=1)
   return jnp.where(mask > 0, scores, jnp.inf)
@@ -185,6 +193,8 @@ def krum(num_byzantine: int = 0, num_selected: int = 1,
       # Flower's aggregate(): the kept models weighted by num_examples.
       raw = jnp.where(selected > 0, info.num_examples, 0.0)
       total = jnp.sum(raw)
+      # A committee whose examples sum to 0 (an empty cohort, whose model
+      # is kept below) gets zero weights rather than 0 / 0.
       weights = raw / jnp.where(total > 0, total, 1.0)
     else:
       weights = selected / jnp.maximum(count, 1).astype(jnp.float32)

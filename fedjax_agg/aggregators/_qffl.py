@@ -82,6 +82,8 @@ def qffl_weights(losses: jax.Array, squared_norms: jax.Array,
   real = mask > 0
   losses = jnp.where(real, jnp.maximum(losses, LOSS_FLOOR), 0.0)
   largest = jnp.max(losses)
+  # M is 0 only for a cohort without real clients; 1 then keeps the logs
+  # below finite (every weight is 0 anyway).
   largest = jnp.where(largest > 0, largest, 1.0)
   # log(F_k / M) <= 0; padding rows get 0 (their terms are dropped below).
   log_ratio = jnp.where(real, jnp.log(jnp.where(real, losses, 1.0))
@@ -102,6 +104,8 @@ def qffl_weights(losses: jax.Array, squared_norms: jax.Array,
 
 def check_losses(info: ClientInfo) -> None:
   """Outside jit: the real clients' ``loss_before`` are finite and >= 0."""
+  # Under jit values cannot be inspected; the floor in qffl_weights is the
+  # only guard there (module docstring).
   if checks.is_traced(info.mask) or checks.is_traced(info.loss_before):
     return
   losses = np.asarray(info.loss_before)[np.asarray(info.mask) > 0]

@@ -90,11 +90,15 @@ def with_server_optimizer(aggregator: Aggregator,
 
   def server_step(global_params, base_output, info, state):
     target, base_state, metrics = base_output
+    # w_t - target, so that optax.sgd(1.0) steps exactly onto the target
+    # and the wrapper reduces to the wrapped rule.
     pseudo_gradient = tree_math.tree_sub(global_params, target)
     updates, opt_state = transformation.update(
         pseudo_gradient, state.opt_state, global_params)
     new_global = optax.apply_updates(global_params, updates)
     new_state = ServerOptState(base_state, opt_state)
+    # A noisy rule's output in an empty round is a release like any other
+    # (module docstring): only a noiseless rule is held still.
     if aggregator.noise_multiplier is None:
       new_global, new_state = tree_math.keep_if_no_clients(
           info.mask, (new_global, new_state), (global_params, state))
@@ -105,6 +109,8 @@ def with_server_optimizer(aggregator: Aggregator,
 
   stream = None
   if aggregator.stream is not None:
+    # The clients' statistics are the wrapped rule's own; only its finalize
+    # is followed by the server step.
     stream = StreamingForm(aggregator.stream.client_stats, finalize)
   from_run = None
   if aggregator.from_run is not None:
@@ -112,6 +118,7 @@ def with_server_optimizer(aggregator: Aggregator,
     def from_run(context):
       return with_server_optimizer(aggregator.from_run(context),
                                    transformation)
+    # The wrapper reads from the run exactly what the wrapped rule reads.
     from_run.reads = getattr(aggregator.from_run, "reads", frozenset())
   return Aggregator(init, aggregate, stream,
                     uses_losses=aggregator.uses_losses,

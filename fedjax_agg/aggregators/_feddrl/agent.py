@@ -178,6 +178,8 @@ def make_agent(num_participants: int,
 
   def act(agent, s, key, explore: bool):
     mu, sigma = nets.policy_apply(agent.policy, s)
+    # ``explore`` is a Python bool: the greedy and the exploring policy
+    # compile as separate programs, and the greedy one draws no noise.
     if explore:
       noise = config.exploration_std * jax.random.normal(key, (2,) + mu.shape)
       mu, sigma = networks_lib.project_action(
@@ -188,6 +190,8 @@ def make_agent(num_participants: int,
     # Alg. 1 line 5: y = r + gamma Q'(s', pi'(s')).
     next_q = nets.value_apply(agent.target_value, batch.next_state,
                               pi(agent.target_policy, batch.next_state))
+    # y is a fixed regression target: differentiating td_loss with respect
+    # to the whole agent must not move the target networks.
     return jax.lax.stop_gradient(batch.reward + config.discount * next_q)
 
   def critic_loss(value, y, batch):
@@ -227,6 +231,8 @@ def make_agent(num_participants: int,
                                               agent.target_value, rho))
 
   def update(agent, batch):
+    # The paper's order: the actor ascends the critic just updated, and only
+    # then do both targets move.
     agent, critic = critic_step(agent, batch)
     agent, actor = actor_step(agent, batch)
     return soft_update(agent), {"critic_loss": critic, "actor_q": -actor}
@@ -242,9 +248,14 @@ def make_agent(num_participants: int,
   def td_priorities(agent, buffer):
     capacity = buffer.capacity
     chunk = min(config.priority_chunk, capacity)
+    # buffer.size is traced, so the loop bound is dynamic (fori_loop becomes
+    # a while loop): a nearly empty buffer costs a few chunks, not its
+    # capacity.
     num_chunks = (buffer.size + chunk - 1) // chunk  # only filled rows
 
     def body(i, priorities):
+      # Slices have the static width ``chunk``; the last one is shifted back
+      # to stay in bounds and recomputes some rows with the same values.
       start = jnp.minimum(i * chunk, capacity - chunk)
       rows = jax.tree.map(
           lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk),
@@ -254,6 +265,8 @@ def make_agent(num_participants: int,
 
     priorities = jax.lax.fori_loop(0, num_chunks, body,
                                    jnp.zeros((capacity,), jnp.float32))
+    # A chunk may run past the filled rows; their priorities are zeroed so
+    # that empty slots are never sampled.
     return jnp.where(jnp.arange(capacity) < buffer.size, priorities, 0.0)
 
   def train(agent, buffer, key):
@@ -265,6 +278,8 @@ def make_agent(num_participants: int,
       indices = replay.sample_indices(step_key, probs, config.batch_size)
       return update(agent, replay.gather(buffer, indices))
 
+    # Priorities stay those computed above for all b steps (module
+    # docstring); the scan only threads the agent through the batches.
     agent, metrics = jax.lax.scan(
         step, agent, jax.random.split(key, config.updates_per_round))
     metrics = jax.tree.map(jnp.mean, metrics)

@@ -108,6 +108,8 @@ def reward_cost(losses: jax.Array, mask: jax.Array) -> jax.Array:
   real = mask > 0
   count = jnp.sum(real)
   mean = jnp.sum(jnp.where(real, losses, 0.0)) / jnp.maximum(count, 1)
+  # The +-inf fills drop padding from the max and the min; with no real
+  # client the gap is inf - inf = NaN, which the final where replaces.
   gap = (jnp.max(jnp.where(real, losses, -jnp.inf))
          - jnp.min(jnp.where(real, losses, jnp.inf)))
   return jnp.where(count > 0, mean + gap, 0.0)
@@ -175,6 +177,8 @@ def feddrl(num_participants: int = 10, *,
     num_clients = checks.check_cohort(
         global_params, client_params, info,
         fields=("loss_before", "loss_after"))
+    # K fixes the networks' input and output sizes, so a larger cohort is
+    # refused here, at trace time, before any state is touched.
     if num_clients > num_participants:
       raise ValueError(
           f"feddrl was built for num_participants={num_participants} "
@@ -190,11 +194,16 @@ def feddrl(num_participants: int = 10, *,
     real = jnp.sum(info.mask) > 0
     key, train_key, act_key, sample_key = jax.random.split(state.key, 4)
     s = observation(info, state_transform)
+    # The losses of w^t are known only now, so this is the reward of the
+    # previous round's action (module docstring, step 2).
     reward = jnp.where(state.has_last,
                        -reward_cost(info.loss_before, info.mask), 0.0)
     buffer, agent_state = state.buffer, state.agent
     metrics = {"critic_loss": jnp.zeros(()), "actor_q": jnp.zeros(()),
                "mean_priority": jnp.zeros(())}
+    # ``learn`` is a Python bool: a deciding-only agent compiles no buffer
+    # write and no learning step. The cond (not a select) runs Algorithm 1
+    # only in rounds that learn; under vmap both branches run.
     if learn:
       buffer = replay.add(buffer, replay.Transition(
           state.last_state, state.last_action, reward, s),
@@ -206,6 +215,8 @@ def feddrl(num_participants: int = 10, *,
     mu, sigma = agent.act(agent_state, s, act_key, explore)
     alpha = networks_lib.impact_factors(sample_key, mu, sigma, info.mask)
     new_global = tree_math.weighted_sum(client_params, alpha[:num_clients])
+    # An empty round also keeps the agent's key, so that the later rounds
+    # draw the same actions as in a run without that round.
     keep = lambda new, old: optax.tree.where(real, new, old)
     last = keep((s, jnp.concatenate([mu, sigma]), jnp.ones((), bool), key),
                 (state.last_state, state.last_action, state.has_last,

@@ -108,6 +108,8 @@ def make_networks(num_participants: int,
   def value_apply(params, s, action):
     # Action rescaled to about [-1, 1] (module docstring).
     mu, sigma = action[..., :num_participants], action[..., num_participants:]
+    # beta = 0 is allowed (sigma is then always 0); the floor only keeps
+    # this static divisor nonzero.
     sigma_scale = max(beta, 1e-6) * max_mean
     scaled = jnp.concatenate(
         [2.0 * mu / max_mean - 1.0, 2.0 * sigma / sigma_scale - 1.0], axis=-1)
@@ -125,6 +127,8 @@ def make_networks(num_participants: int,
 def project_action(mu: jax.Array, sigma: jax.Array, max_mean: float,
                    beta: float) -> tuple[jax.Array, jax.Array]:
   """Clips a (noisy) action into 0 <= mu <= max_mean, 0 <= sigma <= beta mu."""
+  # mu first: sigma's bound must use the projected mu, so that Eq. (6)
+  # holds for the pair actually returned.
   mu = jnp.clip(mu, 0.0, max_mean)
   return mu, jnp.clip(sigma, 0.0, beta * mu)
 
@@ -133,6 +137,8 @@ def impact_factors(key, mu: jax.Array, sigma: jax.Array,
                    mask: jax.Array) -> jax.Array:
   """Eq. (5): alpha = softmax(N(mu, sigma)) over real participants. [K]."""
   z = mu + sigma * jax.random.normal(key, mu.shape, mu.dtype)
+  # A -inf logit gets exactly 0 from softmax, so the normalisation runs
+  # over the real participants only, whatever the padding's mu and sigma.
   z = jnp.where(mask > 0, z, -jnp.inf)
   alpha = jax.nn.softmax(z)
   # An all-padding cohort gives NaN above; it aggregates nothing.

@@ -54,6 +54,8 @@ class ReplayBuffer(NamedTuple):
 
   @property
   def capacity(self) -> int:
+    # The last axis, so that a stack of workers' buffers [M, C] also reports
+    # its per-worker capacity.
     return self.data.reward.shape[-1]
 
 
@@ -78,7 +80,9 @@ def add_many(buffer: ReplayBuffer, transitions: Transition,
   valid = valid.astype(bool)
   position = jnp.cumsum(valid.astype(jnp.int32)) - 1  # among the valid rows
   count = jnp.sum(valid.astype(jnp.int32))
-  # Rows overwritten within this call are dropped, so targets are unique.
+  # Rows overwritten within this call are dropped, so targets are unique:
+  # XLA leaves unspecified which of several updates to one scatter index
+  # wins, and "the last C survive" would not hold.
   keep = valid & (position >= count - capacity)
   target = jnp.where(keep, (buffer.write_index + position) % capacity,
                      capacity)  # out of bounds: dropped
@@ -132,6 +136,8 @@ def rank_probabilities(priorities: jax.Array, size: jax.Array,
   # Algorithm 1 line 2: sort by descending priority, invalid rows last.
   order = jnp.argsort(jnp.where(valid, -priorities, jnp.inf), stable=True)
   rank = jnp.arange(1, capacity + 1, dtype=jnp.float32)
+  # softmax of -exponent log r is r ** -exponent normalised over the valid
+  # ranks, without forming large powers; a -inf logit gives exactly 0.
   logits = jnp.where(rank <= size, -exponent * jnp.log(rank), -jnp.inf)
   probs_by_rank = jax.nn.softmax(logits)
   return jnp.zeros((capacity,), jnp.float32).at[order].set(probs_by_rank)
@@ -148,6 +154,9 @@ def sample_indices(key, probabilities: jax.Array,
   -> [B] int32.
   """
   cdf = jnp.cumsum(probabilities)
+  # Scaled by the cdf's own total rather than assuming it sums to 1 after
+  # rounding. side="right" maps u in [cdf[i-1], cdf[i]) to row i, an empty
+  # interval for a row of probability 0.
   u = jax.random.uniform(key, (batch_size,)) * cdf[-1]
   indices = jnp.searchsorted(cdf, u, side="right")
   return jnp.minimum(indices, probabilities.shape[0] - 1).astype(jnp.int32)
