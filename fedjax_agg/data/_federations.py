@@ -42,6 +42,8 @@ def _leaf(data_dir: Optional[str] = None, dataset: Optional[str] = None,
           max_words: Optional[int] = None):
   """LEAF's JSON split in ``data_dir`` (``train/``, ``test/``);
   ``vocabulary_size`` and ``max_words`` are sent140's."""
+  # Only the options given are passed on: load_leaf refuses sent140's
+  # options for the other datasets, and None here means "not given".
   options = {key: value for key, value in (
       ("vocabulary_size", vocabulary_size), ("max_words", max_words))
              if value is not None}
@@ -81,6 +83,8 @@ def _instructions(data_dir: Optional[str] = None, *,
                                            row.output)],
         vocab_size=vocab_size)
   else:
+    # A tokenizer is looked for inside data_dir when one is given, else
+    # where the caller says (e.g. a checkpoint folder of its own).
     folder = pathlib.Path(data_dir) if data_dir is not None else None
     tok = _tokenizer.load_tokenizer(
         tokenizer if folder is None else _inside(folder, tokenizer,
@@ -99,6 +103,8 @@ def _inside(folder: pathlib.Path, name, argument: str) -> pathlib.Path:
     raise TypeError(f"{argument} must be a file name (str) in data_dir, "
                     f"got {name!r}")
   path = pathlib.PurePath(name)
+  # A config names files relative to data_dir; an absolute path or ".."
+  # would let it read anywhere.
   if path.is_absolute() or ".." in path.parts:
     raise ValueError(f"{argument} {name!r} must name a file inside "
                      "data_dir (no absolute path, no '..')")

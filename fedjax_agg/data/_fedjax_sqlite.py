@@ -67,8 +67,12 @@ def _ext_hook(msgpack):
         dtype = np.dtype(name.decode("ascii"))
       except (TypeError, UnicodeDecodeError) as error:
         raise ValueError(f"array extension: unknown dtype {name!r}") from error
+      # Numeric kinds only: an object array built from raw bytes would be
+      # pointers.
       if dtype.kind not in "biuf":
         raise ValueError(f"array extension: dtype {dtype} is not numeric")
+      # The exact byte count, checked before frombuffer, which would otherwise
+      # read a prefix or fail without naming the client.
       if len(buffer) != math.prod(shape) * dtype.itemsize:
         raise ValueError(f"array extension: {len(buffer)} bytes for shape "
                          f"{shape} of {dtype}")
@@ -82,6 +86,8 @@ def _ext_hook(msgpack):
           or not all(isinstance(s, bytes) for s in flat)):
         raise ValueError("bytes-array extension: items must be "
                          f"{math.prod(shape)} byte strings")
+      # Filled element by element: np.array(flat) would make a fixed-width "S"
+      # array, which strips trailing NUL bytes from the strings.
       out = np.empty(len(flat), object)
       out[:] = flat
       return out.reshape(shape)
@@ -96,6 +102,8 @@ def _decode(msgpack, blob, where: str) -> dict:
                      f"{type(blob).__name__}")
   inflater = zlib.decompressobj()
   try:
+    # max_length bounds the output: a zlib bomb stops at _MAX_BYTES, and the
+    # unconsumed tail below refuses it; it is never inflated in full.
     raw = inflater.decompress(blob, _MAX_BYTES)
   except zlib.error as error:
     raise ValueError(f"{where}: 'data' is not zlib-compressed ({error})"
@@ -161,6 +169,8 @@ def _read(msgpack, path, dataset: Optional[str]):
     for row, (raw_id, blob, count) in enumerate(rows):
       client = _client_id(raw_id, path, row)
       where = f"{path}: {_TABLE}[{client!r}]"
+      # client_id is FedJAX's PRIMARY KEY, but a file from another writer may
+      # still repeat one.
       if client in clients:
         raise ValueError(f"{where}: 'client_id' appears twice")
       arrays = _decode(msgpack, blob, where)

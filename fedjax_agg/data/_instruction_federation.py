@@ -105,6 +105,8 @@ def _deal_categories(labels: np.ndarray, num_categories: int,
                      num_clients: int, seed: int) -> list[np.ndarray]:
   """Fewer clients than categories: client i holds the categories
   ``order[i::N]`` of a seeded order, whole."""
+  # Dealt round-robin over a seeded order: clients' numbers of categories
+  # differ by at most one.
   order = np.random.default_rng(seed).permutation(num_categories)
   return [np.flatnonzero(np.isin(labels, order[i::num_clients]))
           for i in range(num_clients)]
@@ -160,6 +162,7 @@ def split_records(records: Sequence[_instructions.InstructionRecord],
     raise ValueError(f"num_clients={num_clients} is larger than the "
                      f"{len(records)} records")
   if split == "iid":
+    # iid reads only how many labels there are: zeros stand in for records.
     return partitions.iid(np.zeros(len(records), np.int64), num_clients,
                           seed)
   labels, names = category_labels(records)
@@ -168,6 +171,8 @@ def split_records(records: Sequence[_instructions.InstructionRecord],
                                 alpha=alpha,
                                 min_size=1, balance=False,
                                 num_classes=len(names))
+  # One client per category: client i holds category i of the sorted names,
+  # the names the federation's client ids then carry.
   if num_clients is None or num_clients == len(names):
     return [np.flatnonzero(labels == c) for c in range(len(names))]
   if num_clients < len(names):
@@ -196,11 +201,16 @@ class _Encoded:
                                               f"records[{i}]")
       prompt_ids = np.concatenate([np.asarray(bos, np.int32),
                                    tokenizer.encode(prompt)])
+      # Tokenized apart and joined: the response's tokens are exactly those
+      # after the prompt's, whatever merges the tokenizer would make across.
       ids = np.concatenate([prompt_ids, tokenizer.encode(response),
                             np.asarray(eos, np.int32)])
       is_response = np.arange(ids.size) >= prompt_ids.size
       if ids.size == prompt_ids.size:
         continue  # a response of no token (its text normalised away)
+      # ``length`` inputs need length + 1 tokens (each input predicts the next).
+      # A prompt that fills the row would keep no scored token, so the record
+      # is dropped rather than cut.
       if ids.size > length + 1:
         if truncation == "drop" or prompt_ids.size >= length + 1:
           continue
@@ -217,6 +227,7 @@ def _rows(tokens: list, scored: list, length: int, pack: bool,
   """Rows of ``length`` inputs and targets (prompt targets ``PAD_TARGET``)
   of records in order, one a row or packed whole."""
   groups: list[list[int]] = []
+  # Starts "full", so the first record always opens a row.
   used = length + 1
   for i, ids in enumerate(tokens):
     if pack and groups and used + ids.size <= length + 1:
@@ -230,6 +241,8 @@ def _rows(tokens: list, scored: list, length: int, pack: bool,
   for row, group in enumerate(groups):
     ids = np.concatenate([tokens[i] for i in group])
     keep = np.concatenate([scored[i] for i in group])
+    # Inputs are every token but the last; a target is kept only where the
+    # token it predicts is a response token (``keep[1:]``).
     x[row, :ids.size - 1] = ids[:-1]
     y[row, :ids.size - 1] = np.where(keep[1:], ids[1:], PAD_TARGET)
   return x, y
@@ -245,6 +258,8 @@ def _test_owners(train_labels, test_labels, train_parts, num_categories,
   owners = np.full(test_labels.size, -1)
   for position, category in enumerate(test_labels):
     holders = counts[:, category]
+    # A test record of a category no training client holds stays unowned (-1)
+    # and goes to no client's test rows.
     if holders.sum() > 0:
       owners[position] = rng.choice(holders.size, p=holders / holders.sum())
   return [np.flatnonzero(owners == client) for client in range(len(counts))]
@@ -339,6 +354,9 @@ def instruction_federation(
   if not kept:
     raise ValueError(f"no record fits sequence_length={length} (all "
                      f"{len(records)} dropped)")
+  # Separate streams of one seed: [seed, 1] the test split, [seed, 2] the
+  # test records' owners, seed itself the client split, so changing one
+  # draw leaves the others as they were.
   order = np.random.default_rng([seed, 1]).permutation(len(kept))
   num_test = int(round(test_fraction * len(kept)))
   test, train = np.sort(order[:num_test]), np.sort(order[num_test:])
@@ -350,6 +368,9 @@ def instruction_federation(
   if split == "iid":
     labels, names = np.zeros(len(kept), np.int64), ("all",)
   else:
+    # Indices over all kept records, so test and training records index
+    # categories alike; train_names are the categories training holds (the
+    # client ids with one client per category).
     labels, names = category_labels(kept)
     train_names = category_labels(train_records)[1]
   test_parts = _test_owners(labels[train], labels[test], train_parts,

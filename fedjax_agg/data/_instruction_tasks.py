@@ -108,6 +108,8 @@ def generated_instructions(num_records: int = 1000, seed: int = 0,
     raise ValueError(f"weights must be {len(INSTRUCTION_CATEGORIES)} finite "
                      f"non-negative numbers, not all 0, got {weights}")
   rng = np.random.default_rng(seed)
+  # All categories are drawn before any record is made: changing how one
+  # category is made changes later records' texts, never their categories.
   categories = rng.choice(len(INSTRUCTION_CATEGORIES), size=num_records,
                           p=weights / weights.sum())
   records = []

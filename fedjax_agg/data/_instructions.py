@@ -141,6 +141,8 @@ def check_record(record, where: str = "record",
   names = _field_names(fields)
   if isinstance(record, InstructionRecord):
     record = record._asdict()
+    # An InstructionRecord already carries the field names; ``fields`` maps
+    # a file's keys only.
     names = {field: field for field in FIELDS}
   if not isinstance(record, Mapping):
     raise TypeError(f"{where} must be an object with "
@@ -164,6 +166,8 @@ def check_records(records: Sequence, where: str = "records",
                   ) -> list[InstructionRecord]:
   """Records (mappings or ``InstructionRecord``) checked; see
   ``check_record``. Refuses an empty list."""
+  # A str is a Sequence too: it, and a single record, are refused rather
+  # than iterated.
   if isinstance(records, (str, bytes, Mapping)) or not isinstance(
       records, Sequence):
     raise TypeError(f"{where} must be a list of records, got "
@@ -178,6 +182,8 @@ def _json_lines(path: pathlib.Path, text: str,
                 fields) -> list[InstructionRecord]:
   records = []
   for number, line in enumerate(text.splitlines(), start=1):
+    # Blank lines are skipped but still counted, so a message names the line
+    # an editor shows.
     if line.strip():
       where = f"{path} line {number}"
       value = parse_json(line, where, number, unique_keys=True)
@@ -211,6 +217,8 @@ def read_instructions(path: PathLike,
   _field_names(fields)
   text = read_text(path, "instruction file")
   start = text.lstrip()[:1]
+  # A file starting with "{" cannot be a JSON list: JSON Lines, whatever
+  # its name says.
   if path.suffix.lower() in _JSON_LINES or start == "{":
     return _json_lines(path, text, fields)
   if start != "[":
@@ -254,6 +262,8 @@ def parse_template(text: str) -> Template:
   if not isinstance(text, str):
     raise TypeError(f"template must be a str, got {type(text).__name__}")
   try:
+    # Formatter.parse only splits the string into literals and field names;
+    # nothing is formatted or looked up, so no field can reach an attribute.
     pieces = list(string.Formatter().parse(text))
   except ValueError as error:
     raise ValueError(f"template is malformed ({error}); write literal "
@@ -274,6 +284,8 @@ def parse_template(text: str) -> Template:
                          "the response must end the template")
       suffix.append(literal)
     elif field == "output":
+      # The literal before {output} ends the prompt; {output} itself is the
+      # response.
       prompt.append((literal, None))
       seen_output = True
     else:
@@ -285,6 +297,8 @@ def parse_template(text: str) -> Template:
   return Template(tuple(prompt), "".join(suffix), text)
 
 
+# Parsed at import: the built-in templates pass the same checks as a
+# caller's.
 ALPACA = (parse_template(ALPACA_TEMPLATE),
           parse_template(ALPACA_TEMPLATE_NO_INPUT))
 

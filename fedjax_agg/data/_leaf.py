@@ -76,6 +76,7 @@ def int_labels(values, num_classes: int, where: str) -> np.ndarray:
   Raises:
     ValueError: naming ``where`` and the first bad label's index.
   """
+  # Scanned before np.asarray, which would turn JSON's true into 1.
   if isinstance(values, (list, tuple)):
     i = _first_bool(values)
     if i is not None:
@@ -85,6 +86,8 @@ def int_labels(values, num_classes: int, where: str) -> np.ndarray:
     y = np.asarray(values)
   except ValueError:  # Ragged.
     y = None
+  # np.asarray([]) is float64 [0]: an empty list passes here and gets its
+  # int32 type below.
   if y is None or (y.size and y.ndim != 1):
     raise ValueError(f"{where} must be a flat list of integer labels")
   if y.size == 0:
@@ -133,11 +136,15 @@ def assemble(name: str, train: dict, test: dict, *, num_classes: int,
   if unknown:
     raise ValueError(f"{test_where}: unknown users {unknown[:5]} (not in "
                      f"the training split; {len(unknown)} in all)")
+  # At least 1: a client without training rows could be sampled but never
+  # train.
   min_rows = max(int(min_rows), 1)
   kept = [c for c, (x, _) in train.items() if len(x) >= min_rows]
   if not kept:
     raise ValueError(f"{name}: no client has {min_rows}+ training rows")
   x0, y0 = train[kept[0]]
+  # Shaped like the kept clients' arrays, so a client without test rows
+  # (or a test split with none at all) still concatenates.
   empty = (np.zeros((0,) + tuple(x0.shape[1:]), x0.dtype),
            np.zeros((0,) + tuple(y0.shape[1:]), np.int32))
 
@@ -167,6 +174,8 @@ def _read_split(directory: pathlib.Path, split: str):
   if not folder.is_dir():
     raise ValueError(f"{directory}: no {split}/ folder (LEAF writes "
                      "train/*.json and test/*.json)")
+  # Sorted: client order, and with it every client id, must not depend on
+  # the order the file system lists the files in.
   paths = sorted(folder.glob("*.json"))
   if not paths:
     raise ValueError(f"{folder}: no .json files")
@@ -205,6 +214,7 @@ def _read_split(directory: pathlib.Path, split: str):
       raise ValueError(f"{path}: 'user_data' holds users {extra[:5]} that "
                        "'users' does not list")
     for user, count in zip(names, counts, strict=True):
+      # A user in two files would get the data of whichever file came last.
       if user in users:
         raise ValueError(f"{path}: user {user!r} is also in "
                          f"{users[user][0].name} (a user must be in one "
@@ -251,6 +261,7 @@ def _femnist(xs, ys, where: str):
       size = len(row) if isinstance(row, list) else type(row).__name__
       raise ValueError(f"{where}: x[{i}] must be a list of {_PIXELS} "
                        f"pixels, got {size}")
+  # A boolean pixel would read as 1.0 in np.asarray; it is named instead.
   j = _first_bool(list(itertools.chain.from_iterable(xs)))
   if j is not None:
     i, j = divmod(j, _PIXELS)
@@ -263,6 +274,8 @@ def _femnist(xs, ys, where: str):
   if len(xs) and (x.ndim != 2 or x.dtype.kind not in "fiu"):
     raise ValueError(f"{where}: x must hold numbers, got dtype {x.dtype}")
   x = x.reshape(-1, _PIXELS)
+  # LEAF stores FEMNIST's pixels in [0, 1] already; other values are not
+  # LEAF's format and are refused rather than rescaled.
   bad = ~np.isfinite(x) | (x < 0) | (x > 1)
   if bad.any():
     i, j = (int(k) for k in np.argwhere(bad)[0])
@@ -277,6 +290,7 @@ def _characters(text: str, where: str, key: str, width: int):
   tokens, dropped = _text.encode_characters(text, drop_unknown=True)
   if dropped:
     pos = next(i for i, c in enumerate(text) if c not in _KNOWN)
+    # ``text`` is the rows joined, so position // width is the row.
     raise ValueError(f"{where}: {key}[{pos // width}] holds character "
                      f"{text[pos]!r}, not in LEAF's character set")
   return tokens
@@ -296,6 +310,8 @@ def _shakespeare(xs, ys, where: str):
   x = _characters(_text.normalize_text("".join(xs)), where, "x", _LENGTH)
   last = _characters(_text.normalize_text("".join(ys)), where, "y", 1)
   y = np.full((len(xs), _LENGTH), PAD_TARGET, np.int32)
+  # Only the last position is scored: LEAF's target is the one character
+  # after the 80.
   y[:, -1] = last
   return x.reshape(-1, _LENGTH), y
 
@@ -333,9 +349,13 @@ def _settings(dataset: str, options: dict) -> dict:
 
 def _vocabulary(train: dict, floor: int, size: int) -> dict:
   """The ``size`` most frequent words of users with ``floor``+ rows."""
+  # Only the users that will be kept count (floor = min_samples, at least
+  # 1): a dropped user's words do not shape the vocabulary.
   counts = collections.Counter(
       w for words, _ in train.values() if len(words) >= floor
       for row in words for w in row)
+  # Ties broken by the word itself, so the vocabulary does not depend on
+  # the order users are read. Ids start at 2: 0 pads, 1 is unknown.
   ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
   return {w: i + 2 for i, (w, _) in enumerate(ranked)}
 
@@ -401,6 +421,8 @@ def load_leaf(directory, dataset: Optional[str] = None, *,
   if isinstance(min_samples, bool) or not isinstance(min_samples, int) or (
       min_samples < 0):
     raise ValueError(f"min_samples must be an int >= 0, got {min_samples!r}")
+  # A named dataset has its options checked before any file is read; an
+  # inferred one only once the first row has told what it is.
   if dataset is not None:
     _settings(dataset, options)
   train_paths, train_users = _read_split(root, "train")
@@ -418,6 +440,7 @@ def load_leaf(directory, dataset: Optional[str] = None, *,
              for u, (path, xs, ys) in users.items()}
             for users in (train_users, test_users)]
   if dataset == "sent140":
+    # vocabulary_size - 2: ids 0 and 1 are taken (padding, unknown).
     index = _vocabulary(splits[0], max(min_samples, 1),
                         settings["vocabulary_size"] - 2)
     settings["vocabulary_words"] = len(index)

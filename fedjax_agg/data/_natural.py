@@ -145,9 +145,12 @@ def summary(fed: NaturalFederation) -> dict:
     per_row = np.sum(fed.train_y != PAD_TARGET, axis=1)
     out["train_tokens"] = stats([per_row[np.asarray(rows)].sum()
                                  for rows in fed.train_clients])
+  # ``scored`` leaves out PAD_TARGET (-1), which bincount would refuse.
   counts = np.bincount(scored.ravel(), minlength=fed.num_classes)
   shares = counts / max(counts.sum(), 1)
   out["targets"] = [float(s) for s in shares]
+  # A stable sort: equal counts keep target order, so the summary is the
+  # same on every run.
   top = np.argsort(-counts, kind="stable")[:10]
   out["top_targets"] = [[int(t), float(shares[t])] for t in top]
   return out

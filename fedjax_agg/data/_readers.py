@@ -24,6 +24,8 @@ from fedjax_agg.data import _safe_unpickle
 # (train_x, train_y, test_x, test_y) as read from disk.
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
+# Both spellings are in circulation: the original "train-images-idx3-ubyte"
+# and the dotted "train-images.idx3-ubyte" of some mirrors.
 _IDX_STEMS = {
     "train_x": ("train-images-idx3-ubyte", "train-images.idx3-ubyte"),
     "train_y": ("train-labels-idx1-ubyte", "train-labels.idx1-ubyte"),
@@ -36,6 +38,8 @@ CIFAR_LAYOUTS = {
     "cifar10": ("cifar-10-batches-py",
                 tuple(f"data_batch_{i}" for i in range(1, 6)), "test_batch",
                 b"labels"),
+    # CIFAR-100's 100-class task reads its fine labels (coarse_labels are
+    # the 20 superclasses).
     "cifar100": ("cifar-100-python", ("train",), "test", b"fine_labels"),
 }
 _CIFAR_ROW = 3 * 32 * 32
@@ -64,6 +68,8 @@ def read_idx(path) -> np.ndarray:
   """
   path = pathlib.Path(path)
   raw = _read_bytes(path)
+  # IDX magic: two zero bytes, 0x08 for unsigned bytes, then the number of
+  # dimensions; the sizes follow as big-endian uint32.
   if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
     raise ValueError(f"{path} is not an unsigned-byte IDX file (magic "
                      f"{raw[:4].hex() or 'missing'})")
@@ -78,6 +84,8 @@ def read_idx(path) -> np.ndarray:
     raise ValueError(f"{path}: header says shape {dims} ({expected} bytes "
                      f"of data), the file holds {held} (truncated or "
                      "padded)")
+  # A read-only view of the bytes, not a copy; ``load`` copies when it
+  # scales the images to float32.
   return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
 
 
@@ -121,6 +129,8 @@ def read_npz(path) -> Arrays:
   """
   path = pathlib.Path(path)
   try:
+    # allow_pickle=False: an object array in an npz is a pickle, and is
+    # refused before anything in it runs.
     with np.load(path, allow_pickle=False) as f:
       present = set(f.files)
       arrays = tuple(f[key] for key in NPZ_KEYS if key in present)

@@ -27,6 +27,8 @@ class ForbiddenPickleError(pickle.UnpicklingError):
 
 def _dtype(*args, **kwargs) -> np.dtype:
   dtype = np.dtype(*args, **kwargs)
+  # An object dtype would let the array's payload be arbitrary pickled
+  # objects.
   if dtype.hasobject:
     raise ForbiddenPickleError(f"refusing object dtype {dtype}")
   return dtype
@@ -50,6 +52,8 @@ _ALLOWED = {
     ("_codecs", "encode"): _latin1_encode,
 }
 for _core in ("numpy.core", "numpy._core"):
+  # Taken from a real array's reduction: the reconstructor numpy itself
+  # uses, wherever this numpy version defines it.
   _ALLOWED[(f"{_core}.multiarray", "_reconstruct")] = _EMPTY.__reduce__()[0]
   # Protocol 5 pickles of contiguous arrays.
   _ALLOWED[(f"{_core}.numeric", "_frombuffer")] = _EMPTY.__reduce_ex__(5)[0]
@@ -67,6 +71,7 @@ class SafeUnpickler(pickle.Unpickler):
           f"refusing to unpickle {module}.{name}; only numpy arrays and "
           "builtin containers of numbers and strings are allowed") from None
 
+  # A persistent id would hand object lookup to code outside find_class.
   def persistent_load(self, pid):
     raise ForbiddenPickleError(f"refusing persistent id {pid!r}")
 
@@ -94,6 +99,8 @@ def load(path, encoding: str = "bytes"):
       return SafeUnpickler(f, encoding=encoding).load()
     except ForbiddenPickleError as error:
       raise ForbiddenPickleError(f"{path}: {error}") from None
+    # A damaged pickle fails in many ways (bad opcodes, short reads, a
+    # reconstructor given the wrong arguments); all mean "not a CIFAR batch".
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError,
             IndexError, KeyError, AttributeError) as error:
       raise ValueError(f"{path}: truncated or corrupt pickle "

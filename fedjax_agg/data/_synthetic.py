@@ -70,6 +70,8 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
   if num_clients < 1 or dim < 1 or num_classes < 2 or min_size < 2:
     raise ValueError("need num_clients >= 1, dim >= 1, num_classes >= 2 and "
                      "min_size >= 2")
+  # One generator drawn in a fixed order: reordering any draw changes every
+  # federation generated from a seed.
   rng = np.random.default_rng(seed)
   sizes = (rng.lognormal(size_log_mean, size_log_sigma, num_clients)
            .astype(np.int64) + min_size)
@@ -88,6 +90,7 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
       w = rng.normal(u_k, 1.0, (dim, num_classes))
       b = rng.normal(u_k, 1.0, num_classes)
       v = rng.normal(b_shift, 1.0, dim)
+    # Diagonal Sigma: independent features, each scaled by sqrt(Sigma_jj).
     x = v + rng.normal(0.0, 1.0, (sizes[k], dim)) * np.sqrt(cov_diag)
     # argmax of softmax(z) is argmax of z.
     ys.append(np.argmax(x @ w + b, axis=1))
@@ -96,6 +99,8 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
     biases.append(b)
     means.append(v)
   train_parts, test_parts = [], []
+  # The train/test permutations are drawn after every device is generated,
+  # so the features and labels do not depend on train_fraction.
   for k in range(num_clients):
     order = rng.permutation(sizes[k])
     cut = int(round(train_fraction * sizes[k]))

@@ -82,10 +82,13 @@ def next_token_sequences(tokens, length: int = SEQUENCE_LENGTH,
   num_targets = tokens.size - 1
   if num_targets < 1:
     return (np.zeros((0, length), np.int32), np.zeros((0, length), np.int32))
+  # ceil(targets / length): only the last row holds padding.
   rows = -(-num_targets // length)
   x = np.full((rows, length), pad_input, np.int32)
   y = np.full((rows, length), PAD_TARGET, np.int32)
   flat_x, flat_y = x.reshape(-1), y.reshape(-1)
+  # Writing the flattened rows puts each row right after the previous one:
+  # row r's last target is row r + 1's first input.
   flat_x[:num_targets] = tokens[:-1]
   flat_y[:num_targets] = tokens[1:]
   return x, y

@@ -109,9 +109,12 @@ def _snippets(array: np.ndarray, where: str):
     tokens, lost = _text.encode_characters(_text.normalize_text(text),
                                            drop_unknown=True)
     dropped += lost
+    # Each snippet is cut on its own, so no row spans two speaking lines.
     x, y = _text.next_token_sequences(tokens, _text.SEQUENCE_LENGTH)
     xs.append(x)
     ys.append(y)
+  # A client whose snippets are all too short still concatenates, to
+  # [0, 80].
   empty = np.zeros((0, _text.SEQUENCE_LENGTH), np.int32)
   return np.concatenate([empty] + xs), np.concatenate([empty] + ys), dropped
 
@@ -197,12 +200,16 @@ def _declared_bytes(ds, file_size: int, where: str) -> int:
       or declares more than the file stores for it (times
       ``MAX_COMPRESSION_RATIO`` when filtered).
   """
+  # External or virtual data lives in other files, whose size is not this
+  # file's to bound.
   if ds.external or ds.is_virtual:
     raise ValueError(f"{where} is stored outside the file (an external or "
                      "virtual dataset); TFF files hold their data")
   # A null dataspace (h5py.Empty) has no shape and holds nothing.
   declared = 0 if ds.shape is None else math.prod(ds.shape) * (
       ds.dtype.itemsize)
+  # Both numbers come from the file's own metadata; the stored size is
+  # held against the real file size too.
   stored = ds.id.get_storage_size()
   ratio = MAX_COMPRESSION_RATIO if ds.id.get_create_plist().get_nfilters(
       ) else 1
@@ -225,6 +232,8 @@ def _read_client(datasets: dict, file_size: int, where: str) -> dict:
   """A client's HDF5 datasets -> numpy arrays, sizes checked first."""
   total = 0
   for key, ds in datasets.items():
+    # Declared sizes are summed before anything is read: a hostile shape is
+    # refused without being allocated.
     total += _declared_bytes(ds, file_size, f"{where}/{key}")
     if total > MAX_CLIENT_BYTES:
       raise ValueError(f"{where}/{key}: the client's datasets declare "
@@ -270,6 +279,8 @@ def _read_h5(h5py, path, dataset: Optional[str]):
         raise ValueError(f"{path}: examples/{client} is not a group of "
                          "datasets")
     if dataset is None:
+      # The union of all clients' features: an empty first client does not
+      # decide the dataset.
       names = set().union(*(member.keys() for _, member in members))
       dataset = infer_dataset(names, f"{path}: examples")
     clients, dropped, file_size = {}, 0, f.id.get_filesize()

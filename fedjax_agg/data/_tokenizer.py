@@ -76,6 +76,7 @@ def read_text(path: pathlib.Path, what: str) -> str:
   """The UTF-8 text of ``path`` (a byte order mark dropped);
   ``ValueError`` naming ``what`` and the file when it is not UTF-8."""
   try:
+    # utf-8-sig drops a byte order mark, which some editors write.
     return path.read_bytes().decode("utf-8-sig")
   except UnicodeDecodeError as error:
     raise ValueError(f"{what} {path} is not UTF-8 text: {error}") from None
@@ -138,16 +139,22 @@ class Tokenizer:
                        f"of tokenizer {source}")
     self.backend = backend
     self.source = source
+    # One past the largest id, not the count: ids may have gaps, and every id
+    # must be a valid output of the model.
     self.vocab_size = max(vocabulary.values()) + 1
     self.eos_token = eos_token
     self.eos_id = None if eos_token is None else vocabulary[eos_token]
     self.bos_token, self.bos_id = _prepended(backend)
+    # The serialisation's hash names the exact tokenizer in provenance,
+    # whatever file it came from.
     self.digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
 
   def encode(self, text: str) -> np.ndarray:
     """The ids of ``text``, no special token added. -> int32 [n]."""
     if not isinstance(text, str):
       raise TypeError(f"text must be a str, got {type(text).__name__}")
+    # No special tokens here: the caller places BOS and EOS, so a prompt and
+    # its response can be tokenized apart.
     return np.asarray(self.backend.encode(text, add_special_tokens=False).ids,
                       np.int32)
 
@@ -169,6 +176,8 @@ class Tokenizer:
 
 def _prepended(backend) -> tuple[Optional[str], Optional[int]]:
   """(token, id) the post-processor puts before a text, or (None, None)."""
+  # Found by encoding one character with and without special tokens, so no
+  # post-processor format needs to be understood here.
   plain = backend.encode("a", add_special_tokens=False).ids
   full = backend.encode("a", add_special_tokens=True)
   if (len(full.ids) > len(plain) and full.special_tokens_mask[0]
@@ -184,6 +193,7 @@ def _configured_eos(folder: pathlib.Path) -> Optional[str]:
     return None
   config = read_json(path, "tokenizer config")
   token = config.get("eos_token") if isinstance(config, dict) else None
+  # Newer configs write special tokens as objects ({"content": ...}).
   if isinstance(token, dict):
     token = token.get("content")
   if token is not None and not isinstance(token, str):
@@ -223,6 +233,9 @@ def load_tokenizer(path: PathLike, eos_token: Optional[str] = None
     path = path / _FILE
   if not path.is_file():
     raise FileNotFoundError(f"no tokenizer file {path}")
+  # Parsed by Python's JSON reader first: NaN, a truncated file or text
+  # that is not UTF-8 gets an error naming the file before the Rust parser
+  # sees it.
   value = read_json(path, "tokenizer file")
   if not isinstance(value, dict) or "model" not in value:
     raise ValueError(f"tokenizer file {path} is JSON but not a tokenizer: "
