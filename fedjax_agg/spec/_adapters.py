@@ -108,16 +108,21 @@ class AdaptersSpec:
     on the data's shapes: its default input shape stands in)."""
     if self.targets is None or model not in models.NAMES:
       return
+    # Sorted pairs: hashable for ``_dense_targets``' cache, and the same for any
+    # key order.
     options = tuple(sorted(model_args.items()))
     if isinstance(self.targets, str):
       v.built(f"{path}.targets", _dense_targets, model, options,
               self.patterns())
       return
+    # Each pattern alone, so a refusal names the list item that selects nothing.
     for i, pattern in enumerate(self.targets):
       v.built(f"{path}.targets[{i}]", _dense_targets, model, options,
               (pattern,))
 
 
+# Cached: listing a network's layers builds it, and every algorithm of an
+# experiment asks again with the same model.
 @functools.lru_cache(maxsize=64)
 def _dense_targets(model: str, options: tuple, patterns: tuple[str, ...]
                    ) -> tuple[str, ...]:

@@ -83,6 +83,9 @@ class Experiment:
       if name == "algorithms" or (value is None and name in _OPTIONAL):
         continue
       if isinstance(value, Mapping):
+        # The dataclass is frozen; normalizing a section in place is only
+        # possible through object.__setattr__, and only here, before anyone
+        # holds it.
         object.__setattr__(self, name, _section(cls, name, value))
       elif not isinstance(value, cls):
         raise v.ConfigTypeError(
@@ -123,6 +126,8 @@ class Experiment:
       raise v.ConfigTypeError(
           "config", f"config must be a mapping (a JSON object), got "
           f"{type(config).__name__}")
+    # First: a hostile nesting depth is refused by name before any walk below
+    # could recurse into it.
     v.depth(config)
     v.keys_in("", dict(config), keys(cls) + SCRIPT_KEYS,
               required=("dataset", "partition", "model", "algorithms"))
@@ -182,6 +187,8 @@ class Experiment:
     try:
       return dataclasses.replace(self.train, **overrides)
     except v.ConfigError as error:
+      # The bad value was written in the override, so the error names that path;
+      # a refusal of a key not overridden is the "train" section's own.
       key = error.path.removeprefix("train.")
       if key not in overrides:
         raise
@@ -203,6 +210,8 @@ class Experiment:
   def cohort_size(self, algorithm: str) -> int:
     """m: the clients drawn per round (computed once per algorithm: every
     check and build reads it from here)."""
+    # A cache in ``__dict__``: the frozen dataclass refuses ``setattr``, and the
+    # cache is not a field (not compared, not written out).
     cohorts = self.__dict__.setdefault("_cohorts", {})
     if algorithm not in cohorts:
       cohorts[algorithm] = rounds.num_sampled(
@@ -258,6 +267,8 @@ class Experiment:
     factory = aggregators.REGISTRY.factory(
         self.algorithms[algorithm].aggregator)
     derived = getattr(factory, "run_arguments", {})
+    # ``run_context`` builds the local objective and optimizer: only done for a
+    # rule that derives an argument from them.
     if any(field in _DERIVED for field in derived.values()):
       context = self.run_context(algorithm)
       for name, field in derived.items():
@@ -277,6 +288,8 @@ class Experiment:
     for name, value in self.run_arguments(algorithm).items():
       if name in parameters:
         aggregator_args[name] = value
+    # Precedence: factory defaults, then what the run fills in, then the
+    # algorithm's own arguments, which always win.
     aggregator_args.update(spec.aggregator_args)
     objective_args = {
         **v.defaults_of(v.rule_parameters(objectives.REGISTRY,
@@ -304,6 +317,8 @@ class Experiment:
     block = {} if self.privacy is None else dataclasses.asdict(self.privacy)
     noise = self.rule_arguments(algorithm)[0]["noise_multiplier"]
     stated = block.pop("noise_multiplier", None)
+    # The rule's argument is the one source of the noise: an accounting for
+    # another multiplier would report an epsilon the run does not have.
     if stated is not None and stated != noise:
       raise v.ConfigError(
           "privacy.noise_multiplier", f"privacy.noise_multiplier: "
@@ -331,6 +346,8 @@ def _section(cls, path: str, mapping: Mapping):
   """``cls(**mapping)``, an unknown or missing key named as a config
   error (the values are checked by the section)."""
   allowed = keys(cls)
+  # Script keys are accepted (a script's config carries them) but never reach
+  # the spec object.
   extra = SCRIPT_ALGORITHM_KEYS if cls is AlgorithmSpec else ()
   v.mapping(path, mapping)
   for key in mapping:
@@ -427,6 +444,8 @@ def _check_seeds(seeds) -> None:
                             f"ints >= 0, got {seeds!r}")
   for i, seed in enumerate(seeds):
     v.integer(f"seeds[{i}]", seed, 0, loop.MAX_SEED)
+  # A repeated seed is a repeated member: the same run twice, writing one
+  # ``seed<n>`` folder.
   if len(set(seeds)) != len(seeds):
     raise v.ConfigError("seeds", f"seeds must be distinct, got {seeds}")
 

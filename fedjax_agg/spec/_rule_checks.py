@@ -102,6 +102,8 @@ def _check_algorithm(experiment: "Experiment", name: str) -> None:
           f"client needs the {rule!r} rule (its server side), got "
           f"{spec.aggregator!r}; pair the client side with its own rule "
           f"(e.g. clients.{spec.client} with aggregators.{rule})")
+    # Both values as the run builds them: the client's falls back to its
+    # factory's default, the rule's is its full argument.
     ours = spec.client_args.get(shared, clients.REGISTRY.parameters(
         spec.client)[shared].default)
     theirs = experiment.rule_arguments(name)[0][shared]
@@ -132,6 +134,8 @@ def _check_client_arguments(experiment: "Experiment", name: str) -> None:
   if check is None:
     return
   adapters = experiment.adapters_of(name)
+  # What the run fixes, from the description alone: the check runs before any
+  # data is read.
   run = {"num_clients": experiment.partition.num_clients,
          "rank": None if adapters is None else adapters.rank,
          "objective": spec.objective}
@@ -227,6 +231,8 @@ def _bound(experiment: "Experiment", name: str, rule: types.Aggregator,
   try:
     return rule.from_run(experiment.run_context(name, objective))
   except (TypeError, ValueError) as error:
+    # ``from_run`` names a contradicted argument as ``arg=value``; that text
+    # maps the error back to the key the user wrote.
     key = next((f"{path}.aggregator_args.{arg}"
                 for arg, value in spec.aggregator_args.items()
                 if f"{arg}={value!r}" in str(error)), f"{path}.aggregator")
@@ -255,6 +261,8 @@ def _check_secure_sum(experiment: "Experiment", name: str,
   if systems is None or systems.secagg_bits is None:
     return
   cohort = experiment.cohort_size(name)
+  # The secure sum is sized for the rows a round trains: the cohort, plus the
+  # over-selected clients in a synchronous round.
   rows = (cohort if systems.concurrency is not None else
           systems_lib.num_selected(cohort, systems.over_selection,
                                    experiment.partition.num_clients))
@@ -266,6 +274,8 @@ def _check_secure_sum(experiment: "Experiment", name: str,
       key=jax.ShapeDtypeStruct((2,), jnp.uint32),
       num_steps=scalar(jnp.int32))
   try:
+    # Traced with eval_shape on shapes only: nothing is computed or allocated,
+    # so the check costs a trace, not a round.
     secure = secagg.secure_aggregation(
         rule, bits=systems.secagg_bits, clip=systems.secagg_clip,
         cohort_size=rows, max_examples=1.0)

@@ -58,6 +58,8 @@ def _registry(registry):
   return lambda: registry.names
 
 
+# Choices are callables, resolved when the flags are built: a component a user
+# registers after import is offered and listed too.
 _DATASETS = lambda: data_lib.ALL_NAMES
 _SOURCES = lambda: data_lib.SOURCES
 _PARTITIONS = lambda: _partition_names()
@@ -273,6 +275,8 @@ class AttackSpec:
     v.number("attack.fraction", self.fraction, 0, 1, high_open=True)
     v.name_in("attack.adversaries", self.adversaries, ADVERSARY_MODES)
     v.integer("attack.seed", self.seed, 0)
+    # Built once here so that the attack's own argument checks run before
+    # anything is read.
     v.built("attack.args", attacks.build, self.name, **self.args)
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +290,8 @@ class PrivacySpec(config_lib.Privacy):
   def __post_init__(self):
     v.plain_fields(self)
     block = dataclasses.asdict(self)
+    # Each key alone first (with a valid noise of 1.0), so the refusal names the
+    # key at fault; then the noise, then the keys that only fail together.
     for key, value in block.items():
       if key != "noise_multiplier":
         v.built(f"privacy.{key}", config_lib.Privacy, 1.0, **{key: value})
@@ -331,6 +337,8 @@ class EarlyStoppingSpec:
 
   def __post_init__(self):
     v.plain_fields(self)
+    # One field at a time: ``loop.EarlyStopping`` refuses a value without saying
+    # which key of this section it came from.
     for f in dataclasses.fields(self):
       v.built(f"early_stopping.{f.name}", loop.EarlyStopping,
               **{f.name: getattr(self, f.name)})
@@ -439,6 +447,8 @@ def _check_systems(spec: SystemsSpec) -> config_lib.Systems:
     systems = config_lib.Systems(**keys)
     clock.built(systems)
     return systems
+  # The usual case builds once; only a refusal pays for the per-key builds below
+  # that find which key to name.
   try:
     return whole(**block)
   except (TypeError, ValueError):

@@ -59,6 +59,9 @@ class _TrainSection:
       return
     except (TypeError, ValueError):
       pass
+    # Keys are added one at a time in the section's order; the first whose
+    # addition makes the object refuse is the one named. Defaults are valid
+    # together, so only keys that differ from them can be at fault.
     given = {}
     for f in dataclasses.fields(self):
       if f.metadata["object"] is cls and getattr(self, f.name) != f.default:
@@ -118,6 +121,8 @@ def train_section(objects=TRAIN_OBJECTS, name: str = "TrainSpec"):
     for f in dataclasses.fields(cls):
       if declared.is_declared(f):
         metadata = {**f.metadata, "object": cls, "field": f.name}
+        # Named by its config key (``local_epochs``, not ``epochs``); the
+        # metadata keeps which object and field the key sets.
         fields.append((declared.config_key(f), f.type, dataclasses.field(
             default=declared.config_default(f), metadata=metadata)))
   return dataclasses.make_dataclass(

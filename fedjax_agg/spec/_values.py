@@ -63,8 +63,12 @@ def plain(value, _level: int = 0):
   if isinstance(value, dict):
     converted = {key: plain(item, _level + 1)
                  for key, item in value.items()}
+    # The original object is kept when nothing changed, so ``plain_fields``
+    # reassigns only fields that held a numpy scalar.
     same = all(converted[key] is item for key, item in value.items())
     return value if same else converted
+  # Exact types: a NamedTuple's constructor takes fields, not one iterable, so
+  # subclasses are left as they are.
   if type(value) in (list, tuple):
     converted = [plain(item, _level + 1) for item in value]
     same = all(new is old for new, old in zip(converted, value, strict=True))
@@ -87,6 +91,8 @@ def built(path: str, build, /, *args, **kwargs):
   become ConfigError / ConfigTypeError "<path>: <error>"."""
   try:
     return build(*args, **kwargs)
+  # Kept a TypeError (``ConfigTypeError`` is both): callers that catch the
+  # factory's TypeError still do.
   except TypeError as error:
     raise ConfigTypeError(path, f"{path}: {error}") from None
   except ValueError as error:
@@ -107,6 +113,8 @@ def _checked(path: str, check, *args, **kwargs) -> None:
 def number(path: str, value, low=None, high=None, *, low_open: bool = False,
            high_open: bool = False) -> None:
   """A finite int or float scalar in the range (not an array, not a bool)."""
+  # A bool is an int to Python, and an array would pass ``check_range``
+  # (it checks every entry): both are refused as not a number.
   if isinstance(value, (bool, np.bool_)) or not isinstance(
       value, (int, float, np.integer, np.floating)):
     expected = checks.describe_range(low, high, low_open=low_open,
@@ -135,6 +143,7 @@ def did_you_mean(key, allowed) -> str:
   (case ignored), else ""."""
   if not isinstance(key, str):
     return ""
+  # Matched case-insensitively ("lr" finds "LR") but suggested as spelled.
   by_lower = {str(name).lower(): name for name in allowed}
   close = difflib.get_close_matches(key.lower(), list(by_lower), n=2,
                                     cutoff=0.6)
@@ -357,6 +366,8 @@ no algorithm's folder may take one."""
 def check_algorithm_name(name) -> None:
   """Refuses an algorithm name that is not a safe folder name."""
   if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or (
+      # Windows drops a trailing space or dot from a folder name: "a." and "a"
+      # would be one folder there.
       name.endswith((" ", "."))):
     raise ConfigError(
         "algorithms", f"algorithms: the name {name!r} is not a safe folder "
