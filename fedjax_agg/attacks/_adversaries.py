@@ -78,11 +78,15 @@ def fixed(num_clients: int, fraction: Optional[float] = None, *,
       count = math.floor(fraction * num_clients)
     checks.check_int("count", count, 0, num_clients)
     checks.check_int("seed", seed)
+    # Drawn once, when the rule is built: the set is a constant of the run,
+    # not of a round's key.
     chosen = jax.random.permutation(jax.random.key(seed), num_clients)[:count]
   table = jnp.zeros((num_clients,), bool).at[chosen].set(True)
 
   def select(client_ids, mask, key):
     del key
+    # An id outside [0, N) reads as honest instead of wrapping onto another
+    # client's entry.
     return tree_math.gather_clients(table, client_ids, False) & (mask > 0)
 
   return Adversaries(select, table)
@@ -107,6 +111,8 @@ def per_round(fraction: float) -> Adversaries:
     counts = jnp.asarray([math.floor(fraction * m) for m in range(size + 1)],
                          jnp.int32)
     count = counts[jnp.sum(real)]
+    # Padding draws 2, above any uniform in [0, 1), so it ranks after every
+    # real row; argsort of argsort turns the draws into ranks.
     draws = jnp.where(real, jax.random.uniform(key, (size,)), 2.0)
     rank = jnp.argsort(jnp.argsort(draws))
     return real & (rank < count)

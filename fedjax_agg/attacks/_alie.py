@@ -61,6 +61,8 @@ def little_is_enough_z(num_real, num_malicious) -> jax.Array:
   m = jnp.asarray(num_malicious, jnp.float32)
   # Honest clients the attackers must win over; at least 1 (docstring).
   s = jnp.maximum(jnp.floor(n / 2 + 1) - m, 1.0)
+  # s >= 1 keeps the quantile below 1, so z stays finite; the floor on n
+  # only guards an empty cohort, whose malicious rows do not exist.
   return jax.scipy.stats.norm.ppf((n - s) / jnp.maximum(n, 1.0))
 
 

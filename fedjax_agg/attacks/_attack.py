@@ -116,10 +116,14 @@ def compose(first: Attack, second: Attack) -> Attack:
   def update(global_params, client_params, cohort):
     attacked = first.update(global_params, client_params,
                             _with_key(cohort, 0))
+    # ``first`` may rewrite every row; only its malicious rows are kept, so
+    # ``second`` sees the honest rows' trained models, as the contract says.
     attacked = select_rows(cohort.malicious, attacked, client_params)
     return second.update(global_params, attacked, _with_key(cohort, 1))
 
   def either(first_side, second_side, both):
+    # With one side missing the other runs as it would alone (same key), so
+    # composing with an empty side changes no draw.
     if first_side is None or second_side is None:
       return first_side or second_side
     return both

@@ -129,6 +129,8 @@ def backdoor(target: int = 0, *, poison_fraction: float = 0.5,
 
   def poison(data: FederatedData, cohort: Cohort) -> FederatedData:
     check_targets(data.y)  # static shapes: refused when traced
+    # The partition's index rows are already in random order, so a prefix
+    # of each row is a random subset of the client's examples.
     indices = data.client_indices[cohort.client_ids]  # [K, L]
     counts = data.num_examples[cohort.client_ids]
     poisoned = jnp.ceil(poison_fraction * counts.astype(jnp.float32))
@@ -137,6 +139,8 @@ def backdoor(target: int = 0, *, poison_fraction: float = 0.5,
     # Rows that must not write are sent out of bounds and dropped.
     targets = jnp.where(write, indices, data.y.shape[0]).reshape(-1)
     value = jnp.max(data.x) if trigger_value is None else trigger_value
+    # Every row's examples are stamped (static shapes); the scatter below
+    # writes only the malicious prefixes back into the pooled copy.
     stamped = stamp(data.x[indices.reshape(-1)], trigger_size, value)
     return data._replace(
         x=data.x.at[targets].set(stamped, mode="drop"),
@@ -144,6 +148,8 @@ def backdoor(target: int = 0, *, poison_fraction: float = 0.5,
                                  mode="drop"))
 
   attack = Attack(data=poison, max_label=int(target))
+  # boost is concrete here (checked above), so a boost of 1 adds no
+  # update side at all.
   return attack if boost == 1 else compose(attack, scale_update(boost))
 
 

@@ -36,10 +36,14 @@ def honest_stats(global_params: Params, client_params: StackedParams,
   """μ and σ over the honest rows; malicious and padding rows are skipped
   (whatever they hold, NaN included)."""
   honest = cohort.honest.astype(jnp.float32)
+  # With no honest row every weight is 0 (not a uniform fallback), so μ and
+  # σ are 0 and send_to_all sends g.
   weights = tree_math.normalize_weights(honest, honest)
   updates = jax.tree.map(lambda w, g: w - g[None], client_params,
                          global_params)
   mean = tree_math.weighted_sum(updates, weights)
+  # Two passes, squares of deviations from μ: the one-pass E[x^2] - μ^2
+  # cancels catastrophically in float32 when the spread is small next to μ.
   variance = tree_math.weighted_sum(
       jax.tree.map(lambda d, m: jnp.square(d - m[None]), updates, mean),
       weights)

@@ -78,6 +78,8 @@ def label_flip(permutation: Optional[Sequence[int]] = None, *,
   def flip(labels, all_labels):
     if table is not None:
       return table[labels]
+    # Without a given C the largest pooled label decides, over every client's
+    # labels, so that all malicious clients flip with the same map.
     classes = (jnp.max(all_labels) + 1 if num_classes is None
                else num_classes)
     return (classes - 1 - labels).astype(labels.dtype)
@@ -86,6 +88,8 @@ def label_flip(permutation: Optional[Sequence[int]] = None, *,
     y = data.y
     indices = data.client_indices[cohort.client_ids]  # [K, L]
     counts = data.num_examples[cohort.client_ids]
+    # Index rows are padded with 0 past n_k: that entry is example 0,
+    # someone else's, and must not be flipped.
     held = jnp.arange(indices.shape[1])[None, :] < counts[:, None]
     write = cohort.malicious[:, None] & held
     # Rows that must not write are sent out of bounds and dropped.

@@ -38,6 +38,8 @@ def _on_inexact(fn, *trees):
   """``fn`` on the float leaves of ``trees``; integer leaves of the first
   tree kept as they are."""
   def leaf(first, *rest):
+    # An integer leaf cannot take a scaled or noisy value; the first tree's
+    # leaf passes through unchanged.
     if not jnp.issubdtype(first.dtype, jnp.inexact):
       return first
     return fn(first, *rest).astype(first.dtype)
@@ -87,6 +89,8 @@ def gaussian(stddev: float = 1.0) -> Attack:
   def attack(global_params, params, key):
     del params
     leaves, treedef = jax.tree.flatten(global_params)
+    # One key per leaf, laid out as a tree so that _on_inexact can pair each
+    # leaf with its own key.
     keys = jax.tree.unflatten(treedef,
                               list(jax.random.split(key, len(leaves))))
     return _on_inexact(

@@ -48,6 +48,8 @@ ATTACK_STREAM = 2**31 - 1  # fold_in data of the attack's key (docstring)
 def _num_outputs(model: Model, global_params, x: jax.Array) -> int:
   """The width of ``model``'s outputs on one example shaped like ``x``'s
   (its number of classes), from shapes only."""
+  # Abstract shapes only: the check runs while tracing and costs no
+  # forward pass.
   example = jax.ShapeDtypeStruct((1,) + tuple(x.shape[1:]), x.dtype)
   params = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
@@ -100,6 +102,8 @@ def with_attack(attack: Attack, adversaries: Adversaries,
 
   def init(num_clients):
     table = adversaries.table
+    # Refused before the inner update is initialised: a table for another N
+    # would mark the wrong clients, or none, without any error later.
     if table is not None and table.shape[0] != num_clients:
       raise ValueError(
           f"num_clients: the fixed adversaries were drawn for "
@@ -132,10 +136,13 @@ def with_attack(attack: Attack, adversaries: Adversaries,
     check_classes(global_params, data)
     attack_key = jax.random.fold_in(key, ATTACK_STREAM)
     select_key, data_key, update_key = jax.random.split(attack_key, 3)
+    # Padding rows are never malicious, whatever the rule returns for them.
     malicious = adversaries.select(client_ids, mask, select_key) & (mask > 0)
     cohort = Cohort(client_ids, mask, malicious, round_num, data_key)
     if attack.data is not None:
       data = attack.data(data, cohort)
+    # The inner update gets the round's own key, not the attack's: honest
+    # rows then train exactly as in the unattacked round.
     result, client_state, metrics = inner.update(
         client_state, global_params, data, client_ids, mask, learning_rates,
         num_steps, round_num, key)
@@ -144,6 +151,8 @@ def with_attack(attack: Attack, adversaries: Adversaries,
       chex.assert_tree_shape_prefix(trained, client_ids.shape)
       attacked = attack.update(global_params, trained,
                                cohort._replace(key=update_key))
+      # Only malicious rows take the attacked models; an update side that
+      # touched honest rows changes nothing they send.
       result = result._replace(
           client_params=select_rows(malicious, attacked, trained))
     metrics = {**metrics, "malicious": malicious.astype(jnp.float32),
