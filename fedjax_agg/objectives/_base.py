@@ -23,6 +23,7 @@ def masked_cross_entropy(logits: jax.Array, labels: jax.Array,
     [] sum(mask * ce) / max(sum(mask), 1).
   """
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  # An all-padding batch gives loss 0 rather than 0 / 0.
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
@@ -37,6 +38,8 @@ def cross_entropy() -> LocalObjective:
     del params, global_params, context
     return jnp.zeros(())
 
+  # proximal_mu=0 declares that there is no proximal term, which a run
+  # needs before it pairs this objective with FedNova's normaliser.
   return LocalObjective(prepare, penalty, proximal_mu=0.0)
 
 

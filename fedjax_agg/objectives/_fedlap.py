@@ -99,6 +99,8 @@ def row_dissimilarities(params, global_params, *, conv_rows="in_channel",
                          strict=True):
     local = kernel_rows(local, conv_rows)
     glob = kernel_rows(glob, conv_rows)
+    # Equal rows get exactly 1, not a rounded cosine: at the global model
+    # every lambda is then exactly 0, so FedLap with E = 1 is FedAvg.
     same = jnp.all(local == glob, axis=-1)
     cos = jnp.where(same, 1.0, tree_math.cosines(local, glob))
     out.append(1.0 - cos)
@@ -143,6 +145,8 @@ def fedlap(q: float = 0.5, *, mu: float = 1.0, conv_rows: str = "in_channel",
     # penalty added to it (which could round differently once compiled).
     return cross_entropy()
   rows = dict(conv_rows=conv_rows, regularize_bias=regularize_bias)
+  # A traced q cannot drive Python's min and max; the concrete case keeps
+  # plain floats, constants folded into the compiled step.
   if checks.is_traced(q) or checks.is_traced(mu):  # inside a sweep
     lap_weight = jnp.minimum(2.0 * q, 2.0 - 2.0 * q)
     prox_weight = jnp.maximum(2.0 * q - 1.0, 0.0) * mu
@@ -156,6 +160,8 @@ def fedlap(q: float = 0.5, *, mu: float = 1.0, conv_rows: str = "in_channel",
     return row_dissimilarities(params, global_params, **rows)
 
   def penalty(params, global_params, context):
+    # lambda enters as a fixed weight (Algorithm 1): the gradient flows
+    # through d only, as in the per-epoch case.
     if recompute == "step":
       context = jax.lax.stop_gradient(
           row_dissimilarities(params, global_params, **rows))
@@ -166,4 +172,6 @@ def fedlap(q: float = 0.5, *, mu: float = 1.0, conv_rows: str = "in_channel",
       total = total + jnp.sum(coefficient * dist)
     return 0.5 * total  # Eq. (10)
 
+  # No proximal_mu: the penalty is not FedProx's (except at q = 1), so a
+  # rule that needs the solver's normaliser (FedNova) refuses it.
   return LocalObjective(prepare, penalty)

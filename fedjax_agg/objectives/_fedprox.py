@@ -18,6 +18,8 @@ from fedjax_agg.types import LocalObjective
 
 def trainable(params):
   """The part of a flax variables dict that is trained by gradient."""
+  # Only a flax variables dict has collections; any other tree is taken
+  # as trainable as a whole.
   if isinstance(params, dict) and "batch_stats" in params:
     return {k: v for k, v in params.items() if k != "batch_stats"}
   return params
@@ -37,4 +39,6 @@ def fedprox(mu: float = 0.01) -> LocalObjective:
                       trainable(params), trainable(global_params))
     return 0.5 * mu * sum(jax.tree.leaves(sq))
 
+  # The declared mu is what FedNova's normaliser reads for the proximal
+  # term.
   return LocalObjective(prepare, penalty, proximal_mu=mu)
