@@ -60,6 +60,8 @@ def _num_clients(num_clients, labels: np.ndarray) -> int:
 def _rng(seed, *extra: int) -> np.random.Generator:
   """The generator of ``seed`` (an int >= 0), or of ``[seed, *extra]``."""
   seed = _integer("seed", seed, 0)
+  # [seed, *extra] seeds a stream independent of seed's own: a recipe's
+  # second draw (shards' owners) leaves its first (the shards) unchanged.
   return np.random.default_rng([seed, *extra] if extra else seed)
 
 
@@ -68,7 +70,11 @@ def _shuffled_by_class(labels: np.ndarray, rng: np.random.Generator,
   """For each class, its example indices in a random order."""
   order = rng.permutation(labels.size)
   by_class = [[] for _ in range(num_classes)]
+  # Shuffle, then a stable sort by label: within a class the order is the
+  # shuffle's, so it depends on the seed and not on the data's order.
   sorted_order = order[np.argsort(labels[order], kind="stable")]
+  # Class c occupies [bounds[c], bounds[c + 1]); an absent class gets an
+  # empty range.
   bounds = np.searchsorted(labels[sorted_order], np.arange(num_classes + 1))
   for c in range(num_classes):
     by_class[c] = sorted_order[bounds[c]:bounds[c + 1]]
@@ -88,6 +94,9 @@ def checked_num_classes(labels: np.ndarray,
 
 
 def _finish(parts: Sequence[np.ndarray]) -> ClientIndices:
+  # Sorted: a client's examples are in data order whatever order they were
+  # dealt in; changing this order changes every client's batches, and so
+  # every recorded history.
   return [np.sort(np.asarray(p, np.int64)) for p in parts]
 
 
@@ -157,6 +166,8 @@ def shards(labels, num_clients: int, seed: int = 0,
   num_clients = _num_clients(num_clients, labels)
   shards_per_client = _integer("shards_per_client", shards_per_client)
   num_shards = shards_per_client * num_clients
+  # Two streams of one seed: which examples form the shards, and who owns
+  # which shard.
   shard_list = _sorted_shards(labels, num_shards, _rng(seed))
   rng = _rng(seed, 1)
   owner_of_shard = rng.permutation(num_shards)
@@ -204,6 +215,9 @@ def shards_non_equal(labels, num_clients: int, seed: int = 0,
   rng = _rng(seed)
   shard_list = _sorted_shards(labels, num_shards, rng)
   counts = rng.integers(min_shards, max_shards + 1, size=num_clients)
+  # Repaired one shard at a time, only on clients still inside [min, max],
+  # so every count stays in range; mean lies in [min, max], so N * mean is
+  # reachable and the loop ends.
   while counts.sum() != num_shards:
     if counts.sum() > num_shards:
       client = rng.choice(np.flatnonzero(counts > min_shards))
@@ -229,6 +243,8 @@ def _sorted_shards(labels: np.ndarray, num_shards: int,
   if shard_size < 1:
     raise ValueError(f"{num_shards} shards need at least {num_shards} "
                      f"examples, got {labels.size}")
+  # The examples left out are a random subset, taken before sorting:
+  # cutting the sorted array's tail would drop from the last class only.
   order = rng.permutation(labels.size)[:shard_size * num_shards]
   order = order[np.argsort(labels[order], kind="stable")]
   return list(order.reshape(num_shards, shard_size))
@@ -259,6 +275,8 @@ def _rotating_classes(num_clients: int, num_classes: int, k: int,
 def _split_by_weights(indices: np.ndarray, weights) -> list[np.ndarray]:
   """Cuts ``indices`` into consecutive parts with sizes ~ ``weights``."""
   weights = np.asarray(weights, np.float64)
+  # Floors of the cumulative shares: consecutive parts that cover every
+  # index exactly once, whatever the rounding.
   cuts = np.floor(np.cumsum(weights)[:-1] / weights.sum() * indices.size)
   return np.split(indices, cuts.astype(int))
 
@@ -374,11 +392,15 @@ def mixed_iid(labels, num_clients: Optional[int] = None, seed: int = 0, *,
   order = rng.permutation(labels.size)
   parts = list(order[:num_iid * n].reshape(num_iid, n))
   rest = order[num_iid * n:]
+  # What the IID clients left, sorted by class (stable: still shuffled
+  # within a class), so each class's unused examples are one contiguous
+  # range that the non-IID clients take from in turn (``taken``).
   rest = rest[np.argsort(labels[rest], kind="stable")]
   bounds = np.searchsorted(labels[rest], np.arange(num_classes + 1))
   taken = np.zeros(num_classes, np.int64)
   assignment = _rotating_classes(num_noniid, num_classes, k, rng)
   for classes in assignment:
+    # n over k classes: quotas differ by at most one and sum to n.
     quotas = [len(q) for q in np.array_split(np.arange(n), k)]
     client = []
     for c, quota in zip(classes, quotas, strict=True):
@@ -434,6 +456,8 @@ def dirichlet(labels, num_clients: int, seed: int = 0, alpha: float = 0.5,
     raise ValueError(f"min_size={min_size} x num_clients={num_clients} "
                      f"exceeds the {labels.size} examples")
   rng = _rng(seed)
+  # A redraw continues the same stream rather than reseeding, so the result
+  # is still a function of the seed alone.
   for _ in range(_integer("max_tries", max_tries)):
     by_class = _shuffled_by_class(labels, rng, num_classes)
     sizes = np.zeros(num_clients, np.int64)
@@ -441,6 +465,8 @@ def dirichlet(labels, num_clients: int, seed: int = 0, alpha: float = 0.5,
     for c in range(num_classes):
       p = rng.dirichlet(np.full(num_clients, alpha))
       if balance:
+        # NIID-Bench's balancing: a client already at M / N gets no share of the
+        # later classes.
         p = p * (sizes < labels.size / num_clients)
       split = _split_by_weights(by_class[c], p)
       sizes += [len(s) for s in split]
@@ -493,6 +519,8 @@ def dirichlet_per_client(labels, num_clients: int, seed: int = 0,
   taken = np.zeros(num_classes, np.int64)
   parts = []
   for _ in range(num_clients):
+    # A class absent from the pool has prior 0, and Dirichlet parameters must
+    # be positive.
     q = rng.dirichlet(np.maximum(alpha * prior, 1e-12))
     counts = np.zeros(num_classes, np.int64)
     while counts.sum() < n:
@@ -501,6 +529,8 @@ def dirichlet_per_client(labels, num_clients: int, seed: int = 0,
       if weights.sum() <= 0:  # q is ~0 on every class with room left.
         weights = (room > 0).astype(np.float64)
       draw = rng.multinomial(n - counts.sum(), weights / weights.sum())
+      # Draws past a class's room are clipped; the shortfall is drawn again
+      # over the classes that still have room.
       counts += np.minimum(draw, room)
     parts.append(np.concatenate([
         by_class[c][taken[c]:taken[c] + counts[c]]

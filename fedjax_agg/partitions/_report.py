@@ -62,6 +62,8 @@ def heatmap_figure(client_indices: Sequence[np.ndarray], labels,
                           hspace=0.05, wspace=0.03)
   bars = fig.add_subplot(grid[0, 0])
   ax = fig.add_subplot(grid[1, 0], sharex=bars)
+  # The extent centres cell (client, class) on integer coordinates, so the
+  # size bars above line up with the columns.
   image = ax.imshow(hist.T, aspect="auto", cmap="viridis",
                     interpolation="nearest",
                     extent=(-0.5, num_clients - 0.5, num_classes - 0.5, -0.5))
@@ -91,6 +93,8 @@ def plot_heatmap(client_indices: Sequence[np.ndarray], labels, path: str,
     ``path``.
   """
   fig = heatmap_figure(client_indices, labels, num_classes, title)
+  # The format is named from ``path``: the figure is written to a temporary
+  # file (moved into place when complete) whose name says nothing of it.
   suffix = os.path.splitext(path)[1].lstrip(".") or None
   return jsonio.write_file(path, lambda temporary: fig.savefig(
       temporary, format=suffix, dpi=120, bbox_inches="tight"))

@@ -71,6 +71,8 @@ def unbalanced(labels, num_clients: int, seed: int = 0,
       raise ValueError(f"min_size={min_size} x num_clients={num_clients} "
                        f"exceeds the {labels.size} examples")
     order = rng.permutation(labels.size)
+    # Every client's min_size examples first; only the rest is dealt by
+    # weight, so no client falls below min_size however small its weight.
     floor_part = order[:min_size * num_clients].reshape(num_clients, min_size)
     extra = _split_by_weights(order[min_size * num_clients:], weights)
     return _finish([np.concatenate([f, e])
@@ -78,6 +80,7 @@ def unbalanced(labels, num_clients: int, seed: int = 0,
   k = _integer("classes_per_client", classes_per_client)
   assignment = _rotating_classes(num_clients, num_classes, k, rng)
   by_class = _shuffled_by_class(labels, rng, num_classes)
+  # ceil(min_size / k) of each of k classes: at least min_size in all.
   per_class_min = -(-min_size // k)
   pieces = []
   for c in range(num_classes):
@@ -135,10 +138,14 @@ def _clustered(labels, num_clients, delta, seed, labels_per_client,
     raise ValueError(f"{num_classes} classes make {num_clusters} label "
                      f"cluster(s) of {k}; need 2 or more")
   rng = _rng(seed)
+  # The classes past num_clusters * k (C not a multiple of k) belong to no
+  # cluster and are left unused.
   clusters = rng.permutation(num_classes)[:num_clusters * k].reshape(
       num_clusters, k)
   group = np.zeros(num_clients, np.int64)
   if others:
+    # Round-robin over the other clusters; cluster 0 is the main group's
+    # alone.
     group[main:] = 1 + np.arange(others) % min(others, num_clusters - 1)
   weights = weights_fn(num_clients, rng)
   by_class = _shuffled_by_class(labels, rng, num_classes)
@@ -150,6 +157,8 @@ def _clustered(labels, num_clients, delta, seed, labels_per_client,
   if per_label.min() < 1:
     raise ValueError("a client would get no examples; lower num_clients or "
                      "raise the exponent")
+  # Clients take consecutive slices of each class's shuffled examples, so
+  # no example is given twice.
   taken = np.zeros(num_classes, np.int64)
   parts = []
   for client in range(num_clients):
