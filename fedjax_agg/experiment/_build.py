@@ -89,6 +89,8 @@ def build_rule(experiment: spec_lib.Experiment, algorithm: str,
   for name, value in (("learning_rate", hparams.pop(
       "learning_rate", train.learning_rate)), ("num_participants", cohort),
                       ("expected_clients", expected)):
+    # Only to rules that take the argument, and never over one the algorithm
+    # gives itself.
     if (value is not None and name in _parameters(factory)
         and name not in agg_args):
       agg_args[name] = value
@@ -103,6 +105,8 @@ def build_rule(experiment: spec_lib.Experiment, algorithm: str,
       raise ValueError(
           f"hyperparameter {name!r} is an argument neither of aggregator "
           f"{spec.aggregator!r} nor of objective {objective_name!r}")
+    # An argument of both the rule and the objective is set in both, so a grid
+    # point never leaves the two disagreeing.
     for args in takers:
       args[name] = value
   if aggregator is None:
@@ -209,6 +213,8 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
           "model.name", f"model.name: {spec.name!r} returned a "
           f"{type(model).__name__}, not a fedjax_agg.types.Model")
   if spec.base is not None and variables is None:
+    # Shapes only: the template tells the restore the tree and shapes without
+    # initializing a network that is about to be replaced.
     template = jax.eval_shape(model.init, jax.random.key(0))
     try:
       variables = checkpoint.load_variables(spec.base, template)
@@ -220,6 +226,9 @@ def _model(experiment: spec_lib.Experiment, algorithm: str, num_classes,
     return model, variables
   where = ("model.adapters" if not experiment.algorithms[algorithm].adapters
            else f"algorithms.{algorithm}.adapters")
+  # The adapters' seed, not the run's: every seed of a run shares one base and
+  # one frozen A. The base draws from a key folded apart from the one the
+  # adapters use.
   key = jax.random.key(adapters.seed)
   if variables is None:
     variables = model.init(jax.random.fold_in(key, 1))

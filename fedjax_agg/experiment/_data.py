@@ -35,6 +35,8 @@ def load_config(path: str) -> dict:
 
 def override(config: dict, dotted: dict[str, Any]) -> dict:
   """Returns a copy of ``config`` with ``{"train.rounds": 3, ...}`` set."""
+  # A deep copy: the caller's config (often reused across runs) is never changed
+  # through a shared nested dict.
   config = copy.deepcopy(config)
   for key, value in dotted.items():
     node = config
@@ -134,6 +136,9 @@ def natural_clients(experiment: spec_lib.Experiment, seed: int,
   if wanted == available:
     return np.arange(available)
   rng = np.random.default_rng(seed + partition.seed_offset)
+  # Sorted: the drawn clients keep the federation's order, so client id i is the
+  # same client whichever draw picked it; ``prepare_data`` redraws the same set
+  # for the test rows.
   return np.sort(rng.choice(available, wanted, replace=False))
 
 

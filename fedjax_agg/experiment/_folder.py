@@ -67,6 +67,9 @@ class RunFolder:
   def names(self) -> list[str]:
     """Every file the run writes, relative to its folder (for the checks
     before it starts: ``history.check_output_dir``, ``check_fresh``)."""
+    # Every file the run may write, even one it may not (the time plot of a run
+    # without a clock): each is checked before the run starts, so none can later
+    # replace a user's file of that name.
     names = ["config.json", "summary.json", "curves.png", "partition.png",
              "accuracy_by_time.png"]
     for algorithm, members in self.members.items():
@@ -84,6 +87,8 @@ class RunFolder:
                      member: str) -> history_lib.HistoryWriter:
     """A round callback keeping one member's history files current as
     the run goes (a run that stops keeps its rounds)."""
+    # The rolling files say "partial"; ``finish`` rewrites them with the
+    # finished history, so a file still saying so is an interrupted run's.
     return history_lib.HistoryWriter(self.member_dir(algorithm, member),
                                      {"partial": True})
 
@@ -146,6 +151,8 @@ class RunFolder:
       title = f"{name}: {title}"
     plotting.plot_mean_curves(shown, os.path.join(self.out_dir,
                                                   "curves.png"), title=title)
+    # Only runs on the simulated clock have times; without one the plot would be
+    # empty.
     timed = any(not np.isnan(run.column("sim_time_s")).all()
                 for runs in bands.values() for run in runs)
     if timed:
@@ -185,6 +192,7 @@ def refuse_held_checkpoints(root: str) -> None:
   included: the library deletes only the files it recorded)."""
   held = checkpoint.held_rounds(root)
   if held:
+    # The first folder in sorted order: the same message on every run.
     folder, rounds = sorted(held.items())[0]
     raise ValueError(
         f"{folder} holds the checkpoints of an earlier run (rounds "

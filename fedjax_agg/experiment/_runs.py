@@ -267,6 +267,8 @@ def _run_config(config, out_dir, progress, algorithms, checkpoint_every,
   if unknown:
     raise ValueError(f"algorithms {unknown} are not in the config's "
                      f"{sorted(experiment.algorithms)}")
+  # Together they contradict: a resume keeps the folder's run and extends it, an
+  # overwrite removes it.
   if not isinstance(resume, bool) or (resume and overwrite):
     raise ValueError(f"resume must be a bool, and not given with overwrite "
                      f"(resume continues the run in out_dir), got "
@@ -278,6 +280,9 @@ def _run_config(config, out_dir, progress, algorithms, checkpoint_every,
   if not resume:
     plan = history_lib.check_fresh(out_dir, overwrite, folder.names(), keep)
     refuse_held_checkpoints(os.path.join(out_dir, "checkpoints"))
+  # Every refusal that needs no data comes first (reading a dataset may take
+  # minutes), and the planned removal happens only inside the claim below, after
+  # the data has loaded.
   dataset = load_dataset(experiment)
   with manifest.recording(out_dir, plan, resume=resume):
     return _written(experiment, folder, dataset, progress,
