@@ -77,6 +77,8 @@ def tail_masks(adapters, tail):
   (columns), 0 elsewhere: a tree shaped like ``adapters`` (one client)."""
   nodes = {}
   for path, node in lora.check_adapters(adapters, "lora_ranks").items():
+    # Leaves other than A and B (FLoRA's "merged") hold no rank component:
+    # their masks stay zero.
     masks = {name: jnp.zeros_like(leaf) for name, leaf in node.items()}
     masks["b"] = jnp.broadcast_to(tail[None, :], node["b"].shape)
     masks["a"] = jnp.broadcast_to(tail[:, None], node["a"].shape)
@@ -97,6 +99,8 @@ def tail_norm(adapters, masks) -> jax.Array:
 
 
 def _tail(rank, r_max: int, gamma: float):
+  # A 0/1 vector over all r_max components rather than a slice: ``rank`` is
+  # traced (one per client under vmap), and shapes cannot depend on it.
   keep = jnp.floor(gamma * rank).astype(jnp.int32)
   components = jnp.arange(r_max)
   return ((components >= keep) & (components < rank)).astype(jnp.float32)
@@ -112,6 +116,8 @@ def _pruning_objective(strength: float) -> LocalObjective:
     del context
     return strength * tail_norm(params, reference)
 
+  # The tail mask travels as the trainer's per-client reference, so one
+  # compiled objective serves every client's rank.
   return LocalObjective(prepare, penalty)
 
 
@@ -197,6 +203,8 @@ def lora_ranks(model: Model, ranks: Sequence[int],
   r_max = lora.spec(model).rank
   lora.check_adapters(jax.eval_shape(model.init, jax.random.key(0)),
                       "lora_ranks", "model's adapters", need=("a", "b"))
+  # Checked here with numpy: inside the jitted round an out-of-range rank
+  # could not raise, only truncate wrongly.
   table = np.asarray(ranks)
   if table.ndim != 1 or table.size == 0 or not np.issubdtype(
       table.dtype, np.integer):
@@ -233,6 +241,8 @@ def lora_ranks(model: Model, ranks: Sequence[int],
     # Eq. (1): each client starts from its truncation of the global.
     start = jax.vmap(lora.truncate, in_axes=(None, 0))(global_params, rank)
     if self_pruning is None:
+      # The reference is the client's own start: a proximal objective pulls
+      # towards the truncated adapters the client holds, not the global ones.
       trained = train(global_params, data, client_ids, learning_rates,
                       num_steps, key, start, start)
       new_rank = rank
@@ -241,6 +251,8 @@ def lora_ranks(model: Model, ranks: Sequence[int],
       masks = jax.vmap(tail_masks, in_axes=(None, 0))(global_params, tail)
       trained = train(global_params, data, client_ids, learning_rates,
                       num_steps, key, start, masks)
+      # A tail that was zero at the start (B = 0 there) has norm 0 and cannot
+      # shrink: such a client does not prune.
       before = jax.vmap(tail_norm)(start, masks)
       after = jax.vmap(tail_norm)(trained.client_params, masks)
       # Eq. (3): prune the tail when local training shrank it.
