@@ -155,8 +155,6 @@ def account(options, members, vmapped: bool, num_clients: int, built,
         "privacy.sampling='poisson' draws a cohort of random size each "
         "round, which members stepped as one vmapped call cannot share; "
         "use sampling='fixed' in a sweep, or run the members one at a time")
-  # Every member is resolved before any accounting, so a refused rule
-  # fails the run before the (slower) accountants start.
   resolved = [resolve_privacy(options.privacy, built[p][0], cohort_size)
               for p, _ in members]
   cache, cohorts = {}, {}

@@ -187,8 +187,6 @@ def make_async_round_fn(
 
   def round_fn(state: rounds.ServerState, data: FederatedData, cohort, mask,
                start_versions, staleness):
-    # A Python check, made once while tracing: without the ring there is no
-    # start version to read.
     if not isinstance(state.aggregator_state, BufferedState):
       raise TypeError("the asynchronous step needs the rule wrapped by "
                       "fedbuff.buffered (its state keeps the versions)")

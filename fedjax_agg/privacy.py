@@ -242,7 +242,6 @@ def _check_cohorts(cohorts, restart_every) -> np.ndarray:
 
 def _tree_rounds(cohorts: np.ndarray, restart_every):
   """Per round r: (T, k) of r's tree up to r (``tree_participations``)."""
-  # Sized by the largest id drawn, as N is not passed here.
   counts = np.zeros(int(cohorts.max()) + 1, np.int64)
   steps = np.empty(len(cohorts), np.int64)
   peaks = np.empty(len(cohorts), np.int64)
@@ -345,7 +344,6 @@ def tree_epsilons(noise_multiplier: float, cohorts, *, delta: float,
     # RdpAccountant here uses the same default orders.
     total = completed + current
     out[r] = _dp().rdp.compute_epsilon(orders, total, delta)[0]
-    # The tree ends at this round: its curve joins the completed ones.
     if r + 1 == len(steps) or steps[r + 1] == 1:
       completed = total
   return out

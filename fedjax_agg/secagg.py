@@ -322,8 +322,6 @@ def message_bytes(aggregator: Aggregator, params, bits: int) -> int:
                     loss_after=scalar(jnp.float32), round=scalar(jnp.int32),
                     key=jax.ShapeDtypeStruct((2,), jnp.uint32),
                     num_steps=scalar(jnp.int32))
-  # eval_shape traces the statistics on abstract values: the size needs
-  # neither a real model nor any computation.
   stats = jax.eval_shape(aggregator.stream.client_stats, params, params,
                          info)
   count = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(stats))
@@ -409,8 +407,6 @@ def secure_aggregation(aggregator: Aggregator, *, bits: int, clip: float,
     weight = jnp.float32(1.0)
     if scalars:
       weight = jnp.maximum(weight, jnp.max(jnp.stack(scalars)))
-    # A non-scalar statistic is at most a raw weight times a clipped update
-    # coordinate, hence the range clip * W.
     scaled = jnp.asarray(clip, jnp.float32) * weight
     return probe, jax.tree.map(
         lambda leaf: weight if leaf.ndim == 0 else scaled, probe)
@@ -424,8 +420,6 @@ def secure_aggregation(aggregator: Aggregator, *, bits: int, clip: float,
     update_clipped = jnp.any(jnp.stack([p[1] for p in pairs]))
     stats = inner.client_stats(global_params, clipped_params, info_k)
     probe, bounds = ranges(global_params, info_k)
-    # Checked while tracing: statistics shaped unlike the probe would be
-    # paired with the wrong ranges below.
     if jax.tree.structure(stats) != jax.tree.structure(probe):
       raise ValueError("the wrapped rule's client statistics change "
                        "structure with the client's input")

@@ -193,8 +193,6 @@ def _path_names(path) -> list[str]:
       names.append(str(entry.key))
     elif isinstance(entry, jax.tree_util.GetAttrKey):
       names.append(entry.name)
-    # Other key kinds (FlattenedIndexKey of custom nodes) fall back to str(),
-    # which is stable for a given tree structure, as layer names must be.
     elif isinstance(entry, jax.tree_util.SequenceKey):
       names.append(str(entry.idx))
     else:
@@ -466,8 +464,6 @@ def gather_clients(table: jax.Array, client_ids: jax.Array,
     fill_value: the row of an unknown client (a scalar).
   """
   valid = _valid_ids(table, client_ids)
-  # Any in-range index would do for an invalid id: its row is replaced
-  # by fill_value below.
   rows = table[jnp.where(valid, client_ids, 0)]
   valid = valid.reshape(valid.shape + (1,) * (rows.ndim - 1))
   return jnp.where(valid, rows, jnp.asarray(fill_value, table.dtype))
@@ -556,8 +552,6 @@ def mean_from_sums(sums: MaskedSums) -> Params:
   mean = jax.tree.map(lambda a: a * inverse.astype(a.dtype), sums.weighted)
   if sums.uniform is None:
     return mean
-  # A count of 0 (padding only) divides zeros by 1 and yields zeros, the same
-  # fallback as normalize_weights.
   inverse_count = 1.0 / jnp.maximum(sums.count, 1.0)
   return jax.tree.map(
       lambda a, u: jnp.where(ok, a, u * inverse_count.astype(u.dtype)),

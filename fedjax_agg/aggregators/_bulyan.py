@@ -181,8 +181,6 @@ def mean_around_median(stacked: StackedParams, mask: jax.Array,
     _, _, ordered = jax.lax.sort((distance, row, values), dimension=0,
                                  num_keys=2)
     rank = jnp.arange(leaf.shape[0]).reshape(rows.shape)
-    # beta is traced: the first beta sorted values are chosen by a mask
-    # over the static K rows, not by a slice.
     total = jnp.sum(jnp.where(rank < num_kept, ordered, 0.0), axis=0)
     return (total / jnp.maximum(num_kept, 1)).astype(leaf.dtype)
   return jax.tree.map(leaf_mean, stacked, centre)

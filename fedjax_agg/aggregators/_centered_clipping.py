@@ -49,8 +49,6 @@ def centered_clip(updates: StackedParams, mask: jax.Array, center: Params,
   """Iterates Eq. (CC) from ``center``; returns (v, fraction clipped in the
   last iteration). Padding rows (mask 0) of ``updates`` must be finite."""
   real = mask > 0
-  # The 1/m of Eq. (CC) folded into the weights; padding rows get 0 and
-  # are skipped by weighted_sum.
   weights = jnp.where(real, 1.0, 0.0) / jnp.maximum(jnp.sum(real), 1)
 
   def step(_, carry):

@@ -45,9 +45,6 @@ def clipped_update_stats(global_params: Params, client_params: Params,
   Returns:
     The ``ClippedSums`` term; zeros for a padding row (mask 0).
   """
-  # The update is clipped before the mask is applied (in client_sums): a
-  # padding row's norm may be NaN, but client_sums selects the row out, so
-  # the NaN never reaches a sum.
   update = tree_math.tree_sub(client_params, global_params)
   norm = tree_math.tree_norm(update)
   clipped = tree_math.tree_scale(tree_math.clip_scale(norm, max_norm),

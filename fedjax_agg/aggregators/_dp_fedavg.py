@@ -228,8 +228,6 @@ def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0,
   if not adaptive:
     update_multiplier, count_stddev = noise_multiplier, 0.0
   else:
-    # A traced z or sigma_b cannot be compared here; the Python check covers
-    # every concrete configuration before anything is built.
     if not (checks.is_traced(noise_multiplier)
             or checks.is_traced(clipped_count_stddev)
             or noise_multiplier == 0

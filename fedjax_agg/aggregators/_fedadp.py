@@ -101,8 +101,6 @@ def adaptive_weights(contribution: jax.Array, prior: jax.Array,
   # f >= 0, so subtracting the largest real f per column keeps exp <= 1.
   largest = jnp.max(jnp.where(mask[:, None] > 0, contribution, 0.0), axis=0)
   raw = prior[:, None] * jnp.exp(contribution - largest[None, :])
-  # Each layer's column is normalised on its own: Eq. (6) is a separate
-  # softmax per layer.
   return jax.vmap(tree_math.normalize_weights, in_axes=(1, None),
                   out_axes=1)(raw, mask)
 

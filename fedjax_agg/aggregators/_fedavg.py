@@ -80,8 +80,6 @@ def fedavg(weighting: str = "num_examples") -> Aggregator:
     new_global = tree_math.keep_if_no_clients(
         info.mask, tree_math.add_update(global_params, mean_update),
         global_params)
-    # The streaming sums carry no per-client weights; the metric is
-    # recomputed from the cohort's info.
     return new_global, state, {"client_weights": client_weights(info,
                                                                 weighting)}
 

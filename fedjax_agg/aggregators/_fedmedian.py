@@ -78,7 +78,6 @@ def client_order(keys, mask: jax.Array) -> jax.Array:
 def client_ranks(keys, mask: jax.Array) -> jax.Array:
   """Each row's place in ``client_order(keys, mask)`` (0: the first). [K]."""
   order = client_order(keys, mask)
-  # The inverse permutation: row order[i] has rank i.
   return jnp.zeros_like(order).at[order].set(
       jnp.arange(order.shape[0], dtype=order.dtype))
 

@@ -120,8 +120,6 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
 
   def stat_flags(tree) -> list[bool]:
     """Per leaf: a statistic averaged apart (none with "normalize")."""
-    # The flags come from the tree's paths, static Python data: which leaves
-    # are statistics is decided while tracing, not per round.
     flags = jax.tree.leaves(tree_math.select_leaves(
         tree, tree_math.is_statistic))
     return flags if statistics == "average" else [False] * len(flags)
@@ -214,8 +212,6 @@ def fednnnn(beta: float = 0.7, gamma: float = 0.8, *,
     momentum = jax.tree.map(
         lambda d, u: (gamma * d + scale * u).astype(d.dtype),
         state.momentum, mean_delta)  # Eq. (12)
-    # Sec. 4.2: with N close to 0 the round leaves w_t and d_t alone (module
-    # docstring), rather than dividing by a near-zero N.
     momentum = optax.tree.where(skip, state.momentum, momentum)
     new_global = tree_math.add_update(global_params, momentum)  # Eq. (13)
     new_global = optax.tree.where(skip, global_params, new_global)

@@ -54,8 +54,6 @@ def _largest_client(num_examples) -> int:
     raise ValueError(f"num_examples must be the client sizes ([N] "
                      f"integers >= 1) or the largest one, got "
                      f"{num_examples!r}")
-  # float64 holds every realistic count exactly, so the integrality test
-  # below is exact for integer and float inputs alike.
   sizes = sizes.astype(np.float64)
   bad = ~np.isfinite(sizes) | (sizes < 1) | (sizes != np.floor(sizes))
   if bad.any():

@@ -122,8 +122,6 @@ def weiszfeld(points: StackedParams, weights: jax.Array, *,
     window_end = iterations % SETTLE_WINDOW == 0
     drift = tree_math.tree_norm(tree_math.tree_sub(median, it.anchor))
     settled = settled | (window_end & (drift <= rounding))
-    # The anchor moves only at the end of a window, so (b) compares z with
-    # itself W steps earlier.
     anchor = optax.tree.where(window_end, median, it.anchor)
     return _Iterate(median, distances, objective, anchor, settled,
                     iterations)
@@ -133,8 +131,6 @@ def weiszfeld(points: StackedParams, weights: jax.Array, *,
 
   start = tree_math.weighted_sum(points, weights)
   distances, objective = evaluate(start)
-  # The number of steps depends on the data, hence a while_loop;
-  # max_iterations bounds it.
   last = jax.lax.while_loop(going_on, step, _Iterate(
       start, distances, objective, start, jnp.zeros((), bool),
       jnp.zeros((), jnp.int32)))

@@ -143,8 +143,6 @@ def krum_scores(nearest: jax.Array, mask: jax.Array,
   """s(k): sum of the ``num_neighbours`` smallest distances to other real
   rows, from their sorted rows (``sorted_distances``); +inf for padding
   rows. [K, K] -> [K]."""
-  # n depends on the mask and is traced: the n nearest are taken by a
-  # mask over the sorted row, not by a slice.
   taken = jnp.arange(mask.shape[0])[None, :] < num_neighbours
   scores = jnp.sum(jnp.where(taken, nearest, 0.0), axis=1)
   return jnp.where(mask > 0, scores, jnp.inf)

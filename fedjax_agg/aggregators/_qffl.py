@@ -104,8 +104,6 @@ def qffl_weights(losses: jax.Array, squared_norms: jax.Array,
 
 def check_losses(info: ClientInfo) -> None:
   """Outside jit: the real clients' ``loss_before`` are finite and >= 0."""
-  # Under jit values cannot be inspected; the floor in qffl_weights is the
-  # only guard there (module docstring).
   if checks.is_traced(info.mask) or checks.is_traced(info.loss_before):
     return
   losses = np.asarray(info.loss_before)[np.asarray(info.mask) > 0]

@@ -109,8 +109,6 @@ def with_server_optimizer(aggregator: Aggregator,
 
   stream = None
   if aggregator.stream is not None:
-    # The clients' statistics are the wrapped rule's own; only its finalize
-    # is followed by the server step.
     stream = StreamingForm(aggregator.stream.client_stats, finalize)
   from_run = None
   if aggregator.from_run is not None:
@@ -118,7 +116,6 @@ def with_server_optimizer(aggregator: Aggregator,
     def from_run(context):
       return with_server_optimizer(aggregator.from_run(context),
                                    transformation)
-    # The wrapper reads from the run exactly what the wrapped rule reads.
     from_run.reads = getattr(aggregator.from_run, "reads", frozenset())
   return Aggregator(init, aggregate, stream,
                     uses_losses=aggregator.uses_losses,

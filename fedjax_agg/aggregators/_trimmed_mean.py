@@ -80,7 +80,6 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
     # floor(beta m) for every possible m, in float64 at trace time so that
     # e.g. beta = 0.35, m = 20 trims 7 (float32 would give 6.9999 -> 6).
     table = np.floor(beta * np.arange(info.mask.shape[0] + 1) + 1e-9)
-    # The table covers every m in [0, K]; the traced count only indexes it.
     num_trimmed = jnp.asarray(table, jnp.int32)[num_real]
     new_global = masked_trimmed_mean(client_params, info.mask, num_trimmed)
     new_global = tree_math.keep_if_no_clients(info.mask, new_global,

@@ -23,7 +23,6 @@ def masked_cross_entropy(logits: jax.Array, labels: jax.Array,
     [] sum(mask * ce) / max(sum(mask), 1).
   """
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  # An all-padding batch gives loss 0 rather than 0 / 0.
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 

@@ -254,8 +254,6 @@ def make_agent(num_participants: int,
     num_chunks = (buffer.size + chunk - 1) // chunk  # only filled rows
 
     def body(i, priorities):
-      # Slices have the static width ``chunk``; the last one is shifted back
-      # to stay in bounds and recomputes some rows with the same values.
       start = jnp.minimum(i * chunk, capacity - chunk)
       rows = jax.tree.map(
           lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk),
@@ -278,8 +276,6 @@ def make_agent(num_participants: int,
       indices = replay.sample_indices(step_key, probs, config.batch_size)
       return update(agent, replay.gather(buffer, indices))
 
-    # Priorities stay those computed above for all b steps (module
-    # docstring); the scan only threads the agent through the batches.
     agent, metrics = jax.lax.scan(
         step, agent, jax.random.split(key, config.updates_per_round))
     metrics = jax.tree.map(jnp.mean, metrics)

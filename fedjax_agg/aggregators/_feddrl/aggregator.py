@@ -194,8 +194,6 @@ def feddrl(num_participants: int = 10, *,
     real = jnp.sum(info.mask) > 0
     key, train_key, act_key, sample_key = jax.random.split(state.key, 4)
     s = observation(info, state_transform)
-    # The losses of w^t are known only now, so this is the reward of the
-    # previous round's action (module docstring, step 2).
     reward = jnp.where(state.has_last,
                        -reward_cost(info.loss_before, info.mask), 0.0)
     buffer, agent_state = state.buffer, state.agent
