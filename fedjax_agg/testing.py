@@ -142,11 +142,15 @@ def check_aggregator(aggregator: Aggregator,
   k = cohort_size
   ids = rng.choice(num_clients, size=k, replace=False)
   counts = rng.integers(1, 50, size=k).astype(np.float32)
+  # One client sends a zero update: rules that normalise by an update's norm
+  # must cope with a zero norm (angles, cosines) without a NaN.
   clients = _clients(rng, global_params, k, zero_rows=(0,))
   info = make_info(ids, counts)
   traces = []
 
   def traced(*args):
+    # A Python side effect runs only while tracing, so this counts compilations,
+    # not calls.
     traces.append(1)
     return aggregator.aggregate(*args)
 
@@ -194,16 +198,22 @@ def check_aggregator(aggregator: Aggregator,
 
   # Padding rows: garbage anywhere in the cohort changes nothing.
   reference = models_and_states(global_params, clients, info)
+  # NaN and 1e30 catch a rule that masks by multiplying: 0 * NaN is NaN and 1e30
+  # * 1e9 overflows, so only a select (jnp.where) on the mask passes.
   garbage = jax.tree.map(
       lambda leaf: leaf.at[0].set(1e30).at[1].set(jnp.nan),
       _clients(rng, global_params, 2, scale=1e3))
   if padding not in ("anywhere", "end"):
     raise ValueError(f"padding must be 'anywhere' or 'end', got {padding!r}")
+  # Padding at the front and in the middle, not only at the end: a rule that
+  # slices off the last rows instead of reading the mask fails here.
   order = ([k] + list(range(k // 2)) + [k + 1] + list(range(k // 2, k))
            if padding == "anywhere" else list(range(k + 2)))
   padded = _rows(jax.tree.map(lambda a, b: jnp.concatenate([a, b]),
                               clients, garbage), order)
   padded_info = make_info(
+      # Padding rows repeat valid ids, as the rounds pad (``ClientInfo``), so a
+      # rule that gathers per-client state by id stays in range.
       np.concatenate([ids, ids[:2] if k > 1 else [ids[0]] * 2])[order],
       np.concatenate([counts, [1e9, 1e9]])[order],
       mask=np.concatenate([np.ones(k), np.zeros(2)])[order])
@@ -221,6 +231,8 @@ def check_aggregator(aggregator: Aggregator,
 
     @jax.jit
     def streamed(params, stacked, round_info, state):
+      # What the engine does a chunk at a time: one client's statistics per row,
+      # summed over the rows.
       stats = jax.vmap(stream.client_stats, in_axes=(None, 0, INFO_AXES))(
           params, stacked, round_info)
       summed = jax.tree.map(lambda a: jnp.sum(a, axis=0), stats)
@@ -250,6 +262,8 @@ def stacked_params(num_clients: int, shapes=None, *, scale: float = 1.0
   """Strategy: a [num_clients, ...] stacked params tree of float32."""
   st = _hypothesis()
   shapes = DEFAULT_SHAPES if shapes is None else shapes
+  # A seed is drawn and numpy makes the arrays: hypothesis then shrinks one
+  # integer rather than thousands of floats.
   return st.integers(0, 2**32 - 1).map(
       lambda seed: _clients(np.random.default_rng(seed),
                             make_params(np.random.default_rng(seed), shapes),
@@ -264,6 +278,7 @@ def client_info(num_clients: int, population: int = 50) -> Any:
   def build(args):
     ids, counts, mask, round_num = args
     mask = list(mask)
+    # A cohort with no real client is not a round any rule is held to.
     if not any(mask):
       mask[0] = 1
     return make_info(ids, counts, mask, round_num)

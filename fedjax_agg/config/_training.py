@@ -86,15 +86,21 @@ def client_optimizer(name: str = "sgd", momentum: float = 0.0,
   """
   ClientOptimizer(name, momentum, weight_decay)  # each value checked there
 
+  # BatchNorm statistics are running means, not parameters: decaying them would
+  # bias every later normalization.
   def decays(params):
     return tree_math.select_leaves(
         params, lambda path: not tree_math.is_statistic(path))
 
   def make(learning_rate):
     base = (optax.adam(learning_rate) if name == "adam" else
+            # None rather than 0.0: plain SGD then carries no momentum buffer in
+            # its state.
             optax.sgd(learning_rate, momentum=momentum or None))
     if not weight_decay:
       return base
+    # Decay before the optimizer: coupled L2 enters the gradient that momentum
+    # or Adam sees, as PyTorch's SGD ``weight_decay`` does.
     return optax.chain(optax.add_decayed_weights(weight_decay, mask=decays),
                        base)
   # What rules that normalise by the local solver read (``sgd_momentum``).
@@ -120,6 +126,8 @@ def sgd_momentum(optimizer: OptimizerFactory) -> Optional[float]:
   if (isinstance(optimizer, functools.partial) and optimizer.func is optax.sgd
       and not optimizer.args
       and set(optimizer.keywords) <= {"momentum", "nesterov"}
+      # Nesterov's look-ahead is not the heavy-ball momentum the solver-aware
+      # rules normalise by: such a factory answers None.
       and not optimizer.keywords.get("nesterov", False)):
     return float(optimizer.keywords.get("momentum") or 0.0)
   return None

@@ -39,6 +39,8 @@ def _shown(path) -> str:
   """A path for a one-line message: as it is, or quoted with escapes
   where it holds a line break or another unprintable character."""
   path = str(path)
+  # A line break in a folder name would split a one-line error, and could make
+  # its second half read as a message of its own.
   return path if path.isprintable() else repr(path)
 
 
@@ -106,6 +108,9 @@ def _check_history(run, where: str, columns: Sequence[str] = (),
     number = row.get("round")
     if (isinstance(number, (bool, np.bool_))
         or not isinstance(number, numbers.Integral)
+        # Strictly increasing, so the rows align by round without ambiguity;
+        # below 2**53, since ``_aligned`` holds rounds as float64 and larger
+        # ints would collide.
         or not previous < number < 2**53):
       raise ValueError(f"{where}: rows[{i}]['round']: expected an int "
                        f"above the previous row's ({previous}), got "
@@ -124,6 +129,8 @@ def _check_history(run, where: str, columns: Sequence[str] = (),
 def _values(run: History, column: str) -> np.ndarray:
   """``run.column(column)`` with NaN for a non-finite value too."""
   values = run.column(column)
+  # An in-memory History may hold inf; a saved one holds null. Either is a gap
+  # in the curve, never a point.
   values[~np.isfinite(values)] = np.nan
   return values
 
@@ -174,6 +181,8 @@ def _run_curves(folder: str, name: str) -> dict[str, list[tuple]]:
   holders = [sub for sub in _subfolders(folder)
              if _has_history(os.path.join(folder, sub))]
   if _has_history(folder):
+    # Both a history and member histories: which one is the run is ambiguous, so
+    # the folder is refused rather than half read.
     if holders:
       raise ValueError(
           f"{_shown(folder)}: holds a history.json and runs in its "
@@ -181,6 +190,8 @@ def _run_curves(folder: str, name: str) -> dict[str, list[tuple]]:
           "the one or the others to a folder of its own")
     run = _load(folder)
     return {name + async_tag(run): [(folder, run)]}
+  # Sub-folders with other names are not a run's members: the folder is then
+  # read as a comparison, one algorithm per sub-folder.
   if not holders or not all(_MEMBER.fullmatch(sub) for sub in holders):
     return {}
   groups = {}
@@ -229,6 +240,8 @@ def recorded_config(run_dir) -> Optional[dict]:
   read, never run: names in it import nothing)."""
   path = os.path.join(run_dir, "config.json")
   try:
+    # The record only orders the curves: one too large or unreadable falls back
+    # to the folders' names, never to an error.
     if os.path.getsize(path) > 16 << 20:
       return None
     with open(path, encoding="utf-8") as f:
@@ -279,6 +292,8 @@ def _aligned(runs: Sequence[History], column: str):
   values = np.full((len(runs), len(rounds)), np.nan)
   ran = np.zeros((len(runs), len(rounds)), bool)
   for s, run in enumerate(runs):
+    # ``rounds`` is the sorted union of every run's rounds, so each row has an
+    # exact position in it.
     at = np.searchsorted(rounds, [row["round"] for row in run.rows])
     values[s, at] = _values(run, column)
     ran[s, at] = True
