@@ -42,8 +42,8 @@ def describe(value: Any, _depth: int = 0, _seen: Optional[set] = None):
   if value is None or isinstance(value, (bool, int, float, str)):
     return value
   if isinstance(value, np.generic):
-    # A numpy scalar describes as the Python number it equals, so np.float32
-    # settings and float settings of one value compare by value.
+    # A numpy scalar describes as the Python number it holds: JSON-able, and
+    # equal to a plain number holding the same value.
     return value.item()
   if isinstance(value, (np.ndarray, jax.Array)):
     # Typed keys cannot become numpy arrays; their raw data can.

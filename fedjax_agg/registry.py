@@ -44,8 +44,8 @@ __all__ = ["ArgumentError", "ArgumentTypeError", "Capabilities", "KINDS",
            "Names", "Registry", "allow_imports", "allowed_imports",
            "allowing_imports", "argument", "declare", "names_of"]
 
-# Only a bare attribute after the colon: no attribute path, so the object
-# reached is exactly one the module defines at its top level.
+# Only a bare name after the colon, no attribute path: what is reached is one
+# of the module's own top-level names, never an attribute of one.
 _IMPORT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 

@@ -198,8 +198,9 @@ def check_aggregator(aggregator: Aggregator,
 
   # Padding rows: garbage anywhere in the cohort changes nothing.
   reference = models_and_states(global_params, clients, info)
-  # NaN and 1e30 catch a rule that masks by multiplying: 0 * NaN is NaN and 1e30
-  # * 1e9 overflows, so only a select (jnp.where) on the mask passes.
+  # NaN and 1e30 catch a rule that masks by multiplying: 0 * NaN is NaN, and
+  # 1e30 times a count of 1e9 overflows float32, so only a select (jnp.where)
+  # on the mask passes.
   garbage = jax.tree.map(
       lambda leaf: leaf.at[0].set(1e30).at[1].set(jnp.nan),
       _clients(rng, global_params, 2, scale=1e3))

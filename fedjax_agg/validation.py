@@ -56,8 +56,8 @@ def holdout_split(data: FederatedData, fraction: float = 0.2, seed: int = 0
   indices = np.asarray(data.client_indices)
   train_rows, val_rows = [], []
   for i, n in enumerate(counts):
-    # Seeded by (seed, i): a client's split does not change when other clients
-    # are added or removed.
+    # Seeded by (seed, i): a client's split depends on its own examples only,
+    # never on how many draws the clients before it used.
     rng = np.random.default_rng([seed, i])
     own = indices[i, :n][rng.permutation(n)]
     # Half rounds up (numpy's round goes to even), and both parts keep at least
@@ -100,7 +100,6 @@ def shared_split(examples: tuple, num_clients: int) -> FederatedData:
                      f"lengths, got {len(x)} and {count}")
   return FederatedData(
       jnp.asarray(x), jnp.asarray(y, jnp.int32),
-      # A broadcast view: N identical rows cost one row of memory.
       jnp.broadcast_to(jnp.arange(count, dtype=jnp.int32),
                        (num_clients, count)),
       jnp.full((num_clients,), count, jnp.int32))

@@ -136,9 +136,9 @@ def natural_clients(experiment: spec_lib.Experiment, seed: int,
   if wanted == available:
     return np.arange(available)
   rng = np.random.default_rng(seed + partition.seed_offset)
-  # Sorted: the drawn clients keep the federation's order, so client id i is the
-  # same client whichever draw picked it; ``prepare_data`` redraws the same set
-  # for the test rows.
+  # Sorted: client ids follow the federation's order, not the draw's.
+  # ``prepare_data`` redraws the same set (same seed) for the test rows, so
+  # training and test rows belong to the same clients.
   return np.sort(rng.choice(available, wanted, replace=False))
 
 

@@ -67,9 +67,9 @@ class RunFolder:
   def names(self) -> list[str]:
     """Every file the run writes, relative to its folder (for the checks
     before it starts: ``history.check_output_dir``, ``check_fresh``)."""
-    # Every file the run may write, even one it may not (the time plot of a run
-    # without a clock): each is checked before the run starts, so none can later
-    # replace a user's file of that name.
+    # Every file the run might write, even one it turns out not to (the time
+    # plot of a run without a clock): each is checked before the run starts,
+    # so none can later replace a user's file of that name.
     names = ["config.json", "summary.json", "curves.png", "partition.png",
              "accuracy_by_time.png"]
     for algorithm, members in self.members.items():
