@@ -10,6 +10,7 @@ import pytest
 import safetensors.numpy
 
 from fedjax_agg.models import pretrained
+from fedjax_agg.models.pretrained import _config
 from tests.models import _pretrained_util as util
 
 
@@ -88,6 +89,79 @@ def test_config_values_of_the_wrong_type_or_size(tmp_path, name, key, value,
   with pytest.raises(ValueError, match=match) as error:
     pretrained.load_pretrained(folder)
   assert "config.json" in str(error.value)
+
+
+def _without(folder, key):
+  path = folder / "config.json"
+  config = json.loads(path.read_text())
+  del config[key]
+  path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("key", ["head_dim", "num_key_value_heads"])
+def test_a_null_optional_size_loads_as_if_omitted(tmp_path, key):
+  # Hugging Face writes null for a size left at its default; the tied
+  # fixture's head_dim and num_key_value_heads (4 and 4) are the defaults
+  # (hidden_size / heads, heads), so both spellings are that checkpoint.
+  nulled = util.copy("llama_tied", tmp_path / "null")
+  _edit_config(nulled, **{key: None})
+  omitted = util.copy("llama_tied", tmp_path / "omitted")
+  _without(omitted, key)
+  tokens, want = util.golden("llama_tied")
+  logits = []
+  for folder in (nulled, omitted):
+    model, variables = pretrained.load_pretrained(folder)
+    logits.append(np.asarray(model.apply(variables, tokens)[0]))
+  np.testing.assert_array_equal(logits[0], logits[1])
+  np.testing.assert_allclose(logits[0], want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,key", [
+    ("llama_tied", "head_dim"), ("llama_tied", "num_key_value_heads"),
+    ("llama_tied", "rope_theta"), ("llama_tied", "rms_norm_eps"),
+    ("llama_tied", "max_position_embeddings"), ("llama_tied", "hidden_act"),
+    ("llama_tied", "tie_word_embeddings"), ("gpt2", "activation_function"),
+    ("gpt2", "layer_norm_epsilon"), ("gpt2", "scale_attn_weights"),
+])
+def test_null_reads_as_absent_wherever_a_key_has_a_default(name, key):
+  values = json.loads((util.folder(name) / "config.json").read_text())
+  omitted = {k: v for k, v in values.items() if k != key}
+  assert _config.parse_config({**values, key: None}) == (
+      _config.parse_config(omitted))
+
+
+def test_a_null_top_level_rope_theta_under_rope_parameters():
+  # rope_parameters without its own rope_theta falls back to the top-level
+  # key, and to the default where that is null.
+  values = json.loads((util.folder("llama_gqa") / "config.json").read_text())
+  parameters = {k: v for k, v in values["rope_parameters"].items()
+                if k != "rope_theta"}
+  nulled = _config.parse_config({**values, "rope_parameters": parameters,
+                                 "rope_theta": None})
+  omitted = _config.parse_config({**values, "rope_parameters": parameters})
+  assert nulled == omitted and nulled.rope_theta == 10000.0
+
+
+@pytest.mark.parametrize("name,key", [
+    ("llama_gqa", "hidden_size"), ("llama_gqa", "vocab_size"),
+    ("llama_gqa", "num_attention_heads"), ("llama_gqa", "intermediate_size"),
+    ("gpt2", "n_embd"), ("gpt2", "n_positions"),
+])
+def test_null_for_a_required_key_is_refused_naming_it(tmp_path, name, key):
+  folder = util.copy(name, tmp_path)
+  _edit_config(folder, **{key: None})
+  with pytest.raises(ValueError, match=f"config.json: {key}: null "
+                     r"\(an integer is needed\)"):
+    pretrained.load_pretrained(folder)
+
+
+def test_null_for_a_required_rope_scaling_key_is_refused(tmp_path):
+  # factor has no default: null is refused as its absence is.
+  folder = util.copy("llama_tied", tmp_path)
+  _edit_config(folder, rope_scaling={"rope_type": "linear", "factor": None})
+  with pytest.raises(ValueError, match=r"config.json \(rope_scaling\): "
+                     "factor: null"):
+    pretrained.load_pretrained(folder)
 
 
 def test_a_tensor_whose_shape_disagrees_with_the_config(tmp_path):

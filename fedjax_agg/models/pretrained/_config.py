@@ -83,11 +83,27 @@ class _Reader:
   def fail(self, key: str, message: str):
     raise ValueError(f"{self.path}: {key}: {message}")
 
+  def get(self, key: str, default: Any) -> Any:
+    """The key's value, ``default`` where it is absent or null.
+
+    Hugging Face writes null for an option left at its default (head_dim,
+    num_key_value_heads...), so null reads as absent; a key without a
+    default (None) stays required either way.
+    """
+    value = self.values.get(key)
+    return default if value is None else value
+
+  def required(self, key: str, what: str):
+    # "null" where the key is written as null: the file has the key, so
+    # "missing" alone would send the reader looking for the wrong fault.
+    state = "null" if key in self.values else "missing"
+    self.fail(key, f"{state} ({what} is needed)")
+
   def int(self, key: str, default: Any = None, low: int = 1,
           high: int = _MAX_SIZE) -> int:
-    value = self.values.get(key, default)
-    if value is None and default is None:
-      self.fail(key, "missing (an integer is needed)")
+    value = self.get(key, default)
+    if value is None:
+      self.required(key, "an integer")
     # bool is an int subclass: true must not read as 1.
     if isinstance(value, bool) or not isinstance(value, int):
       self.fail(key, f"must be an integer, got {value!r}")
@@ -103,9 +119,9 @@ class _Reader:
 
   def float(self, key: str, default: Any = None, low: float = 0.0,
             high: float = 1e30) -> float:
-    value = self.values.get(key, default)
+    value = self.get(key, default)
     if value is None:
-      self.fail(key, "missing (a number is needed)")
+      self.required(key, "a number")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       self.fail(key, f"must be a number, got {value!r}")
     # low is exclusive: epsilons, theta and scaling factors must be positive.
@@ -115,15 +131,13 @@ class _Reader:
     return float(value)
 
   def bool(self, key: str, default: bool) -> bool:
-    value = self.values.get(key, default)
-    if value is None:
-      value = default
+    value = self.get(key, default)
     if not isinstance(value, bool):
       self.fail(key, f"must be true or false, got {value!r}")
     return value
 
   def choice(self, key: str, default: str, choices) -> str:
-    value = self.values.get(key, default)
+    value = self.get(key, default)
     if not isinstance(value, str) or value not in choices:
       self.fail(key, f"must be one of {tuple(choices)}, got {value!r}")
     return value
@@ -189,7 +203,7 @@ def _rope(reader: _Reader) -> tuple[float, Optional[tuple]]:
       reader.fail("rope_parameters", f"must be an object, got "
                   f"{parameters!r}")
     theta = _Reader(reader.path, parameters).float(
-        "rope_theta", reader.values.get("rope_theta", 10000.0))
+        "rope_theta", reader.get("rope_theta", 10000.0))
     scaling = parameters
   else:
     theta = reader.float("rope_theta", 10000.0)
