@@ -109,6 +109,14 @@ class Capabilities(NamedTuple):
       rank, or None) and ``objective`` (the local objective's name). It
       raises ``ArgumentError`` naming the key (HetLoRA's ranks: one per
       client id, each at most the adapters' rank).
+    own_objective: a client side that sets its own local objective (the
+      loss plus its own terms: SCAFFOLD, FedDyn, APFL); the algorithm's
+      ``objective`` must stay the plain one.
+    tasks: for an attack, the data tasks it is defined for (a backdoor
+      relabels classes: "classification"); None: every task.
+    eval_sets: for an attack, ``eval_sets(test_x, test_y, **attack_args)``
+      -> the extra scored test sets its success is measured on (a
+      backdoor's triggered set); None: none.
   """
   private: bool = False
   adapters: str = "no"
@@ -116,11 +124,14 @@ class Capabilities(NamedTuple):
   pairs_with: Optional[tuple[str, str]] = None
   personal: bool = False
   check_arguments: Optional[Callable[[Mapping, Mapping], None]] = None
+  own_objective: bool = False
+  tasks: Optional[tuple[str, ...]] = None
+  eval_sets: Optional[Callable[..., tuple]] = None
 
   def checked(self, name: str) -> "Capabilities":
     """``self``, refused (naming ``name``) where a field has the wrong
     kind."""
-    for field in ("private", "personal"):
+    for field in ("private", "personal", "own_objective"):
       if not isinstance(getattr(self, field), bool):
         raise TypeError(f"{name}: capabilities.{field} must be a bool, got "
                         f"{getattr(self, field)!r}")
@@ -136,10 +147,16 @@ class Capabilities(NamedTuple):
         and all(isinstance(x, str) for x in self.pairs_with)):
       raise TypeError(f"{name}: capabilities.pairs_with must be (rule, "
                       f"argument), got {self.pairs_with!r}")
-    if self.check_arguments is not None and not callable(
-        self.check_arguments):
-      raise TypeError(f"{name}: capabilities.check_arguments must be "
-                      f"callable, got {self.check_arguments!r}")
+    for field in ("check_arguments", "eval_sets"):
+      value = getattr(self, field)
+      if value is not None and not callable(value):
+        raise TypeError(f"{name}: capabilities.{field} must be callable, "
+                        f"got {value!r}")
+    if self.tasks is not None and not (
+        isinstance(self.tasks, tuple) and self.tasks
+        and all(isinstance(x, str) for x in self.tasks)):
+      raise TypeError(f"{name}: capabilities.tasks must be a non-empty "
+                      f"tuple of task names, got {self.tasks!r}")
     return self
 
 

@@ -59,6 +59,7 @@ from fedjax_agg.attacks._model_poisoning import scale_update
 from fedjax_agg.attacks._model_poisoning import sign_flip
 from fedjax_agg.attacks._wrapper import local_update
 from fedjax_agg.attacks._wrapper import with_attack
+from fedjax_agg.registry import Capabilities
 from fedjax_agg.registry import Registry
 
 __all__ = [
@@ -80,13 +81,21 @@ REGISTRY = Registry("attack", {
     "little_is_enough": little_is_enough,
     "inner_product": inner_product,
     "backdoor": backdoor,
+}, capabilities={
+    # What each attack is defined for and scored on
+    # (registry.Capabilities).
+    "backdoor": Capabilities(
+        tasks=_BACKDOOR_TASKS,
+        eval_sets=lambda x, y, **args: (backdoor_eval_set(x, y, **args),)),
 })
 """Every attack factory by the name the CLI uses (``--attack NAME``): name ->
 factory of an ``Attack``."""
 
-TASKS = {"backdoor": _BACKDOOR_TASKS}
-"""The tasks (``NaturalFederation.task``) an attack is limited to, by name;
-an attack not listed applies to every task."""
+TASKS = {name: REGISTRY.capabilities(name).tasks for name in REGISTRY
+         if REGISTRY.capabilities(name).tasks is not None}
+"""The tasks (``NaturalFederation.task``) a built-in attack is limited to,
+by name (a view of each registry line's ``Capabilities.tasks``); an attack
+not listed applies to every task."""
 
 
 def build(name: str, **kwargs) -> Attack:

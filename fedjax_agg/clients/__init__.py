@@ -100,9 +100,12 @@ REGISTRY = Registry("client", {
     "lora_ranks": lora_ranks,
 }, context=("model", "training"), capabilities={
     # What each client side needs and implies (registry.Capabilities).
-    "feddyn": Capabilities(pairs_with=("feddyn", "alpha")),
+    "feddyn": Capabilities(pairs_with=("feddyn", "alpha"),
+                           own_objective=True),
+    "scaffold": Capabilities(own_objective=True),
     **{name: Capabilities(personal=True)
-       for name in ("fedbn", "ditto", "fedper", "fedrep", "apfl")},
+       for name in ("fedbn", "ditto", "fedper", "fedrep")},
+    "apfl": Capabilities(personal=True, own_objective=True),
     "lora_ranks": Capabilities(
         adapters="only", check_arguments=_lora_ranks.check_arguments),
 })
@@ -110,4 +113,5 @@ REGISTRY = Registry("client", {
 name -> factory, called with the run's model and training (the context
 arguments) and the config's ``client_args``; each declares what it needs
 (``REGISTRY.capabilities(name)``: the rule it pairs with, whether it keeps
-personal models, whether it is for LoRA adapters)."""
+personal models, sets its own objective, is for LoRA adapters, and its
+arguments' checks)."""

@@ -248,9 +248,11 @@ def attack_eval_sets(experiment: spec_lib.Experiment, test) -> tuple:
   """The attack's scored sets: a backdoor's attack success on the
   triggered test set (``attacks.backdoor_eval_set``), else none."""
   attack = experiment.attack
-  if attack is None or attack.name != "backdoor":
+  if attack is None:
     return ()
-  return (attacks.backdoor_eval_set(*test, **attack.args),)
+  # Declared with the attack (``Capabilities.eval_sets``).
+  scored = attacks.REGISTRY.capabilities(attack.name).eval_sets
+  return () if scored is None else tuple(scored(*test, **attack.args))
 
 
 def local_update(experiment: spec_lib.Experiment, algorithm: str, model,
@@ -262,7 +264,7 @@ def local_update(experiment: spec_lib.Experiment, algorithm: str, model,
   spec = experiment.algorithms[algorithm]
   if spec.client is None:
     return attack_update(experiment, model, training, execution, num_clients)
-  if spec.client in spec_lib.OWN_OBJECTIVE_CLIENTS:
+  if clients.REGISTRY.capabilities(spec.client).own_objective:
     # SCAFFOLD's and FedDyn's losses are F_k plus their own terms, set by
     # the client.
     training = dataclasses.replace(training, objective=None)

