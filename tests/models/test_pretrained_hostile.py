@@ -91,6 +91,15 @@ def test_config_values_of_the_wrong_type_or_size(tmp_path, name, key, value,
   assert "config.json" in str(error.value)
 
 
+def test_an_integer_past_floats_range_is_refused_naming_the_key(tmp_path):
+  # JSON allows any number of digits; float() of it overflows.
+  folder = util.copy("llama_gqa", tmp_path)
+  _edit_config(folder, rms_norm_eps=10 ** 400)
+  with pytest.raises(ValueError, match="config.json: rms_norm_eps: must be "
+                     "a finite number in"):
+    pretrained.load_pretrained(folder)
+
+
 def _without(folder, key):
   path = folder / "config.json"
   config = json.loads(path.read_text())

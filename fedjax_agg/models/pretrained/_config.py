@@ -124,11 +124,17 @@ class _Reader:
       self.required(key, "a number")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       self.fail(key, f"must be a number, got {value!r}")
+    try:
+      number = float(value)
+    except OverflowError:
+      # An integer past float's range (JSON allows any digits): refused
+      # below as out of range, not raised as OverflowError.
+      number = math.inf
     # low is exclusive: epsilons, theta and scaling factors must be positive.
-    if not math.isfinite(value) or not low < value <= high:
+    if not math.isfinite(number) or not low < number <= high:
       self.fail(key, f"must be a finite number in ({low}, {high}], got "
                 f"{value!r}")
-    return float(value)
+    return number
 
   def bool(self, key: str, default: bool) -> bool:
     value = self.get(key, default)
