@@ -200,3 +200,102 @@ def test_saving_refuses_other_models_and_bad_adapters(tmp_path):
   with pytest.raises(ValueError, match="non-finite"):
     pretrained.save_peft_adapters(tmp_path, model, adapted, spoilt)
   assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def saved_adapters(tmp_path_factory):
+  """(a folder written by save_peft_adapters, its lora model, adapters):
+  rank 2, alpha 6 (scale 3), on the GQA Llama."""
+  model, _, adapted = _lora("llama_gqa", alpha=6.0)
+  adapters = _random_adapters(adapted)
+  folder = tmp_path_factory.mktemp("peft") / "adapters"
+  pretrained.save_peft_adapters(folder, model, adapted, adapters)
+  return folder, adapted, adapters
+
+
+def _spoilt(saved_adapters, tmp_path, text=None, **changes):
+  """A copy of the saved folder, its adapter_config.json edited."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / "copy"
+  shutil.copytree(saved_adapters[0], folder)
+  path = folder / "adapter_config.json"
+  config = json.loads(path.read_text())
+  config.update(changes)
+  path.write_text(text if text is not None else json.dumps(config))
+  return folder
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("r", 0, "positive integer, got 0"),
+    ("r", -2, "positive integer, got -2"),
+    ("r", True, "positive integer, got True"),
+    ("r", 2.0, "positive integer, got 2.0"),
+    ("r", "2", "positive integer, got '2'"),
+    ("r", None, "positive integer, got None"),
+    ("lora_alpha", "6", "finite number, got '6'"),
+    ("lora_alpha", False, "finite number, got False"),
+    ("lora_alpha", None, "finite number, got None"),
+    ("lora_alpha", [6], "finite number, got \\[6\\]"),
+    pytest.param("lora_alpha", 10 ** 400, "finite number",
+                 id="lora_alpha-past-float"),
+    ("peft_type", "LOHA", "must be \"LORA\", got 'LOHA'"),
+    ("use_dora", True, "DoRA"),
+    ("use_rslora", 1, "true or false, got 1"),
+    ("rank_pattern", {"q_proj": 4}, "per-module overrides"),
+    ("alpha_pattern", {"q_proj": 16}, "per-module overrides"),
+])
+def test_peft_config_fields_are_checked_naming_file_and_key(
+    saved_adapters, tmp_path, key, value, match):
+  folder = _spoilt(saved_adapters, tmp_path, **{key: value})
+  with pytest.raises(ValueError,
+                     match=f"adapter_config.json: {key}: .*{match}"):
+    pretrained.read_peft_adapters(folder, saved_adapters[1])
+
+
+def test_an_infinite_lora_alpha_written_as_a_number(saved_adapters,
+                                                    tmp_path):
+  # Python's JSON parser reads 1e999 as inf (NaN and Infinity it refuses).
+  text = (saved_adapters[0] / "adapter_config.json").read_text()
+  text = text.replace('"lora_alpha": 6', '"lora_alpha": 1e999')
+  assert "1e999" in text
+  folder = _spoilt(saved_adapters, tmp_path, text=text)
+  with pytest.raises(ValueError, match="adapter_config.json: lora_alpha: "
+                     "must be a finite number"):
+    pretrained.read_peft_adapters(folder, saved_adapters[1])
+
+
+@pytest.mark.parametrize("changes", [{"r": 4}, {"lora_alpha": 8},
+                                     {"use_rslora": True}])
+def test_a_rank_or_scale_other_than_the_models_is_refused(
+    saved_adapters, tmp_path, changes):
+  # use_rslora makes PEFT's scale alpha / sqrt(r): 6 / sqrt(2), not 3.
+  folder = _spoilt(saved_adapters, tmp_path, **changes)
+  with pytest.raises(ValueError, match="adapter_config.json: r=.* differ "
+                     "from the model's rank 2 and scale 3"):
+    pretrained.read_peft_adapters(folder, saved_adapters[1])
+
+
+def test_rslora_reads_with_alpha_over_the_root_of_r(saved_adapters,
+                                                     tmp_path):
+  # Scale 3 at rank 2 is lora_alpha 3 sqrt(2) under rsLoRA.
+  folder = _spoilt(saved_adapters, tmp_path, use_rslora=True,
+                   lora_alpha=3 * 2 ** 0.5)
+  read = pretrained.read_peft_adapters(folder, saved_adapters[1])
+  for got, want in zip(jax.tree.leaves(read),
+                       jax.tree.leaves(saved_adapters[2]), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_adapter_tensors_are_refused_naming_them(
+    saved_adapters, tmp_path, bad):
+  folder = _spoilt(saved_adapters, tmp_path)
+  path = folder / "adapter_model.safetensors"
+  tensors = safetensors.numpy.load_file(str(path))
+  name = ("base_model.model.model.layers.1.self_attn.v_proj.lora_B."
+          "weight")
+  tensors[name][3, 1] = bad
+  safetensors.numpy.save_file(tensors, str(path))
+  with pytest.raises(ValueError, match=f"adapter_model.safetensors: tensor "
+                     f"'{name}' holds non-finite"):
+    pretrained.read_peft_adapters(folder, saved_adapters[1])

@@ -10,6 +10,7 @@ Conv1D layers store their weight [in, out]: PEFT marks them
 ``fan_in_fan_out`` (A and B keep the same shapes).
 """
 
+import math
 import os
 from typing import Optional
 
@@ -134,20 +135,25 @@ def read_peft_adapters(folder, lora_model: Model) -> Params:
   and rank are ``lora_model``'s (its A is kept in the tree even for
   FFA-LoRA's frozen A: compare, do not train, with such a tree).
 
+  The scale is PEFT's: ``lora_alpha / r``, or ``lora_alpha / sqrt(r)``
+  where ``use_rslora`` is true.
+
   Raises:
-    ValueError: naming the file and tensor: a missing or misshapen
-      tensor, a scale other than the model's.
+    ValueError: naming the file and the key or tensor: a missing,
+      misshapen or non-finite tensor; ``r`` not a positive integer,
+      ``lora_alpha`` not a finite number, ``peft_type`` other than
+      "LORA", DoRA, per-module ranks or alphas (``rank_pattern``,
+      ``alpha_pattern``); a rank or scale other than the model's.
   """
   folder = os.fspath(folder)
-  fields = _files.read_json(os.path.join(folder, CONFIG), CONFIG)
+  config_path = os.path.join(folder, CONFIG)
+  fields = _files.read_json(config_path, CONFIG)
   lora_spec = lora.spec(lora_model)
-  scale = fields.get("lora_alpha", 8) / fields.get("r", 8)
-  if fields.get("r") != lora_spec.rank or not np.isclose(scale,
-                                                         lora_spec.scale):
-    raise ValueError(f"{os.path.join(folder, CONFIG)}: r={fields.get('r')}, "
-                     f"lora_alpha={fields.get('lora_alpha')} differ from the "
-                     f"model's rank {lora_spec.rank} and scale "
-                     f"{lora_spec.scale}")
+  rank, alpha, scale = _rank_and_scale(config_path, fields)
+  if rank != lora_spec.rank or not np.isclose(scale, lora_spec.scale):
+    raise ValueError(f"{config_path}: r={rank}, lora_alpha={alpha} "
+                     f"(scale {scale:g}) differ from the model's rank "
+                     f"{lora_spec.rank} and scale {lora_spec.scale}")
   path = os.path.join(folder, WEIGHTS)
   # The header is checked before safetensors reads the file (byte ranges
   # against the file's size).
@@ -164,6 +170,11 @@ def read_peft_adapters(folder, lora_model: Model) -> Params:
         raise ValueError(f"{path}: tensor {tensor!r} is missing or not of "
                          f"shape {list(shape)}")
       node[leaf] = np.asarray(stored[tensor], np.float32)
+      # As the base weights at load: a NaN adapter would otherwise show up
+      # as NaN losses in every client, far from its cause.
+      if not np.all(np.isfinite(node[leaf])):
+        raise ValueError(f"{path}: tensor {tensor!r} holds non-finite "
+                         "values (NaN or inf)")
     nodes[target.path] = node
   unused = sorted(set(stored) - {
       f"{PREFIX}{_common.hf_module(path)}.{key}.weight"
@@ -173,3 +184,52 @@ def read_peft_adapters(folder, lora_model: Model) -> Params:
                      f"{unused[:4]}")
   return {lora.ADAPTERS: nodes}
 
+
+def _rank_and_scale(path: str, fields: dict) -> tuple[int, float, float]:
+  """(r, lora_alpha, PEFT's scale) of adapter_config.json's ``fields``,
+  refused where they are not a plain LoRA's."""
+  def fail(key, message):
+    raise ValueError(f"{path}: {key}: {message}")
+
+  # Absent: the tensor names alone say LoRA; any other PEFT method would be
+  # read as LoRA with the wrong update.
+  peft_type = fields.get("peft_type", "LORA")
+  if peft_type != "LORA":
+    fail("peft_type", f"must be \"LORA\", got {peft_type!r}")
+  # PEFT's defaults (8 and 8) where a key is absent; null is no value PEFT
+  # itself could load.
+  rank = fields.get("r", 8)
+  # bool is an int subclass: true must not read as rank 1.
+  if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+    fail("r", f"must be a positive integer, got {rank!r}")
+  alpha = fields.get("lora_alpha", 8)
+  if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+    fail("lora_alpha", f"must be a finite number, got {alpha!r}")
+  try:
+    alpha = float(alpha)
+  except OverflowError:
+    # JSON allows an integer of any length; past float's range it is as
+    # unusable as inf.
+    alpha = math.inf
+  # The parser reads 1e999 as inf; NaN and Infinity it refuses itself.
+  if not math.isfinite(alpha):
+    fail("lora_alpha", f"must be a finite number, got {fields['lora_alpha']!r}")
+  flags = {}
+  for key in ("use_rslora", "use_dora"):
+    flags[key] = fields.get(key)
+    # isinstance, not "in (True, False)": 1 == True would pass the latter.
+    if flags[key] is not None and not isinstance(flags[key], bool):
+      fail(key, f"must be true or false, got {flags[key]!r}")
+  # DoRA rescales each output by a learnt magnitude the library's LoRA
+  # does not have.
+  if flags["use_dora"]:
+    fail("use_dora", "DoRA adapters are not read (plain LoRA only)")
+  # Per-module overrides would give some layers another rank or scale
+  # than the one checked against the model.
+  for key in ("rank_pattern", "alpha_pattern"):
+    value = fields.get(key)
+    if value is not None and value != {}:
+      fail(key, f"per-module overrides are not read (must be empty), got "
+           f"{value!r}")
+  scale = alpha / (math.sqrt(rank) if flags["use_rslora"] else rank)
+  return rank, alpha, scale
