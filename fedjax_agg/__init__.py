@@ -7,7 +7,8 @@ the import graph, with no exception):
 
 * contracts and shared math: ``fedjax_agg.types``, ``fedjax_agg.checks``,
   ``fedjax_agg.tree_math``, ``fedjax_agg.update_stats``,
-  ``fedjax_agg.registry``, ``fedjax_agg.declared`` (a setting's default,
+  ``fedjax_agg.registry``, ``fedjax_agg.deprecation`` (names that
+  moved), ``fedjax_agg.declared`` (a setting's default,
   flags and check, declared once), ``fedjax_agg.manifest`` (what a run
   wrote),
   ``fedjax_agg.jsonio``, ``fedjax_agg.locks``, ``fedjax_agg.fingerprint``,

@@ -393,7 +393,7 @@ def default_clients_per_step(mesh: Optional[jax.sharding.Mesh] = None,
                              client_axis: str = "clients",
                              num_params=None) -> int:
   """The vmap width the engine uses when ``clients_per_step`` is None (see
-  ``engine.make_local_trainer``; also ``engine.default_clients_per_step``):
+  ``engine.make_local_trainer``; also ``default_clients_per_step``):
   ``choose_clients_per_step`` for this backend, its devices and memory
   (``num_params``: the model's size, or a callable giving it, asked only
   on an accelerator).

@@ -39,26 +39,37 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_agg import config as config_lib
+from fedjax_agg import deprecation
+from fedjax_agg import distributed
 from fedjax_agg import objectives as objectives_lib
 from fedjax_agg.chunking import _Layout
 from fedjax_agg.chunking import _layout
 from fedjax_agg.distributed import by_client as _by_client
 from fedjax_agg.distributed import check_execution
-from fedjax_agg.distributed import default_clients_per_step
 from fedjax_agg.distributed import shard_map_unchecked as _shard_map
 from fedjax_agg.evaluation import mean_client_loss
 from fedjax_agg.config import LocalTraining
-from fedjax_agg.config import OptimizerFactory
 from fedjax_agg.federated import FederatedData
 from fedjax_agg.models import layers
 from fedjax_agg.models import mixed
 from fedjax_agg.types import ClientInfo, Model, Params
 from fedjax_agg.types import PRNGKey
 
-__all__ = ["LocalResult", "LocalSums", "OptimizerFactory",
-           "ROWS_INDEPENDENT", "default_clients_per_step", "epoch_order",
+__all__ = ["LocalResult", "LocalSums", "ROWS_INDEPENDENT", "epoch_order",
            "full_steps", "make_local_reducer", "make_local_trainer",
            "rows_finite", "steps_per_epoch"]
+
+# Their homes are the configuration and the device layout; they were
+# exported here before.
+_MOVED = {"OptimizerFactory": ("fedjax_agg.config",
+                               config_lib.OptimizerFactory),
+          "default_clients_per_step": (
+              "fedjax_agg.distributed", distributed.default_clients_per_step)}
+
+
+def __getattr__(name: str):
+  return deprecation.moved(__name__, name, _MOVED)
 
 
 ROWS_INDEPENDENT = "rows_independent"

@@ -45,6 +45,7 @@ import tqdm.auto as tqdm
 
 from fedjax_agg import checkpoint
 from fedjax_agg import checks
+from fedjax_agg import fingerprint as fingerprint_lib
 from fedjax_agg import history as history_lib
 from fedjax_agg.config import Checkpointing, Evaluation, NonFinite
 from fedjax_agg.types import Callback, Model, PAD_TARGET, Params, as_callback
@@ -187,7 +188,7 @@ def open_checkpoints(checkpointing: Optional[Checkpointing],
     return None, None
   checkpointer, snapshot = checkpoint.open_run(
       checkpointing.directory, checkpointing.every, checkpointing.resume,
-      checkpoint.describe(fingerprint()), state, run_key)
+      fingerprint_lib.describe(fingerprint()), state, run_key)
   # The checkpointer is closed before raising: its writer must not outlive the
   # refused run.
   if snapshot is not None and snapshot.round > num_rounds:
@@ -539,8 +540,8 @@ class EarlyStopping(Callback):
 def _data_fingerprint(data):
   if isinstance(data, (list, tuple)) and data and not hasattr(data[0],
                                                               "shape"):
-    return [checkpoint.data_fingerprint(d) for d in data]
-  return checkpoint.data_fingerprint(data)
+    return [fingerprint_lib.data_fingerprint(d) for d in data]
+  return fingerprint_lib.data_fingerprint(data)
 
 
 def fingerprint(*, model, data, test_data, participation, training,
@@ -555,7 +556,7 @@ def fingerprint(*, model, data, test_data, participation, training,
           "evaluation": evaluation, "model": model,
           "local_update": local_update, "nonfinite": nonfinite,
           "init_params": init_params, "data": _data_fingerprint(data),
-          "test_data": checkpoint.data_fingerprint(test_data),
+          "test_data": fingerprint_lib.data_fingerprint(test_data),
           "config": config, **specific}
 
 

@@ -53,12 +53,20 @@ import numpy as np
 
 from fedjax_agg import checks
 # The samplings and accountants, defined once with the run's Privacy.
-from fedjax_agg.config import ACCOUNTANTS
-from fedjax_agg.config import SAMPLINGS
+from fedjax_agg import config as config_lib
+from fedjax_agg import deprecation
 
-__all__ = ["ACCOUNTANTS", "SAMPLINGS", "epsilon", "epsilons", "round_event",
+__all__ = ["epsilon", "epsilons", "round_event",
            "rounds_for_epsilon", "tree_epsilons", "tree_event",
            "tree_participations"]
+
+# Declared with the run's ``config.Privacy``; exported here before.
+_MOVED = {name: ("fedjax_agg.config", getattr(config_lib, name))
+          for name in ("ACCOUNTANTS", "SAMPLINGS")}
+
+
+def __getattr__(name: str):
+  return deprecation.moved(__name__, name, _MOVED)
 
 if typing.TYPE_CHECKING:
   import dp_accounting  # noqa: F401
@@ -79,8 +87,8 @@ def _check(noise_multiplier, num_clients, cohort_size, delta, sampling,
   checks.check_int("num_clients", num_clients, 1)
   checks.check_int("cohort_size", cohort_size, 1, num_clients)
   checks.check_range("delta", delta, 0, 1, low_open=True, high_open=True)
-  checks.check_choice("sampling", sampling, SAMPLINGS)
-  checks.check_choice("accountant", accountant, ACCOUNTANTS)
+  checks.check_choice("sampling", sampling, config_lib.SAMPLINGS)
+  checks.check_choice("accountant", accountant, config_lib.ACCOUNTANTS)
   # Refused here, before dp_accounting is loaded, so the error names the
   # combination instead of surfacing from inside the accountant.
   if accountant == "pld" and sampling == "without_replacement":

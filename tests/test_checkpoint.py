@@ -21,6 +21,7 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import checkpoint
+from fedjax_agg import fingerprint
 from fedjax_agg.checkpoint import _run as checkpoint_run
 from fedjax_agg import clients
 from fedjax_agg.config import Evaluation
@@ -366,11 +367,11 @@ def test_finished_run_extends_to_the_longer_run(saved_run):
 
 
 def test_describe_sees_closure_hyperparameters():
-  a = checkpoint.describe(aggregators.fedadp(num_clients=4, alpha=5.0))
-  b = checkpoint.describe(aggregators.fedadp(num_clients=4, alpha=3.0))
-  assert a == checkpoint.describe(aggregators.fedadp(num_clients=4,
+  a = fingerprint.describe(aggregators.fedadp(num_clients=4, alpha=5.0))
+  b = fingerprint.describe(aggregators.fedadp(num_clients=4, alpha=3.0))
+  assert a == fingerprint.describe(aggregators.fedadp(num_clients=4,
                                                      alpha=5.0))
-  differences = checkpoint.config_differences(a, b)
+  differences = fingerprint.config_differences(a, b)
   assert differences and all("alpha" in line for line in differences)
 
 

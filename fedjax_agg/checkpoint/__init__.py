@@ -92,14 +92,20 @@ from fedjax_agg.checkpoint._variables import load_variables
 from fedjax_agg.checkpoint._variables import save_variables
 from fedjax_agg.checkpoint._variables import saved_variables
 from fedjax_agg.checkpoint._variables import VARIABLES
-# What must match, described (re-exported: part of this module's API).
-from fedjax_agg.fingerprint import config_differences
-from fedjax_agg.fingerprint import data_fingerprint
-from fedjax_agg.fingerprint import describe
+from fedjax_agg import deprecation
+from fedjax_agg import fingerprint
 
 __all__ = ["CheckpointError", "CheckpointMismatchError",
     "CorruptCheckpointError", "FORMAT_VERSION", "ITEMS", "MAX_TO_KEEP",
-    "RunCheckpointer", "Snapshot", "check_arguments", "config_differences",
-    "data_fingerprint", "describe", "held_rounds", "load_variables",
-    "open_run",
+    "RunCheckpointer", "Snapshot", "check_arguments", "held_rounds",
+    "load_variables", "open_run",
     "save_variables", "saved_variables", "spec_differences", "VARIABLES"]
+
+# What must match is described by ``fedjax_agg.fingerprint``; its names
+# lived here before.
+_MOVED = {name: ("fedjax_agg.fingerprint", getattr(fingerprint, name))
+          for name in ("config_differences", "data_fingerprint", "describe")}
+
+
+def __getattr__(name: str):
+  return deprecation.moved(__name__, name, _MOVED)

@@ -54,7 +54,7 @@ import optax
 
 from fedjax_agg import checks
 from fedjax_agg import engine
-from fedjax_agg.config import LocalTraining
+from fedjax_agg.config import LocalTraining, OptimizerFactory
 from fedjax_agg import tree_math
 from fedjax_agg.validation import client_accuracies
 from fedjax_agg.types import LocalObjective, Model
@@ -196,7 +196,7 @@ def adct(model: Model, *, accuracy_threshold: float = 50.0,
          batch_size: int = 32, threshold_mode: str = "mean",
          round_one: str = "best", trigger_accuracy: str = "last",
          objective: Optional[LocalObjective] = None,
-         client_optimizer: engine.OptimizerFactory = optax.sgd,
+         client_optimizer: OptimizerFactory = optax.sgd,
          clients_per_step: int = 8, eval_batch_size: int = 256,
          mesh: Optional[jax.sharding.Mesh] = None) -> ADCT:
   """Builds ADCT's client side.

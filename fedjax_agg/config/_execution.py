@@ -39,7 +39,7 @@ class Execution:
 
   Attributes:
     clients_per_step: W, the most clients trained side by side (vmap
-      width); None: ``engine.default_clients_per_step`` for the devices.
+      width); None: ``distributed.default_clients_per_step`` for the devices.
     devices: where rounds run (``distributed.client_mesh``): None = every
       device of the job, an int count, a list of devices or a ``Mesh``
       with a "clients" axis.

@@ -25,7 +25,6 @@ from fedjax_agg import loop
 from fedjax_agg import models
 from fedjax_agg import objectives
 from fedjax_agg import partitions
-from fedjax_agg import privacy as privacy_lib
 from fedjax_agg import registry as registry_lib
 from fedjax_agg.spec import _values as v
 from fedjax_agg.spec._adapters import AdaptersSpec
@@ -86,8 +85,6 @@ def _partition_names():
   names.resolve = lambda name: (None if name == partitions.NATURAL
                                 else partitions.REGISTRY.factory(name))
   return names
-_SAMPLINGS = lambda: privacy_lib.SAMPLINGS
-_ACCOUNTANTS = lambda: privacy_lib.ACCOUNTANTS
 _STOPPING_MODES = lambda: loop.STOPPING_MODES
 
 
