@@ -115,7 +115,10 @@ def _client_files(load, name):
   def build(data_dir: Optional[str] = None, *, train_file: str,
             test_file: str, dataset: Optional[str] = None):
     folder = _folder(name, data_dir)
-    return load(folder / train_file, folder / test_file, dataset)
+    # Checked as the instructions federation's files are: a config must not
+    # reach past data_dir.
+    return load(_inside(folder, train_file, "train_file"),
+                _inside(folder, test_file, "test_file"), dataset)
   build.__doc__ = (f"``{load.__name__}`` of ``data_dir/train_file`` and "
                    "``data_dir/test_file``.")
   return build
@@ -169,7 +172,9 @@ def load_federation(name: str, data_dir: Optional[str] = None,
     **args: the federation's own arguments (``federation_parameters``).
 
   Raises:
-    ValueError: an unknown name or argument (named), or bad data.
+    ValueError: an unknown name (named), or bad data.
+    TypeError: an unknown argument (named), as for any keyword argument a
+      function does not take.
     ImportError: an optional package it needs is missing (names the
       extra to install).
   """

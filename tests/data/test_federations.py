@@ -173,3 +173,54 @@ def test_the_task_chooses_the_partition_and_the_model_on_the_command_line():
   config = config.to_dict(written_out=False)
   assert config["partition"]["name"] == "iid"
   assert config["model"]["name"] == "cnn_mcmahan"
+
+
+@pytest.mark.parametrize("name", ["tff_h5", "fedjax_sqlite"])
+@pytest.mark.parametrize("argument", ["train_file", "test_file"])
+@pytest.mark.parametrize("escape", ["absolute", "parent", "nested parent"])
+def test_client_files_outside_data_dir_are_refused_naming_the_argument(
+    tmp_path, name, argument, escape):
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  # The files named exist outside data_dir: only their names refuse them.
+  (tmp_path / "outside.bin").write_bytes(b"not a client file")
+  for inside in ("train.bin", "test.bin"):
+    (data_dir / inside).write_bytes(b"not a client file")
+  bad = {"absolute": str(tmp_path / "outside.bin"),
+         "parent": "../outside.bin",
+         "nested parent": "sub/../../outside.bin"}[escape]
+  files = {"train_file": "train.bin", "test_file": "test.bin", argument: bad}
+  with pytest.raises(ValueError, match=f"{argument} '.*outside.bin' must "
+                     "name a file inside data_dir"):
+    data_lib.load_federation(name, data_dir=str(data_dir), **files)
+
+
+@pytest.mark.parametrize("name", ["tff_h5", "fedjax_sqlite"])
+def test_client_file_names_must_be_strings(tmp_path, name):
+  with pytest.raises(TypeError, match="test_file must be a file name"):
+    data_lib.load_federation(name, data_dir=str(tmp_path),
+                             train_file="train.bin", test_file=3)
+
+
+def test_client_files_in_a_subfolder_of_data_dir_are_read(tmp_path):
+  # A relative name that stays inside passes the check and reaches the
+  # reader, which refuses the file's contents naming it.
+  pytest.importorskip("h5py")
+  (tmp_path / "sub").mkdir()
+  for inside in ("train.h5", "test.h5"):
+    (tmp_path / "sub" / inside).write_bytes(b"not HDF5")
+  with pytest.raises(ValueError, match="sub/train.h5"):
+    data_lib.load_federation("tff_h5", data_dir=str(tmp_path),
+                             train_file="sub/train.h5",
+                             test_file="sub/test.h5")
+
+
+def test_the_documented_error_for_an_unknown_argument_is_the_raised_one():
+  import builtins  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  raises = data_lib.load_federation.__doc__.split("Raises:")[1]
+  documented = re.search(r"(\w+Error): [^:]*unknown [^:]*argument", raises)
+  assert documented, raises
+  with pytest.raises(getattr(builtins, documented.group(1)),
+                     match="unknown"):
+    data_lib.load_federation("shakespeare", min_sample=3)
