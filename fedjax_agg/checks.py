@@ -176,8 +176,11 @@ def check_choice(name: str, value, choices: Sequence[Any]) -> None:
   # Unhashable values are refused up front: ``in`` on a set or dict of choices
   # would raise a TypeError of its own.
   if not isinstance(value, Hashable) or value not in choices:
-    names = [str(choice) for choice in choices]
-    near = (difflib.get_close_matches(value.lower(), names, n=2, cutoff=0.6)
+    # Compared in lower case on both sides, so that a slip of case alone
+    # ("SGDM" for "SGD") still finds its choice; shown as declared.
+    lowered = {str(choice).lower(): str(choice) for choice in choices}
+    near = ([lowered[match] for match in difflib.get_close_matches(
+        value.lower(), list(lowered), n=2, cutoff=0.6)]
             if isinstance(value, str) else [])
     hint = (f" (did you mean {' or '.join(map(repr, near))}?)" if near
             else "")

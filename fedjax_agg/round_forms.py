@@ -349,7 +349,8 @@ def vmapped(plan, state, built, cohort_size: int,
   return Round(state=state, round_step=round_step,
                 sample=lambda r: by_member(sample(sample_keys[:, r])),
                 evaluate=evaluate, member_output=member,
-                member_state=member, num_devices=1, device=device)
+                member_state=member,
+                num_devices=1 if mesh is None else mesh.size, device=device)
 
 
 def pack_rows(rows, client_rows):
@@ -365,7 +366,7 @@ def pack_rows(rows, client_rows):
 
 
 def unpack_rows(packed, packed_clients, num_members: int):
-  """The inverse of ``_pack_rows``."""
+  """The inverse of ``pack_rows``."""
   rows = [[row["members"][m] for row in packed] for m in range(num_members)]
   client_rows = [[] for _ in range(num_members)]
   for row in packed_clients:

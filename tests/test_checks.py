@@ -141,6 +141,10 @@ def test_check_int_check_bool_check_choice():
   for value in ("x", ["steps"], None):
     with pytest.raises(ValueError, match="unit must be one of"):
       checks.check_choice("unit", value, ("epochs", "steps"))
+  # A misspelling keeps its hint whatever the case of either side.
+  for value, meant in (("SGDM", "SGD"), ("sgdm", "SGD"), ("Stepss", "steps")):
+    with pytest.raises(ValueError, match=f"did you mean '{meant}'"):
+      checks.check_choice("name", value, ("SGD", "Adam", "steps"))
 
 
 # ---------------------------------------------------------------------------

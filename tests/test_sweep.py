@@ -46,8 +46,9 @@ def _training(**changes):
   return dataclasses.replace(TRAINING, **changes)
 
 
-def _assert_same_run(member, solo):
-  """A sweep member's history and state equal ``simulation.run``'s."""
+def _assert_same_run(member, solo, config_differs=()):
+  """A sweep member's history and state equal ``simulation.run``'s (its
+  config too, but for the keys ``config_differs``)."""
   assert len(member.history.rows) == len(solo.history.rows)
   for got, want in zip(member.history.rows, solo.history.rows, strict=True):
     assert got.keys() == want.keys()
@@ -67,7 +68,8 @@ def _assert_same_run(member, solo):
     if jnp.issubdtype(got.dtype, jax.dtypes.prng_key):
       got, want = jax.random.key_data(got), jax.random.key_data(want)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
-  config = dict(solo.history.config)
+  config = {k: v for k, v in solo.history.config.items()
+            if k not in config_differs}
   assert {k: member.history.config[k] for k in config} == config
 
 
@@ -303,7 +305,10 @@ SHARDED_SWEEP = textwrap.dedent("""
     sharded = sweep.run_sweep(build, grid, **kwargs, execution=Execution(
         progress=False, devices=4))
     for a, b in zip(sharded, plain, strict=True):
-      _assert_same_run(a, b)
+      _assert_same_run(a, b, config_differs=("num_devices",))
+      # Each member's config records the devices the members went on.
+      assert a.history.config["num_devices"] == 4, a.history.config
+      assert b.history.config["num_devices"] == 1, b.history.config
     # Config sweeps: with "train.devices" unset the members go on the most
     # devices that divide their count; an explicit count must divide it.
     import tempfile

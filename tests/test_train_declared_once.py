@@ -150,6 +150,20 @@ class _WithProbe(config.LocalTraining):
                                 name, value, 0, 1))
 
 
+@dataclasses.dataclass(frozen=True)
+class _WithUnchecked(config.LocalTraining):
+  """A new train option declared with no check of its own."""
+  note: str = spec_field("", Flag("--note", "a free-form note"))
+
+
+def test_a_field_declared_without_a_check_takes_its_values():
+  objects = tuple(_WithUnchecked if cls is config.LocalTraining else cls
+                  for cls in spec.TRAIN_OBJECTS)
+  section = spec.train_section(objects)
+  assert section(note="run A").training().note == "run A"
+  assert section().training().note == ""
+
+
 def test_a_new_declared_field_is_a_key_checked_and_reaching_the_trainer():
   objects = tuple(_WithProbe if cls is config.LocalTraining else cls
                   for cls in spec.TRAIN_OBJECTS)

@@ -265,8 +265,8 @@ def local_update(experiment: spec_lib.Experiment, algorithm: str, model,
   if spec.client is None:
     return attack_update(experiment, model, training, execution, num_clients)
   if clients.REGISTRY.capabilities(spec.client).own_objective:
-    # SCAFFOLD's and FedDyn's losses are F_k plus their own terms, set by
-    # the client.
+    # Such a client side (SCAFFOLD, FedDyn, APFL) sets its own loss, F_k
+    # plus its own terms; the plain objective is left to it.
     training = dataclasses.replace(training, objective=None)
   mesh, _ = distributed.round_mesh(execution.devices)
   return clients.REGISTRY.build(

@@ -212,8 +212,9 @@ def run_config(config, out_dir: str, progress: bool = True,
   ``vmap_seeds`` (default: the config's ``"vmap_seeds"`` entry, else
   False) runs all seeds of an algorithm as one vmapped sweep
   (``sweep_algorithm``) instead of one run after the other: the same
-  results to float tolerance, written to the same files. The sweep runs on
-  one device ("train.devices" is not used).
+  results to float tolerance, written to the same files. The sweep's
+  members are sharded over "train.devices" when set (it must divide the
+  number of members), else over the most devices that divide it.
 
   An ``out_dir`` that already holds a run is refused unless ``overwrite``
   or ``resume`` (``history.check_fresh``). An overwrite removes only the

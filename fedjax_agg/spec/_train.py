@@ -35,8 +35,11 @@ RUN_OBJECTS = ("options", "training", "execution", "evaluation")
 def _checked(field: dataclasses.Field):
   """The declared check of ``field`` as ``check(path, value)``, raising a
   ``ConfigError`` / ``ConfigTypeError`` at ``path``."""
+  check = field.metadata.get("check")
+  if check is None:  # a field declared with no check takes any value
+    return lambda path, value: None
   return lambda path, value: v._checked(  # pylint: disable=protected-access
-      path, field.metadata["check"], value)
+      path, check, value)
 
 
 class _TrainSection:
