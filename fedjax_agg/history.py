@@ -35,6 +35,7 @@ import csv
 import dataclasses
 import os
 import json
+import math
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -405,6 +406,15 @@ def rounds_to_target(history: History, target: float,
   return None
 
 
+def _finite_mean(values) -> float:
+  """The mean of the finite entries (NaN when none is finite)."""
+  # In the values' own dtype, so that a round with every row finite gives
+  # the mean it always gave, to the bit.
+  values = np.asarray(values)
+  finite = np.isfinite(values)
+  return float(np.mean(values[finite])) if finite.any() else math.nan
+
+
 def round_scalars(out, with_losses: bool = True) -> dict[str, float]:
   """A round's scalar outputs (a ``rounds.RoundOutput`` on the host);
   ``with_losses``: the round computed per-client losses."""
@@ -416,8 +426,11 @@ def round_scalars(out, with_losses: bool = True) -> dict[str, float]:
     # The mean over all K rows, padding included, as docs/history-columns.md
     # defines the column; changing it changes every saved history with a Poisson
     # cohort.
-    row["cohort_loss_before"] = float(np.mean(np.asarray(out.loss_before)))
-    row["cohort_loss_after"] = float(np.mean(np.asarray(out.loss_after)))
+    # A client whose loss is not finite is excluded from the round (it is
+    # counted in ``nonfinite_clients``), so it is left out of the mean too:
+    # one such client must not turn the column into NaN.
+    row["cohort_loss_before"] = _finite_mean(out.loss_before)
+    row["cohort_loss_after"] = _finite_mean(out.loss_after)
   row["nonfinite_clients"] = int(np.sum(real & ~np.asarray(out.finite)))
   for name, value in out.metrics.items():
     # Scalar metrics go to the round's row; per-client [K] metrics go to its

@@ -2,6 +2,7 @@
 member and for S vmapped members, with checkpoints; the non-finite
 policy, the label checks, callbacks closed at the end."""
 
+import dataclasses
 import math
 
 import jax
@@ -140,6 +141,25 @@ def test_run_counts_raises_or_propagates_nonfinite_clients():
       model, data, test, aggregators.fedavg(),
       nonfinite=NonFinite(clients="propagate", model="record"), **kwargs)
   assert np.isnan(recorded.history.rows[-1]["test_loss"])
+
+
+def test_cohort_losses_leave_out_the_excluded_nonfinite_client():
+  # One client's data is poisoned: it is excluded from the round, and the
+  # cohort's mean losses are those of the others, not NaN.
+  data, test = _poisoned_data(client=1)
+  result = simulation.run(
+      tiny_model(), data, test, aggregators.fedavg(), num_rounds=2,
+      participation=1.0, training=dataclasses.replace(
+          TRAINING, compute_losses=True), execution=QUIET, seed=0)
+  for row, clients in zip(result.history.rows[1:],
+                          result.history.client_rows, strict=True):
+    assert row["nonfinite_clients"] == 1
+    for key in ("loss_before", "loss_after"):
+      losses = np.asarray(clients[key])
+      assert np.isfinite(losses).sum() == len(losses) - 1
+      np.testing.assert_allclose(row[f"cohort_{key}"],
+                                 np.mean(losses[np.isfinite(losses)]),
+                                 rtol=1e-6)
 
 
 def test_labels_outside_the_model_outputs_are_refused():
