@@ -19,6 +19,7 @@ from fedjax_agg import checkpoint
 from fedjax_agg import checks
 from fedjax_agg import models
 from fedjax_agg import partitions
+from fedjax_agg import registry as registry_lib
 from fedjax_agg.models import layers
 from fedjax_agg.models import pretrained
 
@@ -103,11 +104,10 @@ def _checked(path: str, check, *args, **kwargs) -> None:
   """Runs ``check(path, ...)`` of ``fedjax_agg.checks``; its errors become
   ConfigError / ConfigTypeError at ``path``."""
   try:
-    check(path, *args, **kwargs)
-  except TypeError as error:
-    raise ConfigTypeError(path, str(error)) from None
-  except ValueError as error:
-    raise ConfigError(path, str(error)) from None
+    registry_lib.argument(path, check, *args, **kwargs)
+  except registry_lib.ArgumentError as error:
+    kind = ConfigTypeError if isinstance(error, TypeError) else ConfigError
+    raise kind(path, str(error)) from None
 
 
 def number(path: str, value, low=None, high=None, *, low_open: bool = False,
