@@ -62,6 +62,10 @@ Interpretations:
   equal values tie without consequence, two values mirrored about the
   median change the mean, e.g. beta = 1 with an even |S|). The distances
   to the median are elementwise, so Step 2 rounds alike on every backend.
+  Near the float's largest value Step 2 does not overflow: a distance
+  beyond its range (-3e38 from 3e38) is compared halved, and the mean of
+  M[i] is rescaled where its plain sum would be inf
+  (``_trimmed_mean.kept_mean``).
 * f = 0 selects every real participant and keeps every value: the
   unweighted mean.
 * A cohort with no real participant leaves the model unchanged.
@@ -90,6 +94,7 @@ from fedjax_agg.aggregators._fedmedian import masked_median
 from fedjax_agg.aggregators._krum import krum_scores
 from fedjax_agg.aggregators._krum import pairwise_squared_distances
 from fedjax_agg.aggregators._krum import sorted_distances
+from fedjax_agg.aggregators._trimmed_mean import kept_mean
 from fedjax_agg.types import Aggregator, empty_init, Params, StackedParams
 
 __all__ = ["BulyanState", "bulyan", "check_cohort_bound", "krum_committee",
@@ -171,18 +176,26 @@ def mean_around_median(stacked: StackedParams, mask: jax.Array,
   def leaf_mean(leaf, middle):
     rows = real.reshape((-1,) + (1,) * (leaf.ndim - 1))
     # Rows outside the mask (padding may hold NaN) are zeroed before the
-    # subtraction; their distance is inf, which sorts them last.
+    # subtraction, and an explicit first key sorts them last.
     values = jnp.where(rows, leaf, jnp.zeros_like(leaf))
-    distance = jnp.where(rows, jnp.abs(values - middle[None]), jnp.inf)
+    outside = jnp.broadcast_to(jnp.where(rows, 0, 1).astype(jnp.int32),
+                               leaf.shape)
+    distance = jnp.abs(values - middle[None])
+    # A finite value can lie beyond the float's range from the median
+    # (-3e38 from 3e38): its distance is inf, so the halved distance, which
+    # cannot overflow, orders such values among themselves. It is 0 for
+    # finite distances, so they keep their plain order to the bit.
+    far = jnp.where(jnp.isinf(distance),
+                    jnp.abs(values / 2 - middle[None] / 2), 0.0)
     # Values ordered by their distance to the median, equal distances by
     # row (an explicit key, not the sort's stability); the first
     # ``num_kept`` are M[i].
     row = jax.lax.broadcasted_iota(jnp.int32, leaf.shape, 0)
-    _, _, ordered = jax.lax.sort((distance, row, values), dimension=0,
-                                 num_keys=2)
+    *_, ordered = jax.lax.sort((outside, distance, far, row, values),
+                               dimension=0, num_keys=4)
     rank = jnp.arange(leaf.shape[0]).reshape(rows.shape)
-    total = jnp.sum(jnp.where(rank < num_kept, ordered, 0.0), axis=0)
-    return (total / jnp.maximum(num_kept, 1)).astype(leaf.dtype)
+    return kept_mean(ordered, rank < num_kept,
+                     jnp.maximum(num_kept, 1)).astype(leaf.dtype)
   return jax.tree.map(leaf_mean, stacked, centre)
 
 

@@ -85,8 +85,9 @@ def client_ranks(keys, mask: jax.Array) -> jax.Array:
 def masked_median(stacked: StackedParams, mask: jax.Array) -> Params:
   """Coordinate-wise median over the real clients (mask 1).
 
-  An even number m of real clients gives the mean of the two middle values.
-  With no real client the result is undefined (the caller handles it).
+  An even number m of real clients gives the mean of the two middle values
+  (finite for any finite values, up to the float's largest). With no real
+  client the result is undefined (the caller handles it).
   """
   num_real = jnp.sum(mask > 0).astype(jnp.int32)
   # m depends on the mask and is traced, so the middle ranks are read by
@@ -99,7 +100,11 @@ def masked_median(stacked: StackedParams, mask: jax.Array) -> Params:
     low = jax.lax.dynamic_index_in_dim(ordered, lower, keepdims=False)
     high = jax.lax.dynamic_index_in_dim(
         ordered, jnp.minimum(upper, leaf.shape[0] - 1), keepdims=False)
-    return ((low + high) / 2).astype(leaf.dtype)
+    # Halves first: low + high overflows to inf for finite values above
+    # half the float's range (even for odd m, where low == high). Halving
+    # is exact for normal floats and rounding commutes with it, so this is
+    # bitwise (low + high) / 2 wherever that did not overflow.
+    return (low / 2 + high / 2).astype(leaf.dtype)
   return jax.tree.map(leaf_median, stacked)
 
 

@@ -9,8 +9,10 @@ floor(beta m) largest and floor(beta m) smallest are removed and the
 remaining m - 2 floor(beta m) >= 1 are averaged (beta in [0, 1/2); the paper
 assumes beta m is an integer, flooring is the general case). Padded clients
 (mask 0) are excluded; the estimator is unweighted (number of examples
-unused). beta = 0 is the unweighted mean. A cohort with no real participant
-leaves the model unchanged.
+unused). beta = 0 is the unweighted mean. The mean never overflows: where
+the plain sum of finite values near the float's largest is inf, it is taken
+again over values divided by a power of two (``kept_mean``). A cohort with
+no real participant leaves the model unchanged.
 
 Ties. No client is selected: each coordinate's values are sorted and a
 range of ranks kept, and equal values may be sorted either way round
@@ -35,6 +37,37 @@ class TrimmedMeanState(NamedTuple):
   """The trimmed mean keeps no state."""
 
 
+def kept_mean(values: jax.Array, keep: jax.Array,
+              count: jax.Array) -> jax.Array:
+  """Mean over axis 0 of the ``values`` where ``keep``, ``count`` (>= 1) of
+  them in every coordinate; finite for finite values of any magnitude.
+
+  [K, ...] -> [...]. Values where ``keep`` is False are never read.
+  """
+  total = jnp.sum(jnp.where(keep, values, 0.0), axis=0)
+
+  def rescaled():
+    # The plain sum overflows for finite values (three of 3e38 sum to inf)
+    # whose mean is finite. Divided by 2^(k+1) >= 2K first, K of them sum
+    # to at most half the float's range, so rounding cannot carry the sum
+    # to inf. Dividing by a power of two is exact, and only the overflowed
+    # coordinates take this result: the others keep the plain sum's to the
+    # bit.
+    shift = 2.0 ** ((values.shape[0] - 1).bit_length() + 1)
+    small = jnp.sum(jnp.where(keep, values / shift, 0.0), axis=0)
+    # Near the largest float, rounding up by one ulp is inf: the mean is
+    # held within its values' range, which holds the exact mean (an inf
+    # or NaN value passes through: the bounds are then inf or NaN).
+    lowest = jnp.min(jnp.where(keep, values, jnp.inf), axis=0)
+    highest = jnp.max(jnp.where(keep, values, -jnp.inf), axis=0)
+    mean = jnp.clip((small / count) * shift, lowest, highest)
+    return jnp.where(jnp.isfinite(total), total / count, mean)
+  # A finite total proves no partial sum overflowed: the rescaled pass runs
+  # only for a leaf that needs it (under vmap both run; same result).
+  return jax.lax.cond(jnp.all(jnp.isfinite(total)), lambda: total / count,
+                      rescaled)
+
+
 def masked_trimmed_mean(stacked: StackedParams, mask: jax.Array,
                         num_trimmed: jax.Array) -> Params:
   """Coordinate-wise mean of the real values left after trimming.
@@ -54,8 +87,7 @@ def masked_trimmed_mean(stacked: StackedParams, mask: jax.Array,
     # The kept ranks depend on the traced m: chosen by a mask over the static
     # K rows, not by a slice; padding, sorted last, is never inside them.
     keep = (rank >= num_trimmed) & (rank < num_real - num_trimmed)
-    total = jnp.sum(jnp.where(keep, ordered, 0.0), axis=0)
-    return (total / num_kept).astype(leaf.dtype)
+    return kept_mean(ordered, keep, num_kept).astype(leaf.dtype)
   return jax.tree.map(leaf_mean, stacked)
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from fedjax_agg import aggregators
 from fedjax_agg import testing
+from fedjax_agg.aggregators._bulyan import mean_around_median
 from tests import agg_testutil as tu
 from tests.agg_testutil import EXAMPLES
 
@@ -260,3 +261,70 @@ def test_registered_under_its_name():
   assert aggregators.REGISTRY["bulyan"] is aggregators.bulyan
   rule = aggregators.get("bulyan", num_clients=5, num_byzantine=1)
   assert rule.stream is None and not rule.uses_losses
+
+
+# ---------------------------------------------------------------------------
+# Values near the float's largest.
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("num_byzantine", [0, 1, 2])
+def test_bulyan_of_huge_updates_is_finite_and_numpys(mask, num_byzantine):
+  # Updates of 0.9e38 to 1.7e38: any three sum past the float's range, so
+  # the plain sum of Step 2 was inf. (They stay below 2^127: above it,
+  # Step 1's distances, divided by the common scale 2^127, flush to 0 on
+  # XLA's CPU; Step 2 alone is tested up to the largest float below.)
+  rng = np.random.default_rng(sum(mask) + num_byzantine)
+  rows = rng.uniform(0.9e38, 1.7e38, size=(K, 1, 8))
+  rows *= np.where(rng.random((K, 1, 8)) < 0.8, 1.0, -1.0)
+  rows = rows.astype(np.float32)
+  real = np.flatnonzero(mask)
+  global_params = {"w": jnp.zeros((1, 8), jnp.float32)}
+  clients = tu.spoil_rows({"w": jnp.asarray(rows)},
+                          np.flatnonzero(np.asarray(mask) == 0))
+  info = tu.make_info(np.arange(K) % tu.NUM_CLIENTS, np.ones(K), mask)
+  out, _, _ = _run(global_params, clients, info,
+                   num_byzantine=num_byzantine)
+  expected, _ = np_bulyan(rows[real].reshape(len(real), -1).astype(
+      np.float64), num_byzantine)
+  assert np.all(np.isfinite(flat(out)))
+  np.testing.assert_allclose(flat(out), expected, rtol=1e-6,
+                             atol=1e-6 * FLOAT32_MAX)
+
+
+def np_mean_around_median(values, mask, num_kept):
+  """Step 2 on [K, P] float64 values: per column, the mean of the
+  ``num_kept`` real values nearest the real values' median (equal
+  distances to the lower row)."""
+  real = values[np.flatnonzero(mask)]
+  median = np.median(real, axis=0)
+  result = np.empty(values.shape[1])
+  for i in range(values.shape[1]):
+    order = np.argsort(np.abs(real[:, i] - median[i]), kind="stable")
+    result[i] = real[order[:num_kept], i].mean()
+  return result
+
+
+@pytest.mark.parametrize("mask", MASKS[:4])
+def test_step_two_near_float32_max_keeps_the_nearest_values(mask):
+  # Up to the largest float, of both signs: a value can lie beyond the
+  # float's range from the median (its distance is inf), and padding rows
+  # (NaN, 1e30) must still sort after every committee member.
+  rng = np.random.default_rng(30 + sum(mask))
+  rows = rng.uniform(0.5, 1.0, size=(K, 64)) * FLOAT32_MAX
+  rows *= np.where(rng.random((K, 64)) < 0.6, 1.0, -1.0)
+  rows = rows.astype(np.float32)
+  rows[:, 0] = np.float32(FLOAT32_MAX)
+  padding = np.flatnonzero(np.asarray(mask) == 0)
+  stacked = tu.spoil_rows({"w": jnp.asarray(rows)}, padding)
+  step_two = jax.jit(mean_around_median)
+  for num_kept in range(1, sum(mask) + 1):
+    got = np.asarray(step_two(stacked, jnp.asarray(mask, jnp.float32),
+                              jnp.asarray(num_kept, jnp.int32))["w"])
+    expected = np_mean_around_median(rows.astype(np.float64), mask,
+                                     num_kept)
+    assert np.all(np.isfinite(got)), num_kept
+    np.testing.assert_allclose(got, expected, rtol=1e-6,
+                               atol=1e-6 * FLOAT32_MAX, err_msg=num_kept)

@@ -53,3 +53,58 @@ def test_bad_beta_raises():
   for beta in (-0.1, 0.5, 0.7):
     with pytest.raises(ValueError, match="beta"):
       aggregators.trimmed_mean(beta)
+
+
+# ---------------------------------------------------------------------------
+# Values near the float's largest: the plain sum of the kept values is inf.
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+EXTREME_MASKS = [[1] * K, [1, 0, 1, 1, 0, 1], [0, 1, 1, 0, 1, 1],
+                 [0, 0, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]]
+
+
+def _extreme_rows(rng, num_columns):
+  """[K, num_columns] float32 rows near +-FLOAT32_MAX, mostly positive;
+  column 0 holds the largest float in every row."""
+  magnitude = rng.uniform(0.5, 1.0, size=(K, num_columns)) * FLOAT32_MAX
+  sign = np.where(rng.random((K, num_columns)) < 0.8, 1.0, -1.0)
+  rows = (sign * magnitude).astype(np.float32)
+  rows[:, 0] = np.float32(FLOAT32_MAX)
+  return rows
+
+
+def _trimmed(beta, rows, mask):
+  global_params = {"w": jnp.zeros(rows.shape[1:], jnp.float32)}
+  info = tu.make_info(np.arange(K), np.ones(K), mask)
+  out, _, _ = TRIMMED_AGG[beta](global_params, {"w": jnp.asarray(rows)},
+                                info, TRIMMED[beta].init(global_params))
+  return np.asarray(out["w"])
+
+
+@pytest.mark.parametrize("mask", EXTREME_MASKS)
+@pytest.mark.parametrize("beta", sorted(TRIMMED))
+def test_trimmed_mean_near_float32_max_is_finite_and_numpys(beta, mask):
+  rows = _extreme_rows(np.random.default_rng(sum(mask)), 64)
+  real = np.flatnonzero(mask)
+  expected = np_trimmed_mean(rows[real].astype(np.float64), beta)
+  got = _trimmed(beta, rows, mask)
+  assert np.all(np.isfinite(got))
+  # A float32 sum of at most K values, each rounded: a few ulps of the
+  # largest value summed.
+  np.testing.assert_allclose(got, expected, rtol=1e-6,
+                             atol=1e-6 * FLOAT32_MAX)
+
+
+@pytest.mark.parametrize("mask", EXTREME_MASKS)
+@pytest.mark.parametrize("beta", sorted(TRIMMED))
+def test_overflow_leaves_the_other_coordinates_bitwise(beta, mask):
+  # Only the coordinates whose plain sum overflows are summed again
+  # rescaled: the ordinary ones keep the plain result to the bit, as in a
+  # leaf without any huge value.
+  rng = np.random.default_rng(20 + sum(mask))
+  ordinary = (rng.normal(size=(K, 256)) * 10.0 ** rng.uniform(
+      -20, 20, size=(K, 256))).astype(np.float32)
+  mixed = np.concatenate([_extreme_rows(rng, 8), ordinary], axis=1)
+  plain = _trimmed(beta, ordinary, mask)
+  np.testing.assert_array_equal(_trimmed(beta, mixed, mask)[8:].view(
+      np.uint32), plain.view(np.uint32))
