@@ -18,7 +18,10 @@ Here (inside the jitted round, malicious rows only):
 * Poisoned data: the first ceil(``poison_fraction`` n_k) entries of a
   malicious client's index row (its examples in the partition's random
   order) carry the trigger and the ``target`` label; its other examples
-  and every honest client's stay clean, as in label flipping.
+  and every honest client's stay clean, as in label flipping. The count is
+  exact: the fraction is read as the shortest decimal that gives the float
+  (0.3 as 3/10) and the ceiling taken in integer arithmetic, so 0.3 of 100
+  examples poisons 30 (float32 gave 31).
 * Model replacement: ``boost`` = gamma scales the malicious update
   (``scale_update``); 1 leaves it as trained.
 * Attack success (the paper's backdoor accuracy):
@@ -34,6 +37,7 @@ examples shared by a malicious and an honest client of a round
 (overlapping partitions only) are poisoned for both.
 """
 
+import fractions
 from typing import Optional
 
 import jax.numpy as jnp
@@ -126,6 +130,10 @@ def backdoor(target: int = 0, *, poison_fraction: float = 0.5,
   if trigger_value is not None:
     checks.check_range("trigger_value", trigger_value)
   checks.check_range("boost", boost, 0, low_open=True)
+  # The decimal the fraction was written as: the double nearest 0.1 lies
+  # above 1/10, and its exact product with 10 has the ceiling 2. float()
+  # refuses a traced fraction, whose count could only be rounded.
+  share = fractions.Fraction(repr(float(poison_fraction)))
 
   def poison(data: FederatedData, cohort: Cohort) -> FederatedData:
     check_targets(data.y)  # static shapes: refused when traced
@@ -133,7 +141,14 @@ def backdoor(target: int = 0, *, poison_fraction: float = 0.5,
     # of each row is a random subset of the client's examples.
     indices = data.client_indices[cohort.client_ids]  # [K, L]
     counts = data.num_examples[cohort.client_ids]
-    poisoned = jnp.ceil(poison_fraction * counts.astype(jnp.float32))
+    # ceil(share n) for every count a row can hold (n <= its width L), in
+    # integers at trace time: float32 under jit rounds 0.3 * 100 up to
+    # 30.000002, whose ceiling is 31.
+    width = indices.shape[1]
+    table = jnp.asarray(
+        [-(-share.numerator * n // share.denominator)
+         for n in range(width + 1)], jnp.int32)
+    poisoned = table[jnp.clip(counts, 0, width)]
     write = cohort.malicious[:, None] & (
         jnp.arange(indices.shape[1])[None, :] < poisoned[:, None])
     # Rows that must not write are sent out of bounds and dropped.

@@ -3,6 +3,7 @@ run's scored sets (``config.Evaluation.extra``) that give its attack
 success, against numpy."""
 
 import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ import pytest
 
 from fedjax_agg import aggregators
 from fedjax_agg import attacks
+from fedjax_agg import federated
 from fedjax_agg import simulation
 from fedjax_agg.attacks._backdoor import trigger_mask
 from fedjax_agg.config import EvalSet
@@ -20,6 +22,7 @@ from fedjax_agg.config import LocalTraining
 from tests.attacks._util import _cohort
 from tests.attacks._util import BAD
 from tests.attacks._util import IDS
+from tests.attacks._util import KEY
 from tests.attacks._util import MALICIOUS
 from tests.test_engine import tiny_data
 from tests.test_engine import tiny_model
@@ -32,7 +35,9 @@ def np_poison(x, y, parts, fraction, size, target, value=None):
   x, y = np.array(x), np.array(y)
   fill = x.max() if value is None else value
   for cid in BAD:
-    rows = parts[cid][:math.ceil(fraction * len(parts[cid]))]
+    # The fraction as written (0.1 is 1/10), the ceiling exact.
+    rows = parts[cid][:math.ceil(Fraction(repr(fraction))
+                                 * len(parts[cid]))]
     x[np.ix_(rows, np.arange(x.shape[1] - size, x.shape[1]))] = fill
     y[rows] = target
   return x, y
@@ -55,6 +60,39 @@ def test_only_the_malicious_clients_examples_are_poisoned(fraction, size,
   clean = attack.data(data, _cohort(np.zeros(len(IDS), bool)))
   np.testing.assert_array_equal(clean.x, x)
   np.testing.assert_array_equal(clean.y, y)
+
+
+# The shares as meant (1/3 as given by Python's 1 / 3); 0.3 and 0.6 were
+# the ones float32 got wrong below 300 examples (0.3 of 100: 31), 0.07 one
+# float64 gets wrong (0.07 * 100 = 7.000000000000001).
+EXACT_SHARES = [Fraction(1, 10), Fraction(1, 5), Fraction(3, 10),
+                Fraction(3, 5), Fraction(7, 10), Fraction(1, 3),
+                Fraction(7, 100), Fraction(1, 2), Fraction(1)]
+
+
+@pytest.mark.parametrize("share", EXACT_SHARES,
+                         ids=lambda share: str(share).replace("/", "_"))
+def test_the_poisoned_count_is_the_exact_ceiling(share):
+  # 300 clients holding 1 to 300 examples, all malicious, labels 1: the
+  # examples relabelled to the target 0 are each client's poisoned count.
+  sizes = np.arange(1, 301)
+  starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+  parts = [np.arange(start, start + size)
+           for start, size in zip(starts, sizes, strict=True)]
+  x = np.zeros((int(sizes.sum()), 2), np.float32)
+  data = federated.from_partition(x, np.ones(len(x), np.int32), parts)
+  ids = jnp.arange(len(sizes), dtype=jnp.int32)
+  cohort = attacks.Cohort(ids, jnp.ones(len(sizes)),
+                          jnp.ones(len(sizes), bool), jnp.int32(1), KEY)
+  attack = attacks.backdoor(target=0, poison_fraction=float(share),
+                            trigger_size=1)
+  got = np.asarray(jax.jit(attack.data)(data, cohort).y)
+  poisoned = [int(np.sum(got[part] == 0)) for part in parts]
+  expected = [math.ceil(share * int(size)) for size in sizes]
+  assert poisoned == expected
+  # The poisoned examples are each client's first ones.
+  for part, count in zip(parts, expected, strict=True):
+    assert np.all(got[part[:count]] == 0)
 
 
 def test_image_trigger_is_a_square_off_the_corner():
