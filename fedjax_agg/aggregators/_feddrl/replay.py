@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from fedjax_agg import checks
 
 __all__ = ["ReplayBuffer", "Transition", "add", "add_many", "gather", "init",
-    "merge", "rank_probabilities", "sample_indices"]
+    "merge", "rank_probabilities", "rows_of_draws", "sample_indices"]
 
 
 class Transition(NamedTuple):
@@ -150,13 +150,33 @@ def sample_indices(key, probabilities: jax.Array,
   ``probabilities`` is ``rank_probabilities(...)``; computing it once per
   call of Algorithm 1 and sampling every batch from it follows the paper
   (priorities are assigned once, then b batches are drawn). Inverse-CDF
-  sampling: O(C + B log C), rows of probability 0 are never drawn.
-  -> [B] int32.
+  sampling (``rows_of_draws``): O(C + B log C), rows of probability 0 are
+  never drawn. -> [B] int32.
+  """
+  return rows_of_draws(probabilities,
+                       jax.random.uniform(key, (batch_size,)))
+
+
+def rows_of_draws(probabilities: jax.Array, draws: jax.Array) -> jax.Array:
+  """The rows that uniform ``draws`` [B] in [0, 1] select by inverse CDF.
+
+  A draw falls in row i's share [cdf[i-1], cdf[i]) of the running total
+  (scaled by its last value); a draw at the very end goes to the last row
+  of positive probability. No row of probability 0 is returned while one
+  has a positive probability. -> [B] int32.
   """
   cdf = jnp.cumsum(probabilities)
   # Scaled by the cdf's own total rather than assuming it sums to 1 after
   # rounding. side="right" maps u in [cdf[i-1], cdf[i]) to row i, an empty
   # interval for a row of probability 0.
-  u = jax.random.uniform(key, (batch_size,)) * cdf[-1]
+  u = draws * cdf[-1]
   indices = jnp.searchsorted(cdf, u, side="right")
-  return jnp.minimum(indices, probabilities.shape[0] - 1).astype(jnp.int32)
+  # A draw can reach the running total of the last row of positive
+  # probability (a draw of 1, or a cumsum whose last entry, summed in
+  # another order, rounds above that row's). searchsorted then returns C or
+  # a later row: in a buffer still filling, an empty slot of probability
+  # 0. Such a draw belongs to that last row; a draw below its running
+  # total already maps to it or to an earlier row, unchanged by the clamp.
+  rows = jnp.arange(probabilities.shape[0])
+  last = jnp.max(jnp.where(probabilities > 0, rows, 0))
+  return jnp.minimum(indices, last).astype(jnp.int32)

@@ -89,3 +89,40 @@ def test_merge_keeps_every_worker_valid_row():
   small = replay.merge(stacked, capacity=4)  # keeps the last 4
   np.testing.assert_array_equal(np.sort(small.data.reward),
                                 [101, 102, 103, 104])
+
+
+@given(priorities=st.lists(st.floats(0, 10), min_size=8, max_size=8),
+       size=st.integers(1, 7), exponent=st.sampled_from([0.0, 1.0, 3.0]))
+def test_a_draw_at_the_total_never_returns_an_empty_slot(priorities, size,
+                                                         exponent):
+  # A buffer still filling: rows >= size are empty (probability 0), the
+  # last row among them. A draw of 1 puts u exactly on the running total,
+  # where searchsorted returns C; it must land on the last valid row.
+  probs = replay.rank_probabilities(jnp.asarray(priorities, jnp.float32),
+                                    jnp.asarray(size), exponent)
+  edges = np.array([1.0, np.nextafter(np.float32(1), np.float32(0)), 0.0],
+                   np.float32)
+  inside = np.random.default_rng(size).random(500).astype(np.float32)
+  draws = np.concatenate([edges, inside])
+  rows = np.asarray(rows_of_draws_jit(probs, jnp.asarray(draws)))
+  probs = np.asarray(probs)
+  assert np.all(probs[rows] > 0) and np.all(rows < size)
+  assert rows[0] == np.flatnonzero(probs > 0).max()
+  # Away from the edges of the rows' shares, the draws are numpy's
+  # inverse CDF (float64).
+  cdf = np.cumsum(probs.astype(np.float64))
+  u = draws.astype(np.float64) * cdf[-1]
+  clear = np.min(np.abs(u[:, None] - cdf[None, :]), axis=1) > 1e-5
+  np.testing.assert_array_equal(
+      rows[clear], np.searchsorted(cdf, u[clear], side="right"))
+
+
+rows_of_draws_jit = jax.jit(replay.rows_of_draws)
+
+
+def test_sampled_rows_are_valid_rows():
+  probs = replay.rank_probabilities(jnp.arange(8.0), jnp.asarray(3), 1.0)
+  sample = jax.jit(replay.sample_indices, static_argnums=2)
+  for seed in range(20):
+    rows = np.asarray(sample(jax.random.key(seed), probs, 256))
+    assert np.all(rows < 3)
