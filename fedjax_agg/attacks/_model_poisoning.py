@@ -2,7 +2,11 @@
 
 g is the global model the round broadcast, w_k the model malicious client k
 trained. Each factory gives an ``Attack`` whose update side acts on every
-inexact leaf of the params tree (integer leaves are sent as trained):
+inexact leaf of the params tree. Integer leaves (a step counter) cannot
+take a scaled or noisy value and are sent as in the model the formula
+starts from: as trained (from w_k) by ``sign_flip``, ``scale_update`` and
+``nonfinite``, as received (from g) by ``gaussian`` and ``free_rider``,
+whose models are built from g alone:
 
 * ``sign_flip(scale)``: g − scale · Δ_k, the reversed (and possibly
   lengthened) update, a standard Byzantine baseline;

@@ -6,6 +6,7 @@ non-finite clients.
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -62,3 +63,25 @@ def test_nonfinite_clients_are_excluded_by_the_round(setup):
       1, 1]
   assert all(np.isfinite(leaf).all()
              for leaf in jax.tree.leaves(result.state.params))
+
+
+@pytest.mark.parametrize("attack, from_global", [
+    (attacks.sign_flip(), False), (attacks.scale_update(5.0), False),
+    (attacks.nonfinite(), False), (attacks.gaussian(stddev=0.5), True),
+    (attacks.free_rider(), True),
+])
+def test_integer_leaves_come_from_the_model_the_formula_starts_from(
+    attack, from_global):
+  # The module docstring's contract: an integer leaf is sent as trained
+  # by the attacks that transform w_k, as received by those that send a
+  # model built from g alone.
+  global_params = {"w": jnp.zeros((3,), jnp.float32),
+                   "steps": jnp.asarray(5, jnp.int32)}
+  trained = {"w": jnp.ones((2, 3), jnp.float32),
+             "steps": jnp.asarray([7, 8], jnp.int32)}
+  cohort = attacks.Cohort(jnp.asarray([0, 1]), jnp.ones(2),
+                          jnp.ones(2, bool), jnp.int32(1), KEY)
+  sent = jax.jit(attack.update)(global_params, trained, cohort)
+  assert sent["steps"].dtype == jnp.int32
+  np.testing.assert_array_equal(sent["steps"],
+                                [5, 5] if from_global else [7, 8])
