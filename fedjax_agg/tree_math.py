@@ -284,7 +284,8 @@ def max_to_layers(per_leaf: jax.Array, structure: LayerStructure
 
 
 def power_of_two_scale(max_abs: jax.Array) -> jax.Array:
-  """A power of two s with max_abs / s in [1, 2); 0 where max_abs is 0.
+  """A power of two s with max_abs / s in [1, 2) (in [1, 4) from
+  2^(maxexp - 1) up, in float32 from 2^127); 0 where max_abs is 0.
 
   Dividing by s is exact, so a statistic of x / s is the statistic of x
   times a power of two, to the bit, and never overflows.
@@ -294,9 +295,12 @@ def power_of_two_scale(max_abs: jax.Array) -> jax.Array:
   info = jnp.finfo(max_abs.dtype)
   # frexp gives max_abs = m * 2^e with m in [0.5, 1), so 2^(e-1) leaves a
   # ratio in [1, 2). The clip keeps the scale a normal float: a subnormal
-  # max_abs gets 2^minexp (ratio below 1, the division still exact).
+  # max_abs gets 2^minexp (ratio below 1, the division still exact). At the
+  # top the scale stops at 2^(maxexp - 2) (ratio below 4): XLA divides by
+  # multiplying with the reciprocal, and that of 2^(maxexp - 1) is
+  # subnormal, which the CPU flushes to 0 (every norm would read 0).
   _, exponent = jnp.frexp(max_abs)
-  exponent = jnp.clip(exponent - 1, info.minexp, info.maxexp - 1)
+  exponent = jnp.clip(exponent - 1, info.minexp, info.maxexp - 2)
   scale = jnp.ldexp(jnp.ones_like(max_abs), exponent)
   return jnp.where(max_abs > 0, scale, jnp.zeros_like(max_abs))
 

@@ -80,3 +80,21 @@ def test_weighted_sum_skips_rows_of_weight_zero_whatever_they_hold():
   weights = tree_math.normalize_weights(jnp.asarray([1.0, jnp.nan, 3.0]),
                                         jnp.asarray([1.0, 0.0, 1.0]))
   np.testing.assert_allclose(weights, [0.25, 0.0, 0.75])
+
+
+def test_norms_of_values_near_the_float32_maximum_are_not_flushed_to_zero():
+  # Under jit XLA divides by a scale as a product with its reciprocal; the
+  # reciprocal of 2^127 is subnormal and the CPU flushes it to 0, so the
+  # scale stops at 2^126 and these norms keep their value.
+  rows = np.array([[2e38, 1e38], [1.7014118e38, 0.0], [3.0e38, -1.0],
+                   [1e-3, 2.5e38]], np.float32)
+  norm = jax.jit(tree_math.tree_norm)
+  scale = jax.jit(tree_math.power_of_two_scale)
+  for row in rows:
+    want = np.linalg.norm(row.astype(np.float64))
+    got = float(norm({"w": jnp.asarray(row)}))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    biggest = jnp.asarray(np.abs(row).max())
+    ratio = float(jax.jit(tree_math.divide_by_scale)(biggest,
+                                                     scale(biggest)))
+    assert 1.0 <= ratio < 4.0, ratio
