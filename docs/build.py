@@ -454,7 +454,11 @@ class _Names:
     for part in parts[1:]:
       if inspect.isclass(value) and part in _class_fields(value):
         return False  # a field: its value's attributes are not known here
-      if hasattr(value, part):
+      # A module's own names only: a name it answers to through
+      # ``__getattr__`` has moved (``fedjax_agg.deprecation``), and a
+      # reference to it is a broken one.
+      if (part in vars(value) if isinstance(value, types.ModuleType)
+          else hasattr(value, part)):
         value = getattr(value, part)
         continue
       if isinstance(value, types.ModuleType):

@@ -13,7 +13,7 @@ padded) so each function compiles once per model and batch size.
 * ``per_example_fn`` / ``map_batches``: the batched pieces, also vmapped
   over the members of a sweep (``stacked_per_example_fn``);
 * ``EvalSet``: a labelled set scored besides the test set
-  (``config.Evaluation.extra``; also importable from ``config``).
+  (``config.Evaluation.extra``).
 """
 
 import math

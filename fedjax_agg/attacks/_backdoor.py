@@ -48,7 +48,7 @@ from fedjax_agg.attacks._attack import Attack
 from fedjax_agg.attacks._attack import Cohort
 from fedjax_agg.attacks._attack import compose
 from fedjax_agg.attacks._model_poisoning import scale_update
-from fedjax_agg.config import EvalSet
+from fedjax_agg.evaluation import EvalSet
 from fedjax_agg.federated import FederatedData
 
 __all__ = ["ATTACK_SUCCESS", "TASKS", "backdoor", "backdoor_eval_set",

@@ -51,12 +51,21 @@ from fedjax_agg.config._training import MATMUL_PRECISIONS
 from fedjax_agg.config._training import OptimizerFactory
 from fedjax_agg.config._training import OPTIMIZERS
 from fedjax_agg.config._training import sgd_momentum
-from fedjax_agg.evaluation import EvalSet
+from fedjax_agg import deprecation
+from fedjax_agg import evaluation as _evaluation
 
 __all__ = ["ACCOUNTANTS", "CHUNK_LOOPS", "Checkpointing", "ClientOptimizer",
            "ComputeLosses",
-           "EvalSet", "Evaluation", "Execution", "LocalStepsFn",
+           "Evaluation", "Execution", "LocalStepsFn",
            "LocalTraining", "MATMUL_PRECISIONS", "NONFINITE_CLIENTS",
            "NONFINITE_MODEL", "NonFinite", "OptimizerFactory", "OPTIMIZERS",
            "Privacy", "SAMPLINGS", "Systems", "client_optimizer",
            "sgd_momentum"]
+
+# ``Evaluation.extra``'s element type lives with the evaluation; it was
+# exported here before.
+_MOVED = {"EvalSet": ("fedjax_agg.evaluation", _evaluation.EvalSet)}
+
+
+def __getattr__(name: str):
+  return deprecation.moved(__name__, name, _MOVED)

@@ -50,8 +50,8 @@ class Evaluation:
       run's ``LocalTraining``) and evaluate it on the client's held-out
       split (``finetuned_accuracy_*``), next to ``global_accuracy_*``, the
       global model itself on the same splits.
-    extra: ``EvalSet``s scored at every test evaluation, each in a column
-      of its own name (e.g. a backdoor's ``attack_success``).
+    extra: ``evaluation.EvalSet``s scored at every test evaluation, each
+      in a column of its own name (e.g. a backdoor's ``attack_success``).
   """
   # The fields declared with ``spec_field`` are keys of "train", named
   # there by ``key``.

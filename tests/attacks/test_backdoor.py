@@ -15,7 +15,7 @@ from fedjax_agg import attacks
 from fedjax_agg import federated
 from fedjax_agg import simulation
 from fedjax_agg.attacks._backdoor import trigger_mask
-from fedjax_agg.config import EvalSet
+from fedjax_agg.evaluation import EvalSet
 from fedjax_agg.config import Evaluation
 from fedjax_agg.config import Execution
 from fedjax_agg.config import LocalTraining
