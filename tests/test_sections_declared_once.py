@@ -68,3 +68,14 @@ def test_a_flag_sets_its_field_and_a_bad_value_is_named(tmp_path, capsys):
     cli.main(args + ["--secagg-bits", "40"])
   assert "systems.secagg_bits" in capsys.readouterr().err
   assert not (tmp_path / "run").exists()
+
+
+def test_the_early_stopping_section_is_the_callbacks_arguments():
+  # Its keys are loop.EarlyStopping's arguments with the callback's own
+  # defaults, so the two cannot disagree.
+  import inspect  # pylint: disable=g-import-not-at-top
+  from fedjax_agg import loop  # pylint: disable=g-import-not-at-top
+  parameters = inspect.signature(loop.EarlyStopping).parameters
+  fields = {f.name: f.default
+            for f in dataclasses.fields(spec.EarlyStoppingSpec)}
+  assert fields == {name: p.default for name, p in parameters.items()}

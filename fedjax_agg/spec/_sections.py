@@ -13,6 +13,7 @@ needs two sections is checked once, by ``Experiment``. "train" is
 """
 
 import dataclasses
+import inspect
 from typing import Any, Mapping, Optional
 
 from fedjax_agg import aggregators
@@ -316,21 +317,27 @@ class SystemsSpec(config_lib.Systems):
     ``clock.built`` objects already built: a run builds them once)."""
     return self._run_object
 
+def _stopping_default(name: str):
+  # The callback's own defaults: the section takes them, never a copy.
+  return inspect.signature(loop.EarlyStopping).parameters[name].default
+
+
 @dataclasses.dataclass(frozen=True)
 class EarlyStoppingSpec:
   """"early_stopping": each run ends when a history column stops
-  improving (``loop.EarlyStopping``; a sweep when all its members do)."""
-  metric: str = _field("test_accuracy", Flag(
+  improving (``loop.EarlyStopping``, whose arguments and defaults these
+  keys are; a sweep when all its members do)."""
+  metric: str = _field(_stopping_default("metric"), Flag(
       "--early-stopping", "end each run when this history column stops "
       "improving (e.g. test_accuracy, test_loss with "
       "--early-stopping-mode min)"))
-  mode: str = _field("max", Flag(
+  mode: str = _field(_stopping_default("mode"), Flag(
       "--early-stopping-mode", "max: higher is better; min: lower is",
       choices=_STOPPING_MODES))
-  patience: int = _field(5, Flag(
+  patience: int = _field(_stopping_default("patience"), Flag(
       "--patience", "evaluations without improvement before a run ends "
       "(with --early-stopping; default 5)", type=int))
-  min_delta: float = _field(0.0, Flag(
+  min_delta: float = _field(_stopping_default("min_delta"), Flag(
       "--min-delta", "the least change that counts as an improvement "
       "(with --early-stopping; default 0)", type=float))
 
