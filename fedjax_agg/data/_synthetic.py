@@ -27,6 +27,41 @@ class SyntheticFederation(NamedTuple):
   means: np.ndarray
 
 
+def _cut(train_fraction: float, size: int) -> int:
+  """The training examples of a device of ``size`` examples."""
+  return int(round(train_fraction * size))
+
+
+def _check_split(train_fraction: float, min_size: int) -> None:
+  """Refuses a split leaving the smallest device without a training or a
+  test example.
+
+  Devices have at least ``min_size`` examples, and both a device's
+  training count and its test count grow (by at most one) with its size:
+  the smallest device decides for all.
+  """
+  cut = _cut(train_fraction, min_size)
+  if 1 <= cut <= min_size - 1:
+    return
+  # The smallest min_size that works, for the message: near 0.5 / the
+  # smaller share, where round() first gives one example to each side.
+  # Searched in a bounded range: for a share near 0 (or float's limits)
+  # no practical size works, and 0.5 / share may not even be an int.
+  share = min(train_fraction, 1.0 - train_fraction)
+  hint = ""
+  if share > 1e-9:
+    start = max(2, int(0.5 / share))
+    for size in range(start, start + 1000):
+      if 1 <= _cut(train_fraction, size) <= size - 1:
+        hint = f"raise min_size to {size} or more, or "
+        break
+  raise ValueError(
+      f"train_fraction {train_fraction} of min_size {min_size} examples "
+      f"gives a device {cut} training and {min_size - cut} test examples; "
+      f"every device needs at least one of each: {hint}bring "
+      "train_fraction nearer 0.5")
+
+
 def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
               seed: int = 0, iid: bool = False, dim: int = 60,
               num_classes: int = 10, train_fraction: float = 0.8,
@@ -62,6 +97,11 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
 
   Returns:
     A ``SyntheticFederation``.
+
+  Raises:
+    ValueError: an argument out of range, or ``train_fraction`` of
+      ``min_size`` examples rounding to no training or no test example
+      (every device has at least one of each).
   """
   for value, name in ((alpha, "alpha"), (beta, "beta")):
     check_range(name, value, 0, np.inf, high_open=True)
@@ -70,6 +110,7 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
   if num_clients < 1 or dim < 1 or num_classes < 2 or min_size < 2:
     raise ValueError("need num_clients >= 1, dim >= 1, num_classes >= 2 and "
                      "min_size >= 2")
+  _check_split(train_fraction, min_size)
   # One generator drawn in a fixed order: reordering any draw changes every
   # federation generated from a seed.
   rng = np.random.default_rng(seed)
@@ -103,7 +144,7 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
   # so the features and labels do not depend on train_fraction.
   for k in range(num_clients):
     order = rng.permutation(sizes[k])
-    cut = int(round(train_fraction * sizes[k]))
+    cut = _cut(train_fraction, sizes[k])
     train_parts.append(order[:cut])
     test_parts.append(order[cut:])
 

@@ -56,3 +56,45 @@ def test_synthetic_alpha_beta_control_heterogeneity():
   assert np.ptp(iid.means, axis=0).max() == 0.0
   with pytest.raises(ValueError, match="alpha"):
     data.synthetic(alpha=-1.0)
+
+
+@pytest.mark.parametrize("train_fraction,min_size,counts,needed", [
+    (0.05, 2, "0 training and 2 test", 11),
+    (0.2, 2, "0 training and 2 test", 3),
+    (0.8, 2, "2 training and 0 test", 3),
+    (0.95, 10, "10 training and 0 test", 11),
+])
+def test_a_split_leaving_a_device_without_train_or_test_rows_is_refused(
+    train_fraction, min_size, counts, needed):
+  with pytest.raises(ValueError, match=f"train_fraction {train_fraction} of "
+                     f"min_size {min_size} examples gives a device {counts} "
+                     f"examples.*raise min_size to {needed} or more"):
+    data.synthetic(num_clients=3, train_fraction=train_fraction,
+                   min_size=min_size)
+  # The size the message names works: every device gets both.
+  fed = data.synthetic(num_clients=40, train_fraction=train_fraction,
+                       min_size=needed, size_log_mean=0.0, seed=2)
+  assert min(len(rows) for rows in fed.train_indices) >= 1
+  assert min(len(rows) for rows in fed.test_indices) >= 1
+  assert min(len(a) + len(b) for a, b in zip(
+      fed.train_indices, fed.test_indices, strict=True)) == needed
+
+
+@pytest.mark.parametrize("train_fraction", [5e-324, 1e-12, 1 - 2 ** -53])
+def test_a_share_too_small_for_any_practical_size_is_refused(
+    train_fraction):
+  # No size is searched for without bound: the message still names both.
+  with pytest.raises(ValueError, match="train_fraction .* of min_size 50 "
+                     "examples gives a device"):
+    data.synthetic(num_clients=3, train_fraction=train_fraction)
+
+
+def test_the_smallest_devices_of_an_accepted_split_have_both_sides():
+  # 0.8 of 3 rounds to 2 training, 1 test: the edge that is accepted.
+  fed = data.synthetic(num_clients=200, train_fraction=0.8, min_size=3,
+                       size_log_mean=0.0, size_log_sigma=1.0, seed=0)
+  sizes = [len(a) + len(b) for a, b in zip(fed.train_indices,
+                                            fed.test_indices, strict=True)]
+  assert min(sizes) == 3
+  assert min(len(rows) for rows in fed.train_indices) >= 1
+  assert min(len(rows) for rows in fed.test_indices) >= 1
