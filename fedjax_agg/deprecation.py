@@ -1,30 +1,35 @@
 """Public names that moved to another module.
 
 Each public name is exported by one module, its home. Where a name lived
-in a second module before, that module still answers to it through its
-``__getattr__`` (``moved``), with a ``DeprecationWarning`` naming the
-home, so that code written against the old place keeps running.
+in a second module before, that module still answers to it through a
+module ``__getattr__`` made by ``moved_names``, with a
+``DeprecationWarning`` naming the home, so that code written against the
+old place keeps running.
 """
 
 import warnings
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["moved"]
+__all__ = ["moved_names"]
 
 
-def moved(module: str, name: str, homes: dict[str, tuple[str, Any]]):
-  """For a module's ``__getattr__(name)``: ``homes[name]``'s object, with
-  a warning that names its home (``homes[name] = (home module, object)``).
+def moved_names(module: str, homes: dict[str, tuple[str, Any]]
+                ) -> Callable[[str], Any]:
+  """A module ``__getattr__`` for ``module``'s moved names: ``homes[name]
+  = (home module, object)``; ``__getattr__(name)`` warns, naming the
+  home, and returns the object.
 
-  Raises:
-    AttributeError: ``name`` is not a moved name of ``module`` (as Python
-      says of any missing attribute).
+  Example::
+
+    __getattr__ = deprecation.moved_names(__name__, {
+        "EvalSet": ("fedjax_agg.evaluation", evaluation.EvalSet)})
   """
-  if name not in homes:
-    raise AttributeError(f"module {module!r} has no attribute {name!r}")
-  home, value = homes[name]
-  # stacklevel 3: the warning points at the user's line, past this
-  # function and the module's ``__getattr__``.
-  warnings.warn(f"{module}.{name} is deprecated: use {home}.{name}",
-                DeprecationWarning, stacklevel=3)
-  return value
+  def __getattr__(name: str):  # pylint: disable=invalid-name
+    if name not in homes:  # as Python says of any missing attribute
+      raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    home, value = homes[name]
+    # stacklevel 2: the warning points at the user's line.
+    warnings.warn(f"{module}.{name} is deprecated: use {home}.{name}",
+                  DeprecationWarning, stacklevel=2)
+    return value
+  return __getattr__

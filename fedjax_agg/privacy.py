@@ -61,12 +61,9 @@ __all__ = ["epsilon", "epsilons", "round_event",
            "tree_participations"]
 
 # Declared with the run's ``config.Privacy``; exported here before.
-_MOVED = {name: ("fedjax_agg.config", getattr(config_lib, name))
-          for name in ("ACCOUNTANTS", "SAMPLINGS")}
-
-
-def __getattr__(name: str):
-  return deprecation.moved(__name__, name, _MOVED)
+__getattr__ = deprecation.moved_names(__name__, {
+    name: ("fedjax_agg.config", getattr(config_lib, name))
+    for name in ("ACCOUNTANTS", "SAMPLINGS")})
 
 if typing.TYPE_CHECKING:
   import dp_accounting  # noqa: F401

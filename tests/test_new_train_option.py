@@ -1,7 +1,8 @@
 """A new train option is one declaration plus the code that reads it, as
 docs/contributing.md says: a copy of the package gains a field of
 ``LocalTraining`` (``grad_scale``, declared with ``spec_field``) and one
-line of the trainer that reads it, and nothing else. The option is then a
+line of the trainer (``engine/_trainer.py``) that reads it, and nothing
+else. The option is then a
 flag in ``--help``, a key of a JSON config, checked by name from both,
 echoed in ``config.json``, and it reaches the trainer: SGD with gradients
 scaled by 1/2 is SGD at half the learning rate, so the two histories are
@@ -84,7 +85,7 @@ def _patched_copy(root) -> str:
   assert text.count(anchor) == 1
   with open(path, "w", encoding="utf-8") as f:
     f.write(text.replace(anchor, _DECLARATION + anchor))
-  path = os.path.join(target, "engine.py")
+  path = os.path.join(target, "engine", "_trainer.py")
   with open(path, encoding="utf-8") as f:
     lines = f.read().split("\n")
   [row] = [i for i, line in enumerate(lines) if line.strip() == _READ]

@@ -103,9 +103,6 @@ __all__ = ["CheckpointError", "CheckpointMismatchError",
 
 # What must match is described by ``fedjax_agg.fingerprint``; its names
 # lived here before.
-_MOVED = {name: ("fedjax_agg.fingerprint", getattr(fingerprint, name))
-          for name in ("config_differences", "data_fingerprint", "describe")}
-
-
-def __getattr__(name: str):
-  return deprecation.moved(__name__, name, _MOVED)
+__getattr__ = deprecation.moved_names(__name__, {
+    name: ("fedjax_agg.fingerprint", getattr(fingerprint, name))
+    for name in ("config_differences", "data_fingerprint", "describe")})

@@ -64,8 +64,5 @@ __all__ = ["ACCOUNTANTS", "CHUNK_LOOPS", "Checkpointing", "ClientOptimizer",
 
 # ``Evaluation.extra``'s element type lives with the evaluation; it was
 # exported here before.
-_MOVED = {"EvalSet": ("fedjax_agg.evaluation", _evaluation.EvalSet)}
-
-
-def __getattr__(name: str):
-  return deprecation.moved(__name__, name, _MOVED)
+__getattr__ = deprecation.moved_names(__name__, {
+    "EvalSet": ("fedjax_agg.evaluation", _evaluation.EvalSet)})
