@@ -77,8 +77,12 @@ def timed_call(model, params, data, width: int, batch_size: int) -> dict:
   start = time.perf_counter()
   out = jax.block_until_ready(compiled(*args))
   call_s = time.perf_counter() - start
-  # ru_maxrss is in KiB on Linux.
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  # ru_maxrss is in KiB on Linux. The kernel keeps its resident-page
+  # counters per thread and folds them in lazily, so the high-water mark
+  # can trail a statm reading by a few pages: the peak is at least every
+  # resident size read here.
+  peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+             before, resident_bytes())
   finite = all(bool(np.isfinite(np.asarray(leaf)).all())
                for leaf in jax.tree.leaves(out.client_params))
   return {"resident_before": before, "peak": peak,
