@@ -101,33 +101,38 @@ def fashion():
 
 
 # The longest modules (each goes whole to one worker, ``--dist
-# loadscope``), longest first as measured (2026-11-28, in seconds: 64,
-# 55, 51, 45, 38, 27, 25, 22, ..., 11), run before the others: a parallel
-# run then ends on short modules, with its workers finishing together,
-# instead of one working through a long module at the end (collection
-# order would put several of them last).
-LONG_FIRST = ("tests/test_sharding.py",
+# loadscope``), longest first as measured (2026-11-29, in seconds: 62,
+# 60, 49, 43, 38, 35, 33, 32, 27, 26, 23, ..., 11), run before the others:
+# a parallel run then ends on short modules, with its workers finishing
+# together, instead of one working through a long module at the end
+# (collection order would put several of them last).
+LONG_FIRST = ("tests/test_sharding.py", "tests/test_docs_howtos.py",
               "tests/test_python_config_equivalence.py",
               "tests/experiments_scripts/test_scripts_build.py",
               "tests/test_sweep.py", "tests/test_aggregators_conformance.py",
+              "tests/experiments_scripts/test_hf_checkpoints.py",
+              "tests/experiment/test_pretrained_base.py",
               "tests/cli/test_cli.py",
+              "tests/models/test_pretrained_rules.py",
               "tests/experiments_scripts/test_gpu_check.py",
-              "tests/test_runner.py", "tests/test_rounds.py",
-              "tests/test_secagg.py", "tests/lora/test_spec.py",
-              "tests/test_notebook.py", "tests/test_checkpoint.py",
-              "tests/test_privacy.py", "tests/test_engine.py",
-              "tests/aggregators/test_dp_ftrl.py", "tests/test_fedbuff.py",
-              "tests/objectives/test_fedlap.py",
-              "tests/aggregators/test_dp_fedavg.py",
-              "tests/test_compression.py", "tests/test_simulation.py",
-              "tests/test_hostile_aggregators.py",
-              "tests/test_quickstart_python.py",
+              "tests/test_rounds.py", "tests/test_runner.py",
+              "tests/test_secagg.py",
+              "tests/test_engine_rows_independent.py",
+              "tests/test_notebook.py",
+              "tests/experiments_scripts/test_finetune.py",
+              "tests/test_history_columns_doc.py", "tests/test_checkpoint.py",
+              "tests/test_interrupt.py", "tests/test_privacy.py",
+              "tests/lora/test_spec.py", "tests/objectives/test_fedlap.py",
+              "tests/aggregators/test_dp_ftrl.py",
               "tests/cli/test_before_writing.py",
-              "tests/models/test_sequence.py",
-              "tests/aggregators/test_flower_compat.py",
-              "tests/clients/test_apfl.py", "tests/clients/test_fedrep.py",
-              "tests/test_run_context.py",
-              "tests/experiments_scripts/test_finetune.py")
+              "tests/aggregators/test_dp_fedavg.py", "tests/test_engine.py",
+              "tests/test_hostile_aggregators.py",
+              "tests/experiments_scripts/test_cohort_rss_hf.py",
+              "tests/test_fedbuff.py", "tests/lora/test_hostile.py",
+              "tests/test_compression.py",
+              "tests/test_quickstart_python.py",
+              "tests/clients/test_apfl.py", "tests/clients/test_feddyn.py",
+              "tests/test_simulation.py", "tests/test_run_context.py")
 
 
 def _long_first(item) -> int:
