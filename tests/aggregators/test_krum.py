@@ -133,3 +133,28 @@ def test_krum_in_float32_selects_what_float64_krum_selects(
                                   err_msg=f"seed {seed}")
     np.testing.assert_allclose(flat(out), flat(global_params) + expected,
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_krum_selects_as_float64_krum_near_the_float32_maximum(seed):
+  # Updates from 2^127 up: their squared distances exist only in scaled
+  # form (tree_math's power-of-two scales, which must not flush to 0 under
+  # jit); the selection must be float64 Krum's.
+  from fedjax_agg import aggregators, types  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  num = 6
+  rows = (rng.uniform(1.7e38, 3.3e38, size=(num, 3))
+          * rng.choice([-1.0, 1.0], size=(num, 3))).astype(np.float32)
+  rows[0] = -rows[0]  # one far client
+  global_params = {"w": jnp.zeros(3, jnp.float32)}
+  zeros = jnp.zeros(num)
+  info = types.ClientInfo(jnp.arange(num), jnp.ones(num), jnp.ones(num),
+                          zeros, zeros, jnp.int32(1), jax.random.key(0))
+  rule = aggregators.krum(num_byzantine=1, num_selected=1)
+  out, _, metrics = jax.jit(rule.aggregate)(
+      global_params, {"w": jnp.asarray(rows)}, info,
+      rule.init(global_params))
+  _, chosen = np_krum(rows.astype(np.float64), 1, 1)
+  np.testing.assert_array_equal(np.flatnonzero(metrics["krum_selected"]),
+                                chosen)
+  np.testing.assert_array_equal(np.asarray(out["w"]), rows[chosen[0]])
