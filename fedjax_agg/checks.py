@@ -34,7 +34,7 @@ import numpy as np
 
 __all__ = ["check_bool", "check_choice", "check_cohort", "check_int",
     "check_number", "check_range", "check_stacked", "describe_range",
-    "is_traced"]
+    "did_you_mean", "is_traced"]
 
 
 def is_traced(value) -> bool:
@@ -176,16 +176,22 @@ def check_choice(name: str, value, choices: Sequence[Any]) -> None:
   # Unhashable values are refused up front: ``in`` on a set or dict of choices
   # would raise a TypeError of its own.
   if not isinstance(value, Hashable) or value not in choices:
-    # Compared in lower case on both sides, so that a slip of case alone
-    # ("SGDM" for "SGD") still finds its choice; shown as declared.
-    lowered = {str(choice).lower(): str(choice) for choice in choices}
-    near = ([lowered[match] for match in difflib.get_close_matches(
-        value.lower(), list(lowered), n=2, cutoff=0.6)]
-            if isinstance(value, str) else [])
-    hint = (f" (did you mean {' or '.join(map(repr, near))}?)" if near
-            else "")
     raise ValueError(f"{name} must be one of {tuple(choices)}, got "
-                     f"{value!r}{hint}")
+                     f"{value!r}{did_you_mean(value, choices)}")
+
+
+def did_you_mean(key, allowed) -> str:
+  """" (did you mean X?)" for a close match of ``key`` among ``allowed``
+  (case ignored), else ""."""
+  if not isinstance(key, str):
+    return ""
+  # Matched case-insensitively ("lr" finds "LR", "SGDM" finds "SGD") but
+  # suggested as spelled.
+  by_lower = {str(name).lower(): name for name in allowed}
+  close = difflib.get_close_matches(key.lower(), list(by_lower), n=2,
+                                    cutoff=0.6)
+  return (f" (did you mean {' or '.join(repr(by_lower[c]) for c in close)}?)"
+          if close else "")
 
 
 def check_stacked(client_params, global_params,

@@ -7,7 +7,6 @@ description came from Python, a JSON config or the command line.
 """
 
 import dataclasses
-import difflib
 import inspect
 import os
 import re
@@ -17,6 +16,7 @@ import numpy as np
 
 from fedjax_agg import checkpoint
 from fedjax_agg import checks
+from fedjax_agg.checks import did_you_mean
 from fedjax_agg import models
 from fedjax_agg import partitions
 from fedjax_agg import registry as registry_lib
@@ -136,19 +136,6 @@ def optional_integer(path: str, value, low: int) -> None:
 
 def boolean(path: str, value) -> None:
   _checked(path, checks.check_bool, value)
-
-
-def did_you_mean(key, allowed) -> str:
-  """" (did you mean X?)" for a close match of ``key`` among ``allowed``
-  (case ignored), else ""."""
-  if not isinstance(key, str):
-    return ""
-  # Matched case-insensitively ("lr" finds "LR") but suggested as spelled.
-  by_lower = {str(name).lower(): name for name in allowed}
-  close = difflib.get_close_matches(key.lower(), list(by_lower), n=2,
-                                    cutoff=0.6)
-  return (f" (did you mean {' or '.join(repr(by_lower[c]) for c in close)}?)"
-          if close else "")
 
 
 def name_in(path: str, value, names) -> None:
