@@ -107,11 +107,49 @@ def run_child(args, method: str, width: int):
   command = [sys.executable, os.path.abspath(__file__), "--one",
              f"{method}:{width}", "--base", args.base, "--batch-size",
              str(args.batch_size)] + (["--tiny"] if args.tiny else [])
+  return child_record(command)
+
+
+def child_record(command, env=None):
+  """Runs ``command``, a ``--one`` child; -> (its return code, the record
+  of its last stdout line, or None when it failed)."""
   done = subprocess.run(command, capture_output=True, text=True,
-                        check=False)
+                        check=False, env=env)
   if done.returncode != 0:
     return done.returncode, None
   return 0, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_each(summary: dict, names, widths, run, budget_gib: float,
+                 confirm: float, path: str) -> dict:
+  """Every one of ``names`` at every width (``run(name, width) -> (return
+  code, record)``, a child process each), the fit of each name's records
+  and, with ``confirm``, a run at that fraction of its largest cohort;
+  ``summary`` is written to ``path`` as JSON and printed as a table."""
+  for name in names:
+    for width in widths:
+      code, record = run(name, width)
+      if record is None:
+        raise RuntimeError(f"{name} with {width} clients failed "
+                           f"(exit status {code})")
+      print(json.dumps(record), flush=True)
+      summary["runs"].append(record)
+    summary["fits"][name] = fitted = fit(
+        [r for r in summary["runs"] if r["method"] == name],
+        int(budget_gib * 2**30))
+    if confirm:
+      # At least one client: a fraction of a small cohort may round to 0.
+      width = max(int(confirm * fitted["largest_cohort"]), 1)
+      code, record = run(name, width)
+      fitted["confirm"] = {"clients": width, "exit_status": code,
+                           "record": record}
+      print(json.dumps({"confirm": name, **fitted["confirm"]}),
+            flush=True)
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(summary, f, indent=1)
+  print(table(summary))
+  return summary
 
 
 def fit(records, budget_bytes: int) -> dict:
@@ -184,29 +222,11 @@ def main(argv=None) -> dict:
                           **finetune.shown_paths(args)},
              "runs": [], "fits": {}}
   summary["settings"].pop("one")
-  for method in METHODS:
-    for width in widths:
-      code, record = run_child(args, method, width)
-      if record is None:
-        raise RuntimeError(f"{method} with {width} clients failed "
-                           f"(exit status {code})")
-      print(json.dumps(record), flush=True)
-      summary["runs"].append(record)
-    summary["fits"][method] = fitted = fit(
-        [r for r in summary["runs"] if r["method"] == method],
-        int(args.budget_gib * 2**30))
-    if args.confirm:
-      width = int(args.confirm * fitted["largest_cohort"])
-      code, record = run_child(args, method, width)
-      fitted["confirm"] = {"clients": width, "exit_status": code,
-                           "record": record}
-      print(json.dumps({"confirm": method, **fitted["confirm"]}),
-            flush=True)
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "cohort_rss.json"), "w") as f:
-    json.dump(summary, f, indent=1)
-  print(table(summary))
-  return summary
+  return measure_each(
+      summary, METHODS, widths,
+      lambda method, width: run_child(args, method, width),
+      args.budget_gib, args.confirm,
+      os.path.join(args.out, "cohort_rss.json"))
 
 
 if __name__ == "__main__":

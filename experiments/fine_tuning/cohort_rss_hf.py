@@ -32,7 +32,6 @@ at F times it. Writes ``<out>/cohort_rss_hf.json`` and prints a table.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -110,11 +109,8 @@ def run_child(args, variant: str, width: int):
              "--rank", str(args.rank)]
   flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""),
                                VARIANTS[variant][1]) if f)
-  done = subprocess.run(command, capture_output=True, text=True,
-                        check=False, env={**os.environ, "XLA_FLAGS": flags})
-  if done.returncode != 0:
-    return done.returncode, None
-  return 0, json.loads(done.stdout.strip().splitlines()[-1])
+  return cohort_rss.child_record(command,
+                                 env={**os.environ, "XLA_FLAGS": flags})
 
 
 def _arguments(argv):
@@ -167,29 +163,11 @@ def main(argv=None) -> dict:
       "one", "out")}
   summary = {"settings": {**settings, "model": CONFIGS[args.config]},
              "runs": [], "fits": {}}
-  for variant in args.variants:
-    for width in args.widths:
-      code, record = run_child(args, variant, width)
-      if record is None:
-        raise RuntimeError(f"{variant} with {width} clients failed "
-                           f"(exit status {code})")
-      print(json.dumps(record), flush=True)
-      summary["runs"].append(record)
-    summary["fits"][variant] = fitted = cohort_rss.fit(
-        [r for r in summary["runs"] if r["method"] == variant],
-        int(args.budget_gib * 2**30))
-    if args.confirm:
-      width = max(int(args.confirm * fitted["largest_cohort"]), 1)
-      code, record = run_child(args, variant, width)
-      fitted["confirm"] = {"clients": width, "exit_status": code,
-                           "record": record}
-      print(json.dumps({"confirm": variant, **fitted["confirm"]}),
-            flush=True)
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "cohort_rss_hf.json"), "w") as f:
-    json.dump(summary, f, indent=1)
-  print(cohort_rss.table(summary))
-  return summary
+  return cohort_rss.measure_each(
+      summary, args.variants, args.widths,
+      lambda variant, width: run_child(args, variant, width),
+      args.budget_gib, args.confirm,
+      os.path.join(args.out, "cohort_rss_hf.json"))
 
 
 if __name__ == "__main__":
