@@ -142,14 +142,10 @@ def _check_client_arguments(experiment: "Experiment", name: str) -> None:
   try:
     check(dict(spec.client_args), run)
   except ArgumentError as error:
-    kind = (v.ConfigTypeError if isinstance(error, TypeError)
-            else v.ConfigError)
-    raise kind(f"{path}.{error.key}", f"{path}.{error}") from None
+    raise v.refusal(f"{path}.{error.key}", error, f"{path}.{error}") from None
   except (TypeError, ValueError) as error:  # a check that names no key
     where = f"{path}.client_args"
-    kind = (v.ConfigTypeError if isinstance(error, TypeError)
-            else v.ConfigError)
-    raise kind(where, f"{where}: {error}") from None
+    raise v.refusal(where, error, f"{where}: {error}") from None
 
 
 def _check_adapters(experiment: "Experiment", name: str) -> None:
@@ -244,8 +240,7 @@ def _bound(experiment: "Experiment", name: str, rule: types.Aggregator,
     key = next((f"{path}.aggregator_args.{arg}"
                 for arg, value in spec.aggregator_args.items()
                 if f"{arg}={value!r}" in str(error)), f"{path}.aggregator")
-    raise (v.ConfigTypeError if isinstance(error, TypeError)
-           else v.ConfigError)(key, f"{key}: {error}") from None
+    raise v.refusal(key, error, f"{key}: {error}") from None
 
 
 # A model of two leaves that the secure sum's statistics are traced on

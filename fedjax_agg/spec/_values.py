@@ -49,6 +49,14 @@ class ConfigTypeError(ConfigError, TypeError):
   """An entry of the wrong type (a ``TypeError`` too)."""
 
 
+def refusal(path: str, error: Exception, message: str) -> ConfigError:
+  """The refusal at ``path`` of an entry that raised ``error``: a
+  ``ConfigTypeError`` (a TypeError too) for a TypeError, else a
+  ``ConfigError``."""
+  kind = ConfigTypeError if isinstance(error, TypeError) else ConfigError
+  return kind(path, message)
+
+
 def plain(value, _level: int = 0):
   """``value`` with every numpy scalar (``np.bool_``, ``np.integer``,
   ``np.floating``, ``np.str_``), also inside lists, tuples and dicts (to
@@ -106,8 +114,7 @@ def _checked(path: str, check, *args, **kwargs) -> None:
   try:
     registry_lib.argument(path, check, *args, **kwargs)
   except registry_lib.ArgumentError as error:
-    kind = ConfigTypeError if isinstance(error, TypeError) else ConfigError
-    raise kind(path, str(error)) from None
+    raise refusal(path, error, str(error)) from None
 
 
 def number(path: str, value, low=None, high=None, *, low_open: bool = False,
